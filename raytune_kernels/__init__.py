@@ -1,0 +1,33 @@
+"""raytune-kernels: tune the kernels of a PyTorch network and compile it to beat PyTorch."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .errors import (CaptureError, DynamicShapeError, RaytuneError, UnknownModelError,
+                     UnknownTargetError, UnsupportedOpError)
+from .frontend import capture
+from .graph import Graph, Node
+from .partition import Partition, execute, partition
+from .target import Target, parse_target
+from .task import Compute, EpilogueOp, Task, TensorSpec
+
+__version__ = "0.1.0"
+
+
+def extract_tasks(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
+                  target: "str | Target" = "llvm") -> list[Task]:
+    """Capture `model` and return its weighted tasks, in order of first appearance.
+
+    The target is validated but does not change the tasks: keys are target-independent.
+    """
+    parse_target(target)
+    return list(partition(capture(model, example_inputs)).tasks)
+
+
+__all__ = [
+    "CaptureError", "Compute", "DynamicShapeError", "EpilogueOp", "Graph", "Node", "Partition",
+    "RaytuneError", "Target", "Task", "TensorSpec", "UnknownModelError", "UnknownTargetError",
+    "UnsupportedOpError", "capture", "execute", "extract_tasks", "parse_target", "partition",
+]

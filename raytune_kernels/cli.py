@@ -1,0 +1,61 @@
+"""The `raytune-kernels` command line."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from .errors import RaytuneError
+
+
+def _layers(layers: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(layers[:limit])
+    return shown + (f" (+{len(layers) - limit} more)" if len(layers) > limit else "")
+
+
+def format_tasks(tasks: Sequence, target: str) -> str:
+    """The task table: one row per task, then the totals."""
+    header = f"{'id':>3}  {'key':<16}  {'weight':>6}  {'GFLOP':>8}  {'compute':<50}  layers"
+    rows = [f"Tasks for target {target}", header, "-" * len(header)]
+    for i, t in enumerate(tasks):
+        rows.append(f"{i:>3}  {t.key:<16}  {t.weight:>6}  {t.flops / 1e9:>8.4f}  "
+                    f"{t.compute.describe()[:50]:<50}  {_layers(t.layers)}")
+    total = sum(t.weight * t.flops for t in tasks) / 1e9
+    rows.append("-" * len(header))
+    rows.append(f"{len(tasks)} tasks, {sum(t.weight for t in tasks)} layers, "
+                f"{total:.3f} GFLOP per inference (weighted)")
+    return "\n".join(rows)
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from . import extract_tasks, parse_target, zoo
+
+    target = parse_target(args.target)  # a bad target fails before the model is built
+    model, inputs = zoo.load(args.model)
+    print(format_tasks(extract_tasks(model, inputs, target), str(target)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raytune-kernels",
+                                     description="Tune the kernels of a PyTorch network.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("tasks", help="list the weighted tasks of a model")
+    p.add_argument("model", help="zoo name (resnet18, resnet50, mobilenet_v2, bert_layer) "
+                                 "or path/to/file.py:factory")
+    p.add_argument("--target", default="llvm", help="llvm, 'llvm -mcpu=NAME' or cuda")
+    p.set_defaults(func=cmd_tasks)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except RaytuneError as exc:
+        print(f"raytune-kernels: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+import json
+
+import pytest
+import torch
+
+import raytune_kernels as rk
+from raytune_kernels.reference import reference
+from raytune_kernels.task import Compute, EpilogueOp, Task, TensorSpec
+
+
+def conv_compute(epilogue=()):
+    return Compute("conv2d", (TensorSpec((1, 8, 10, 10)), TensorSpec((16, 8, 3, 3))),
+                   TensorSpec((1, 16, 8, 8)),
+                   (("dilation", (1, 1)), ("groups", 1), ("padding", (0, 0)), ("stride", (1, 1))),
+                   epilogue)
+
+
+def test_key_hashes_the_compute():
+    a, b = conv_compute(), conv_compute((EpilogueOp("relu"),))
+    assert a.key() == conv_compute().key() and a.key() != b.key()
+    assert len(a.key()) == 16
+
+
+def test_task_json_round_trip():
+    c = conv_compute((EpilogueOp("bias", (TensorSpec((16,)),), axis=1), EpilogueOp("relu")))
+    task = Task(c.key(), c, 2, ("a", "b"))
+    again = Task.from_json(json.loads(json.dumps(task.to_json())))
+    assert again == task
+
+
+def test_task_from_json_rejects_a_key_that_does_not_match():
+    c = conv_compute()
+    d = Task(c.key(), c, 1).to_json()
+    d["compute"]["attrs"]["stride"] = [2, 2]
+    with pytest.raises(ValueError, match="does not match"):
+        Task.from_json(d)
+
+
+def test_conv_flops():
+    assert conv_compute().flops() == 2 * 16 * 8 * 8 * 8 * 3 * 3
+
+
+def test_reference_applies_epilogue_in_order():
+    c = conv_compute((EpilogueOp("bias", (TensorSpec((16,)),), axis=1),
+                      EpilogueOp("sub", (TensorSpec((1, 16, 8, 8)),), reverse=True),
+                      EpilogueOp("mul", scalar=0.5), EpilogueOp("relu6")))
+    x, w, b, r = (torch.randn(1, 8, 10, 10), torch.randn(16, 8, 3, 3), torch.randn(16),
+                  torch.randn(1, 16, 8, 8))
+    expected = torch.clamp((r - (torch.conv2d(x, w) + b[:, None, None])) * 0.5, 0, 6)
+    assert torch.allclose(reference(c, x, w, b, r), expected, atol=1e-5)
+    with pytest.raises(ValueError, match="left over"):
+        reference(c, x, w, b, r, r)
+
+
+def test_target_parsing():
+    assert str(rk.parse_target("llvm -mcpu=znver3")) == "llvm -mcpu=znver3"
+    assert rk.parse_target("cuda").kind == "cuda"
+    for bad in ("rocm", "", "llvm -mattr=+avx", "cuda -mcpu=x"):
+        with pytest.raises(rk.UnknownTargetError):
+            rk.parse_target(bad)
