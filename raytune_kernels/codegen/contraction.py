@@ -1,0 +1,206 @@
+"""Computes seen as register-tiled contractions, with the data layouts each config implies.
+
+A contraction has spatial loops (one of them carries the output vector block, one or two are
+tiled into the register tile) and reduction loops (one of them is blocked and its block is
+unrolled innermost). The schedule space is generated from these facts by rules (space.py),
+and one generic lowering (lower.py) turns any contraction and config into a loop nest. What
+is op-specific lives here: the loops, the packed layouts and the affine strides.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..task import Compute
+
+
+def _blocks(x: np.ndarray | torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(x.detach().numpy() if isinstance(x, torch.Tensor) else x,
+                                dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Conv2dContraction:
+    """Direct conv2d (groups=1) in blocked layouts.
+
+    input  [C/CB][Hp][Wp][CB] (pre-padded), weight [K/OB][C/CB][KH][KW][CB][OB],
+    output [K/OB][OH][OW][OB]: NCHW[CB]c in, NCHW[OB]c out.
+    """
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    dil: tuple[int, int]
+
+    op = "conv2d"
+
+    @classmethod
+    def from_compute(cls, c: Compute) -> "Conv2dContraction":
+        n, ch, h, w = c.inputs[0].shape
+        k, _, kh, kw = c.inputs[1].shape
+        _, _, oh, ow = c.output.shape
+        return cls(n, ch, h, w, k, kh, kw, oh, ow, c.attr("stride"), c.attr("padding"),
+                   c.attr("dilation"))
+
+    # facts the space rules use
+    vector_extent = property(lambda self: self.k)
+    tile_extents = property(lambda self: (self.oh, self.ow))
+    reduce_extent = property(lambda self: self.c)
+    spatial = ("ko", "oh", "ow")
+    reduce = ("co", "kh", "kw")
+    unrollable = "kw"
+
+    def padded(self) -> tuple[int, int]:
+        return self.h + 2 * self.pad[0], self.w + 2 * self.pad[1]
+
+    def extents(self, cfg) -> dict[str, int]:
+        return {"ko": self.k // cfg["ob"], "oh": self.oh // cfg["tile_h"],
+                "co": self.c // cfg["cb"], "kh": self.kh, "kw": self.kw}
+
+    def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
+        """Per loop variable: (A stride, B stride, output stride) in elements."""
+        cb, ob = cfg["cb"], cfg["ob"]
+        hp, wp = self.padded()
+        (sh, sw), (dh, dw) = self.stride, self.dil
+        nco = self.c // cb
+        w_kw = cb * ob
+        w_kh = self.kw * w_kw
+        w_co = self.kh * w_kh
+        return {
+            "ko": (0, nco * w_co, self.oh * self.ow * ob),
+            "oh": (cfg["tile_h"] * sh * wp * cb, 0, cfg["tile_h"] * self.ow * ob),
+            "ow": (sw * cb, 0, ob),  # per output column (times the tile width by lower)
+            "co": (hp * wp * cb, w_co, 0), "kh": (dh * wp * cb, w_kh, 0),
+            "kw": (dw * cb, w_kw, 0), "ci": (1, ob, 0),
+        }
+
+    def tile_strides(self, cfg) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(A strides, output strides) between the register tile's rows and columns."""
+        hp, wp = self.padded()
+        cb, ob = cfg["cb"], cfg["ob"]
+        return ((self.stride[0] * wp * cb, self.stride[1] * cb), (self.ow * ob, ob))
+
+    def buffer_sizes(self, cfg) -> dict[str, int]:
+        hp, wp = self.padded()
+        return {"a": self.c * hp * wp, "b": self.k * self.c * self.kh * self.kw,
+                "out": self.k * self.oh * self.ow}
+
+    def channel_axis(self) -> int:
+        return 1
+
+    # layouts
+    def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
+        cb = cfg["cb"]
+        xp = torch.nn.functional.pad(x[0], (self.pad[1],) * 2 + (self.pad[0],) * 2)
+        hp, wp = self.padded()
+        return _blocks(xp.reshape(self.c // cb, cb, hp, wp).permute(0, 2, 3, 1)).ravel()
+
+    def pack_b(self, w: torch.Tensor, cfg) -> np.ndarray:
+        cb, ob = cfg["cb"], cfg["ob"]
+        v = w.reshape(self.k // ob, ob, self.c // cb, cb, self.kh, self.kw)
+        return _blocks(v.permute(0, 2, 4, 5, 3, 1)).ravel()
+
+    def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
+        ob = cfg["ob"]
+        v = y[0].reshape(self.k // ob, ob, self.oh, self.ow)
+        return _blocks(v.permute(0, 2, 3, 1)).ravel()
+
+    def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
+        ob = cfg["ob"]
+        v = torch.from_numpy(flat.reshape(self.k // ob, self.oh, self.ow, ob))
+        return v.permute(0, 3, 1, 2).reshape(1, self.k, self.oh, self.ow).contiguous()
+
+    def flops(self) -> int:
+        return 2 * self.k * self.oh * self.ow * self.c * self.kh * self.kw
+
+
+@dataclass(frozen=True)
+class DenseContraction:
+    """Dense y[M, N] = x[M, K] @ w[N, K]^T with weights packed [Np/NB][K][NB].
+
+    The output is [M][Np] with N padded up to a multiple of the vector block; the padding
+    columns hold zeros-weight results and are dropped on unpacking.
+    """
+
+    m: int
+    k: int
+    n: int
+    lead: tuple[int, ...]
+
+    op = "dense"
+    spatial = ("ko", "oh")
+    reduce = ("co",)
+    unrollable = None
+
+    @classmethod
+    def from_compute(cls, c: Compute) -> "DenseContraction":
+        shape = c.inputs[0].shape
+        return cls(math.prod(shape[:-1]), shape[-1], c.inputs[1].shape[0], tuple(shape[:-1]))
+
+    vector_extent = property(lambda self: self.n)
+    tile_extents = property(lambda self: (self.m, 1))
+    reduce_extent = property(lambda self: self.k)
+
+    def npad(self, cfg) -> int:
+        return -(-self.n // cfg["ob"]) * cfg["ob"]
+
+    def extents(self, cfg) -> dict[str, int]:
+        return {"ko": self.npad(cfg) // cfg["ob"], "oh": self.m // cfg["tile_h"],
+                "co": self.k // cfg["cb"]}
+
+    def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
+        ob, cb, npad = cfg["ob"], cfg["cb"], self.npad(cfg)
+        return {"ko": (0, self.k * ob, ob), "oh": (cfg["tile_h"] * self.k, 0,
+                                                   cfg["tile_h"] * npad),
+                "ow": (0, 0, 0), "co": (cb, cb * ob, 0), "ci": (1, ob, 0)}
+
+    def tile_strides(self, cfg):
+        return ((self.k, 0), (self.npad(cfg), 0))
+
+    def buffer_sizes(self, cfg) -> dict[str, int]:
+        return {"a": self.m * self.k, "b": self.npad(cfg) * self.k,
+                "out": self.m * self.npad(cfg)}
+
+    def channel_axis(self) -> int:
+        return -1
+
+    def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
+        return _blocks(x.reshape(self.m, self.k)).ravel()
+
+    def pack_b(self, w: torch.Tensor, cfg) -> np.ndarray:
+        ob, npad = cfg["ob"], self.npad(cfg)
+        wp = torch.zeros(npad, self.k)
+        wp[: self.n] = w
+        return _blocks(wp.reshape(npad // ob, ob, self.k).permute(0, 2, 1)).ravel()
+
+    def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
+        out = torch.zeros(self.m, self.npad(cfg))
+        out[:, : self.n] = y.reshape(self.m, self.n)
+        return _blocks(out).ravel()
+
+    def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
+        y = torch.from_numpy(flat.reshape(self.m, self.npad(cfg))[:, : self.n].copy())
+        return y.reshape(self.lead + (self.n,))
+
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+def contraction(compute: Compute):
+    """The contraction view of a compute, or None when it is not one we tile this way."""
+    if compute.op == "conv2d" and compute.attr("groups") == 1:
+        return Conv2dContraction.from_compute(compute)
+    if compute.op == "dense":
+        return DenseContraction.from_compute(compute)
+    return None

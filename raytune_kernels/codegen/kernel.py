@@ -1,0 +1,62 @@
+"""Candidate kernels end to end: lower, render, build, load, run on torch operands."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..task import Compute
+from .build import BuildResult, LoadedKernel, build
+from .llvm_ir import render
+from .loopnest import LoopNest
+from .lower import lower, pack_operands, unpack_output
+from .space import Config
+
+ALIGN = 64
+
+
+def aligned(flat: np.ndarray) -> np.ndarray:
+    """A 64-byte aligned copy of a flat float32 array."""
+    raw = np.empty(flat.size + ALIGN // 4, np.float32)
+    off = (-raw.ctypes.data % ALIGN) // 4
+    out = raw[off: off + flat.size]
+    out[:] = flat
+    return out
+
+
+def build_candidate(compute: Compute, cfg: Config, mcpu: str | None = None
+                    ) -> tuple[LoopNest, BuildResult]:
+    nest = lower(compute, cfg)
+    return nest, build(render(nest), mcpu)
+
+
+@dataclass
+class PreparedRun:
+    """A loaded kernel with its buffers packed and aligned: call run() to execute it."""
+
+    kernel: LoadedKernel
+    buffers: dict[str, np.ndarray]
+    order: tuple[str, ...]
+    threads: int
+
+    def run(self) -> None:
+        self.kernel([self.buffers[n].ctypes.data for n in self.order], self.threads)
+
+
+def prepare(compute: Compute, cfg: Config, nest: LoopNest, library: bytes, operands,
+            threads: int) -> PreparedRun:
+    bufs = {k: aligned(v) for k, v in pack_operands(compute, cfg, operands).items()}
+    order = tuple(b.name for b in nest.buffers)
+    return PreparedRun(LoadedKernel(library, nest.name, len(order)), bufs, order, threads)
+
+
+def run_candidate(compute: Compute, cfg: Config, operands, threads: int = 1,
+                  mcpu: str | None = None) -> torch.Tensor:
+    """Build and run one candidate on reference-order operands; returns the output."""
+    nest, result = build_candidate(compute, cfg, mcpu)
+    if result.error:
+        raise RuntimeError(result.error)
+    prep = prepare(compute, cfg, nest, result.library, operands, threads)
+    prep.run()
+    return unpack_output(compute, cfg, prep.buffers["out"])

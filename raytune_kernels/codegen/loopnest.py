@@ -1,0 +1,209 @@
+"""A small loop-nest IR (pure data) and its numpy interpreter, the executable definition.
+
+Kernels are register-tiled contractions: an accumulator tile of `rows` x `vecs` vectors of
+`lanes` floats is zeroed, updated by outer products (a broadcast scalar of A per row times
+a vector of B per column vector) inside reduction loops, then finished by a fused epilogue
+and stored. Indices are affine in loop variables, counted in float elements; a `Split`
+statement decomposes a fused loop variable into digits (how parallel loops are fused).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import math
+from typing import Union
+
+import numpy as np
+
+SERIAL, PARALLEL, UNROLL = "serial", "parallel", "unroll"
+
+
+@dataclass(frozen=True)
+class Affine:
+    """sum(coef * var) + const."""
+
+    terms: tuple[tuple[str, int], ...] = ()
+    const: int = 0
+
+    def plus(self, var: str, coef: int) -> "Affine":
+        return Affine(self.terms + ((var, coef),), self.const) if coef else self
+
+    def offset(self, k: int) -> "Affine":
+        return Affine(self.terms, self.const + k)
+
+    def eval(self, env: dict[str, int]) -> int:
+        return self.const + sum(c * env[v] for v, c in self.terms)
+
+
+def affine(*terms: tuple[str, int], const: int = 0) -> Affine:
+    return Affine(tuple(t for t in terms if t[1]), const)
+
+
+@dataclass(frozen=True)
+class Access:
+    buffer: str
+    index: Affine
+
+
+@dataclass(frozen=True)
+class For:
+    var: str
+    extent: int
+    kind: str
+    body: tuple["Stmt", ...]
+
+
+@dataclass(frozen=True)
+class Split:
+    """Define `names` as the mixed-radix digits (most significant first) of `var`."""
+
+    var: str
+    names: tuple[str, ...]
+    extents: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ZeroTile:
+    tile: str
+
+
+@dataclass(frozen=True)
+class FmaTile:
+    """acc[i, j, v] += a[a.index + i*a_strides[0] + j*a_strides[1]] * b[b.index + v*lanes:].
+
+    The tile is 2-D in (i, j) (e.g. output rows x columns) times `vecs` vectors."""
+
+    tile: str
+    a: Access
+    a_strides: tuple[int, int]
+    b: Access
+
+
+@dataclass(frozen=True)
+class EpiStep:
+    """An epilogue op on the tile. Operands are vectors at index + i*s0 + j*s1 + v*lanes."""
+
+    op: str
+    operands: tuple[tuple[Access, tuple[int, int]], ...] = ()
+    scalar: float | None = None
+    reverse: bool = False
+
+
+@dataclass(frozen=True)
+class StoreTile:
+    """out[out.index + i*s0 + j*s1 + v*lanes : +lanes] = epilogue(acc[i, j, v])."""
+
+    tile: str
+    out: Access
+    out_strides: tuple[int, int]
+    epilogue: tuple[EpiStep, ...] = ()
+
+
+Stmt = Union[For, Split, ZeroTile, FmaTile, StoreTile]
+
+
+@dataclass(frozen=True)
+class Tile:
+    name: str
+    shape: tuple[int, int]
+    vecs: int
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def offsets(self, strides: tuple[int, int]) -> list[int]:
+        """Element offset of each tile row (i, j), row-major, for the given strides."""
+        return [i * strides[0] + j * strides[1]
+                for i in range(self.shape[0]) for j in range(self.shape[1])]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    size: int
+    role: str  # "in" or "out"
+
+
+@dataclass(frozen=True)
+class LoopNest:
+    """A whole kernel: its buffers (the C arguments, in order), tiles and statements."""
+
+    name: str
+    buffers: tuple[Buffer, ...]
+    tiles: tuple[Tile, ...]
+    body: tuple[Stmt, ...]
+    lanes: int
+
+    def tile(self, name: str) -> Tile:
+        return next(t for t in self.tiles if t.name == name)
+
+
+# ---- interpreter ----
+
+_UNARY = {
+    "relu": lambda x: np.maximum(x, 0.0), "relu6": lambda x: np.clip(x, 0.0, 6.0),
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "tanh": np.tanh,
+    "silu": lambda x: x / (1.0 + np.exp(-x)),
+    "gelu": lambda x: 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0))),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(0.7978845608 * (x + 0.044715 * x ** 3))),
+}
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+
+
+def apply_epilogue_np(step: EpiStep, acc: np.ndarray, operands: list[np.ndarray]) -> np.ndarray:
+    if step.op in _UNARY:
+        return _UNARY[step.op](acc)
+    if step.op == "affine":
+        return acc * operands[0] + operands[1]
+    other = operands[0] if operands else np.float32(step.scalar)
+    return _BINARY[step.op](other, acc) if step.reverse else _BINARY[step.op](acc, other)
+
+
+def interpret(nest: LoopNest, buffers: dict[str, np.ndarray]) -> None:
+    """Run `nest` on flat float32 arrays (outputs written in place). Slow: for tests."""
+    accs = {t.name: np.zeros((t.rows, t.vecs * nest.lanes), np.float32) for t in nest.tiles}
+    _run(nest, nest.body, {}, buffers, accs)
+
+
+def _run(nest: LoopNest, body, env, bufs, accs) -> None:
+    for s in body:
+        if isinstance(s, For):
+            for i in range(s.extent):
+                env[s.var] = i
+                _run(nest, s.body, env, bufs, accs)
+        elif isinstance(s, Split):
+            _split(s, env)
+        elif isinstance(s, ZeroTile):
+            accs[s.tile][:] = 0.0
+        elif isinstance(s, FmaTile):
+            _fma(nest, s, env, bufs, accs[s.tile], nest.tile(s.tile))
+        else:
+            _store(nest, s, env, bufs, accs[s.tile], nest.tile(s.tile))
+
+
+def _split(s: Split, env: dict) -> None:
+    rest = env[s.var]
+    for name, extent in reversed(list(zip(s.names, s.extents))):
+        env[name], rest = rest % extent, rest // extent
+
+
+def _gather(nest: LoopNest, access: Access, strides, tile: Tile, env, bufs) -> np.ndarray:
+    base = access.index.eval(env)
+    rows = np.array(tile.offsets(strides))[:, None]
+    return bufs[access.buffer][base + rows + np.arange(tile.vecs * nest.lanes)[None, :]]
+
+
+def _fma(nest: LoopNest, s: FmaTile, env, bufs, acc: np.ndarray, tile: Tile) -> None:
+    a = bufs[s.a.buffer][s.a.index.eval(env) + np.array(tile.offsets(s.a_strides))]
+    b0 = s.b.index.eval(env)
+    acc += a[:, None] * bufs[s.b.buffer][b0: b0 + acc.shape[1]][None, :]
+
+
+def _store(nest: LoopNest, s: StoreTile, env, bufs, acc: np.ndarray, tile: Tile) -> None:
+    value = acc.copy()
+    for step in s.epilogue:
+        ops = [_gather(nest, a, st, tile, env, bufs) for a, st in step.operands]
+        value = apply_epilogue_np(step, value, ops).astype(np.float32)
+    base = s.out.index.eval(env)
+    rows = np.array(tile.offsets(s.out_strides))[:, None]
+    bufs[s.out.buffer][base + rows + np.arange(acc.shape[1])[None, :]] = value

@@ -1,0 +1,155 @@
+"""lower(compute, config) -> LoopNest: one generic lowering for every contraction.
+
+The epilogue operands become extra buffers: per-channel vectors (bias, batch-norm scale and
+shift, broadcast channel operands) and full tensors in the output's layout (residuals).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..task import Compute, EpilogueOp
+from .contraction import contraction
+from .loopnest import (PARALLEL, SERIAL, UNROLL, Access, Affine, Buffer, EpiStep, FmaTile,
+                       For, LoopNest, Split, StoreTile, Tile, ZeroTile)
+from .space import Config
+
+
+class LoweringError(ValueError):
+    """The compute/config pair cannot be lowered (named in the message)."""
+
+
+@dataclass(frozen=True)
+class OperandKind:
+    """How one epilogue operand is laid out: per output channel, or like the output."""
+
+    kind: str  # "channel" or "output"
+
+
+def operand_kinds(compute: Compute) -> list[OperandKind]:
+    """Layout of every epilogue tensor operand, in reference operand order."""
+    kinds = []
+    out = compute.output.shape
+    for op in compute.epilogue:
+        for spec in op.operands:
+            kinds.append(OperandKind(_operand_kind(op, spec.shape, out)))
+    return kinds
+
+
+def _operand_kind(op: EpilogueOp, shape: tuple, out: tuple) -> str:
+    if op.op in ("bias", "affine"):
+        return "channel"
+    if tuple(shape) == tuple(out):
+        return "output"
+    chan = 1 if len(out) == 4 else len(out) - 1
+    padded = (1,) * (len(out) - len(shape)) + tuple(shape)
+    if all(s == 1 for i, s in enumerate(padded) if i != chan) and padded[chan] == out[chan]:
+        return "channel"
+    raise LoweringError(f"epilogue operand of shape {shape} broadcast to {out} "
+                        f"({op.op}) has no supported layout")
+
+
+def lower(compute: Compute, cfg: Config) -> LoopNest:
+    con = contraction(compute)
+    if con is None:
+        raise LoweringError(f"no contraction lowering for {compute.describe()}")
+    lanes, tw = cfg["lanes"], cfg["tile_w"]
+    kinds = operand_kinds(compute)
+    sizes = con.buffer_sizes(cfg)
+    buffers = [Buffer("a", sizes["a"], "in"), Buffer("b", sizes["b"], "in")]
+    chan_len = con.npad(cfg) if con.op == "dense" else con.vector_extent
+    for i, k in enumerate(kinds):
+        buffers.append(Buffer(f"e{i}", chan_len if k.kind == "channel" else sizes["out"], "in"))
+    buffers.append(Buffer("out", sizes["out"], "out"))
+    ow_ext = con.tile_extents[1]
+    variants = [(ow_ext // tw, tw, 0)]
+    if ow_ext % tw:
+        variants.append((1, ow_ext % tw, (ow_ext // tw) * tw))
+    tiles, body = [], []
+    for n, (count, width, offset) in enumerate(variants):
+        tile = Tile(f"t{n}", (cfg["tile_h"], width), cfg["ob"] // lanes)
+        tiles.append(tile)
+        body.extend(_nest(con, cfg, compute, kinds, tile, count, offset))
+    return LoopNest(f"k_{compute.key()}", tuple(buffers), tuple(tiles), tuple(body), lanes)
+
+
+def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, count: int, offset: int):
+    ext = dict(con.extents(cfg))
+    ext["ow"] = count
+    strides = con.strides(cfg)
+    col = strides["ow"]
+    strides["ow"] = tuple(s * tile.shape[1] for s in col)
+    consts = tuple(s * offset for s in col)
+    live = {v: e for v, e in ext.items() if e > 1}
+    a_idx, b_idx, o_idx = (_affine(live, strides, i, consts[i]) for i in range(3))
+    a_ts, o_ts = con.tile_strides(cfg)
+    ci = "ci" if cfg["cb"] > 1 else None
+    a_in = a_idx.plus("ci", strides["ci"][0]) if ci else a_idx
+    b_in = b_idx.plus("ci", strides["ci"][1]) if ci else b_idx
+    inner: tuple = (FmaTile(tile.name, Access("a", a_in), a_ts, Access("b", b_in)),)
+    if ci:
+        inner = (For("ci", cfg["cb"], UNROLL, inner),)
+    for var in reversed(cfg["reduce_order"]):
+        if var in live:
+            kind = UNROLL if (var == con.unrollable and cfg["unroll"]) else SERIAL
+            inner = (For(var, live[var], kind, inner),)
+    store = StoreTile(tile.name, Access("out", o_idx), o_ts,
+                      _epilogue(compute, kinds, o_idx, o_ts, live, cfg))
+    stmts: tuple = (ZeroTile(tile.name),) + inner + (store,)
+    return _spatial_loops(cfg, live, stmts)
+
+
+def _affine(live: dict, strides: dict, which: int, const: int) -> Affine:
+    terms = tuple((v, strides[v][which]) for v in live if strides[v][which])
+    return Affine(terms, const)
+
+
+def _spatial_loops(cfg: Config, live: dict, stmts: tuple) -> list:
+    order = [v for v in cfg["spatial_order"] if v in live]
+    fused, rest = order[: cfg["parallel"]], order[cfg["parallel"]:]
+    for var in reversed(rest):
+        stmts = (For(var, live[var], SERIAL, stmts),)
+    if not fused:
+        return list(stmts)
+    extents = tuple(live[v] for v in fused)
+    split = (Split("p", tuple(fused), extents),)
+    return [For("p", math.prod(extents), PARALLEL, split + stmts)]
+
+
+def _epilogue(compute: Compute, kinds, o_idx: Affine, o_ts, live, cfg) -> tuple:
+    steps, i = [], 0
+    chan = Affine((("ko", cfg["ob"]),) if "ko" in live else ())
+    for op in compute.epilogue:
+        operands = []
+        for _ in op.operands:
+            if kinds[i].kind == "channel":
+                operands.append((Access(f"e{i}", chan), (0, 0)))
+            else:
+                operands.append((Access(f"e{i}", o_idx), o_ts))
+            i += 1
+        name = "add" if op.op == "bias" else op.op
+        steps.append(EpiStep(name, tuple(operands), op.scalar, op.reverse))
+    return tuple(steps)
+
+
+def pack_operands(compute: Compute, cfg: Config, operands) -> dict[str, np.ndarray]:
+    """Reference-order torch operands -> flat arrays in the kernel's layouts."""
+    con = contraction(compute)
+    bufs = {"a": con.pack_a(operands[0], cfg), "b": con.pack_b(operands[1], cfg)}
+    chan_len = con.npad(cfg) if con.op == "dense" else con.vector_extent
+    for i, (kind, x) in enumerate(zip(operand_kinds(compute), operands[2:])):
+        if kind.kind == "channel":
+            flat = np.zeros(chan_len, np.float32)
+            flat[: x.numel()] = x.detach().reshape(-1).numpy()
+            bufs[f"e{i}"] = flat
+        else:
+            bufs[f"e{i}"] = con.pack_out(x, cfg)
+    bufs["out"] = np.zeros(con.buffer_sizes(cfg)["out"], np.float32)
+    return bufs
+
+
+def unpack_output(compute: Compute, cfg: Config, flat: np.ndarray) -> torch.Tensor:
+    return contraction(compute).unpack_out(flat, cfg)
