@@ -56,6 +56,7 @@ def lower(compute: Compute, cfg: Config) -> LoopNest:
     con = contraction(compute)
     if con is None:
         raise LoweringError(f"no contraction lowering for {compute.describe()}")
+    _validate(con, cfg)
     lanes, tw = cfg["lanes"], cfg["tile_w"]
     kinds = operand_kinds(compute)
     sizes = con.buffer_sizes(cfg)
@@ -74,6 +75,23 @@ def lower(compute: Compute, cfg: Config) -> LoopNest:
         tiles.append(tile)
         body.extend(_nest(con, cfg, compute, kinds, tile, count, offset))
     return LoopNest(f"k_{compute.key()}", tuple(buffers), tuple(tiles), tuple(body), lanes)
+
+
+def _validate(con, cfg: Config) -> None:
+    """Reject configs that do not describe a kernel of this contraction, naming the knob."""
+    problems = []
+    if cfg["ob"] % cfg["lanes"]:
+        problems.append(f"ob={cfg['ob']} is not a multiple of lanes={cfg['lanes']}")
+    if con.op != "dense" and con.vector_extent % cfg["ob"]:
+        problems.append(f"ob={cfg['ob']} does not divide {con.vector_extent}")
+    if con.tile_extents[0] % cfg["tile_h"]:
+        problems.append(f"tile_h={cfg['tile_h']} does not divide {con.tile_extents[0]}")
+    if not 1 <= cfg["tile_w"] <= con.tile_extents[1]:
+        problems.append(f"tile_w={cfg['tile_w']} outside 1..{con.tile_extents[1]}")
+    if con.reduce_extent % cfg["cb"]:
+        problems.append(f"cb={cfg['cb']} does not divide {con.reduce_extent}")
+    if problems:
+        raise LoweringError(f"bad config for {con.op}: " + "; ".join(problems))
 
 
 def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, count: int, offset: int):

@@ -1,0 +1,59 @@
+import json
+import random
+
+import pytest
+
+import raytune_kernels as rk
+from raytune_kernels.codegen.contraction import contraction
+from raytune_kernels.codegen.space import MIN_CHAINS, Config, contraction_space
+
+
+@pytest.fixture(scope="module")
+def conv_space(zoo_models):
+    model, inputs = zoo_models["resnet18"]
+    task = next(t for t in rk.extract_tasks(model, inputs)
+                if t.compute.describe().startswith("conv2d 1x64x56x56 -> 64ch k3x3"))
+    return contraction_space(contraction(task.compute), (16, 8), 32)
+
+
+def test_count_matches_enumeration(conv_space):
+    points = list(conv_space)
+    assert len(points) == conv_space.count() == len(set(points))
+
+
+def test_samples_are_valid_and_respect_the_rules(conv_space):
+    rng = random.Random(1)
+    for _ in range(200):
+        cfg = conv_space.sample(rng)
+        assert cfg in conv_space
+        accs = cfg["tile_h"] * cfg["tile_w"] * cfg["ob"] // cfg["lanes"]
+        assert MIN_CHAINS <= accs <= 32 - cfg["ob"] // cfg["lanes"] - 1
+        assert 64 % cfg["ob"] == 0 and 64 % cfg["cb"] == 0 and 56 % cfg["tile_h"] == 0
+
+
+def test_mutate_changes_one_knob_and_stays_valid(conv_space):
+    rng = random.Random(2)
+    cfg = conv_space.sample(rng)
+    for _ in range(100):
+        new = conv_space.mutate(cfg, rng)
+        assert new in conv_space and new != cfg
+        changed = [k for k, v in new.knobs if cfg[k] != v]
+        assert 1 <= len(changed) <= 4  # a coupled knob may drag its partners along
+        cfg = new
+
+
+def test_config_json_round_trip(conv_space):
+    cfg = conv_space.sample(random.Random(3))
+    assert Config.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+
+
+def test_avx2_space_has_only_eight_lanes():
+    con = contraction(_dense())
+    space = contraction_space(con, (8,), 16)
+    assert {c[0] for c in space.coupled} == {8}
+    assert all(c[2] * c[3] * c[1] // 8 + c[1] // 8 + 1 <= 16 for c in space.coupled)
+
+
+def _dense():
+    from raytune_kernels.task import Compute, TensorSpec
+    return Compute("dense", (TensorSpec((32, 64)), TensorSpec((40, 64))), TensorSpec((32, 40)))
