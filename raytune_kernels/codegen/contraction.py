@@ -15,6 +15,24 @@ import numpy as np
 import torch
 
 from ..task import Compute
+from .loopnest import BCAST_FMA
+
+
+class _Contraction:
+    """Defaults shared by every contraction; each subclass states how it differs."""
+
+    mode = BCAST_FMA  # how A and B update the accumulator tile
+    has_b = True  # a second operand (weights) is read
+    init = 0.0  # accumulator initial value
+    blocked_reduce = True  # the reduction has a channel block `cb`, unrolled innermost
+    pads_vector = False  # the vector axis is padded up to the block instead of divided
+    unrollable: str | None = None
+
+    def pre_epilogue(self) -> tuple:
+        return ()
+
+    def channel_len(self, cfg) -> int:
+        return self.vector_extent
 
 
 def _blocks(x: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -23,7 +41,7 @@ def _blocks(x: np.ndarray | torch.Tensor) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Conv2dContraction:
+class Conv2dContraction(_Contraction):
     """Direct conv2d (groups=1) in blocked layouts.
 
     input  [C/CB][Hp][Wp][CB] (pre-padded), weight [K/OB][C/CB][KH][KW][CB][OB],
@@ -126,7 +144,7 @@ class Conv2dContraction:
 
 
 @dataclass(frozen=True)
-class DenseContraction:
+class DenseContraction(_Contraction):
     """Dense y[M, N] = x[M, K] @ w[N, K]^T with weights packed [Np/NB][K][NB].
 
     The output is [M][Np] with N padded up to a multiple of the vector block; the padding
@@ -139,6 +157,7 @@ class DenseContraction:
     lead: tuple[int, ...]
 
     op = "dense"
+    pads_vector = True
     spatial = ("ko", "oh")
     reduce = ("co",)
     unrollable = None
@@ -154,6 +173,9 @@ class DenseContraction:
 
     def npad(self, cfg) -> int:
         return -(-self.n // cfg["ob"]) * cfg["ob"]
+
+    def channel_len(self, cfg) -> int:
+        return self.npad(cfg)
 
     def extents(self, cfg) -> dict[str, int]:
         return {"ko": self.npad(cfg) // cfg["ob"], "oh": self.m // cfg["tile_h"],
@@ -197,10 +219,74 @@ class DenseContraction:
         return 2 * self.m * self.n * self.k
 
 
+@dataclass(frozen=True)
+class MatmulContraction(_Contraction):
+    """Batched y[b, M, N] = x[b, M, K] @ w[b, K, N], both operands as they come (row-major):
+    B's vector axis N is contiguous already, so no packing is needed at run time."""
+
+    batch: int
+    m: int
+    k: int
+    n: int
+    lead: tuple[int, ...]
+
+    op = "matmul"
+    spatial = ("bt", "ko", "oh")
+    reduce = ("co",)
+
+    @classmethod
+    def from_compute(cls, c: Compute) -> "MatmulContraction | None":
+        a, b = c.inputs[0].shape, c.inputs[1].shape
+        if a[:-2] != b[:-2] or b[-1] % 8:
+            return None  # broadcast batches, or N not a multiple of the narrowest vector
+        return cls(math.prod(a[:-2]), a[-2], a[-1], b[-1], tuple(c.output.shape))
+
+    vector_extent = property(lambda self: self.n)
+    tile_extents = property(lambda self: (self.m, 1))
+    reduce_extent = property(lambda self: self.k)
+
+    def extents(self, cfg) -> dict[str, int]:
+        return {"bt": self.batch, "ko": self.n // cfg["ob"], "oh": self.m // cfg["tile_h"],
+                "co": self.k // cfg["cb"]}
+
+    def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
+        m, k, n, th, cb = self.m, self.k, self.n, cfg["tile_h"], cfg["cb"]
+        return {"bt": (m * k, k * n, m * n), "ko": (0, cfg["ob"], cfg["ob"]),
+                "oh": (th * k, 0, th * n), "ow": (0, 0, 0), "co": (cb, cb * n, 0),
+                "ci": (1, n, 0)}
+
+    def tile_strides(self, cfg):
+        return ((self.k, 0), (self.n, 0))
+
+    def buffer_sizes(self, cfg) -> dict[str, int]:
+        return {"a": self.batch * self.m * self.k, "b": self.batch * self.k * self.n,
+                "out": self.batch * self.m * self.n}
+
+    def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
+        return _blocks(x).ravel()
+
+    pack_b = pack_a
+    pack_out = pack_a
+
+    def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
+        return torch.from_numpy(flat.copy()).reshape(self.lead)
+
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+
 def contraction(compute: Compute):
     """The contraction view of a compute, or None when it is not one we tile this way."""
-    if compute.op == "conv2d" and compute.attr("groups") == 1:
-        return Conv2dContraction.from_compute(compute)
+    from .window import WindowContraction
+
+    if compute.op == "conv2d" and compute.inputs[0].shape[0] == 1:
+        if compute.attr("groups") == 1:
+            return Conv2dContraction.from_compute(compute)
+        return WindowContraction.from_compute(compute)
+    if compute.op in ("max_pool2d", "avg_pool2d"):
+        return WindowContraction.from_compute(compute)
     if compute.op == "dense":
         return DenseContraction.from_compute(compute)
+    if compute.op == "matmul":
+        return MatmulContraction.from_compute(compute)
     return None

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 import llvmlite.ir as ir
 
 from .llvm_math import apply as apply_epilogue
-from .loopnest import (PARALLEL, UNROLL, Access, Affine, EpiStep, FmaTile, For, LoopNest,
-                       Split, StoreTile, ZeroTile)
+from .loopnest import (ADD, BCAST_FMA, MAX, PARALLEL, UNROLL, VEC_FMA, Access, Affine,
+                       EpiStep, For, LoopNest, Split, StoreTile, UpdateTile, ZeroTile)
 
 I32, I64, F32, PTR, VOID = ir.IntType(32), ir.IntType(64), ir.FloatType(), ir.PointerType(), \
     ir.VoidType()
@@ -125,12 +125,12 @@ class _Emitter:
         elif isinstance(s, Split):
             self._split(s)
         elif isinstance(s, ZeroTile):
-            zero = ir.Constant(self.mod.vt, [0.0] * self.mod.nest.lanes)
+            init = self.const(s.value)
             for row in self.accs[s.tile]:
                 for a in row:
-                    self.b.store(zero, a)
-        elif isinstance(s, FmaTile):
-            self._fma(s)
+                    self.b.store(init, a)
+        elif isinstance(s, UpdateTile):
+            self._update(s)
         elif isinstance(s, StoreTile):
             self._store(s)
         else:
@@ -182,15 +182,29 @@ class _Emitter:
         mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
         return self.b.shuffle_vector(v, ir.Constant(self.mod.vt, ir.Undefined), mask)
 
-    def _fma(self, s: FmaTile) -> None:
+    def _update(self, s: UpdateTile) -> None:
         tile, lanes = self.mod.nest.tile(s.tile), self.mod.nest.lanes
-        fma = self.mod.decl(f"llvm.fma.v{lanes}f32", self.mod.vt, [self.mod.vt] * 3)
-        a0, b0 = self.index(s.a.index), self.index(s.b.index)
-        bs = [self.vload(s.b, b0, v * lanes) for v in range(tile.vecs)]
+        a0 = self.index(s.a.index)
+        bs = []
+        if s.b is not None:
+            b0 = self.index(s.b.index)
+            bs = [self.vload(s.b, b0, v * lanes) for v in range(tile.vecs)]
         for row, off in zip(self.accs[s.tile], tile.offsets(s.a_strides)):
-            x = self.splat(self.b.load(self.addr(s.a, a0, off), typ=F32, align=4))
-            for acc, bv in zip(row, bs):
-                self.b.store(self.b.call(fma, [x, bv, self.b.load(acc, typ=self.mod.vt)]), acc)
+            x = None
+            if s.mode == BCAST_FMA:
+                x = self.splat(self.b.load(self.addr(s.a, a0, off), typ=F32, align=4))
+            for v, acc in enumerate(row):
+                a = x if x is not None else self.vload(s.a, a0, off + v * lanes)
+                self.b.store(self._combine(s.mode, acc, a, bs[v] if bs else None), acc)
+
+    def _combine(self, mode: str, acc, a, b):
+        if mode in (BCAST_FMA, VEC_FMA):
+            return self.intrinsic("fma", a, b, self.b.load(acc, typ=self.mod.vt))
+        if mode == MAX:
+            return self.intrinsic("maxnum", self.b.load(acc, typ=self.mod.vt), a)
+        if mode == ADD:
+            return self.b.fadd(self.b.load(acc, typ=self.mod.vt), a)
+        return a
 
     def _store(self, s: StoreTile) -> None:
         tile, lanes = self.mod.nest.tile(s.tile), self.mod.nest.lanes

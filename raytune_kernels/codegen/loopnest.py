@@ -1,9 +1,10 @@
 """A small loop-nest IR (pure data) and its numpy interpreter, the executable definition.
 
-Kernels are register-tiled contractions: an accumulator tile of `rows` x `vecs` vectors of
-`lanes` floats is zeroed, updated by outer products (a broadcast scalar of A per row times
-a vector of B per column vector) inside reduction loops, then finished by a fused epilogue
-and stored. Indices are affine in loop variables, counted in float elements; a `Split`
+Kernels are register-tiled: an accumulator tile of rows x `vecs` vectors of `lanes` floats
+is initialised, updated inside reduction loops, then finished by a fused epilogue and
+stored. An update is an outer product (a broadcast scalar of A per row times a vector of B:
+conv, dense, matmul), an elementwise product of vectors (depthwise conv), a max or a sum
+of A vectors (pooling), or a plain load of A (layout transforms, elementwise tasks). Indices are affine in loop variables, counted in float elements; a `Split`
 statement decomposes a fused loop variable into digits (how parallel loops are fused).
 """
 from __future__ import annotations
@@ -63,19 +64,30 @@ class Split:
 
 @dataclass(frozen=True)
 class ZeroTile:
+    """Set every accumulator of the tile to `value` (0, or -inf before a max)."""
+
     tile: str
+    value: float = 0.0
+
+
+BCAST_FMA, VEC_FMA, MAX, ADD, SET = "bcast_fma", "vec_fma", "max", "add", "set"
 
 
 @dataclass(frozen=True)
-class FmaTile:
-    """acc[i, j, v] += a[a.index + i*a_strides[0] + j*a_strides[1]] * b[b.index + v*lanes:].
+class UpdateTile:
+    """Update acc[i, j, v] with A at a.index + i*a_strides[0] + j*a_strides[1] and B.
 
+    bcast_fma: acc += splat(A scalar) * B[b.index + v*lanes]   (outer product)
+    vec_fma:   acc += A[... + v*lanes] * B[b.index + v*lanes]  (elementwise product)
+    max / add: acc = max(acc, A[... + v*lanes]) / acc + A[...]
+    set:       acc = A[... + v*lanes]
     The tile is 2-D in (i, j) (e.g. output rows x columns) times `vecs` vectors."""
 
     tile: str
     a: Access
     a_strides: tuple[int, int]
-    b: Access
+    b: Access | None = None
+    mode: str = BCAST_FMA
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,7 @@ class StoreTile:
     epilogue: tuple[EpiStep, ...] = ()
 
 
-Stmt = Union[For, Split, ZeroTile, FmaTile, StoreTile]
+Stmt = Union[For, Split, ZeroTile, UpdateTile, StoreTile]
 
 
 @dataclass(frozen=True)
@@ -174,9 +186,9 @@ def _run(nest: LoopNest, body, env, bufs, accs) -> None:
         elif isinstance(s, Split):
             _split(s, env)
         elif isinstance(s, ZeroTile):
-            accs[s.tile][:] = 0.0
-        elif isinstance(s, FmaTile):
-            _fma(nest, s, env, bufs, accs[s.tile], nest.tile(s.tile))
+            accs[s.tile][:] = s.value
+        elif isinstance(s, UpdateTile):
+            _update(nest, s, env, bufs, accs[s.tile], nest.tile(s.tile))
         else:
             _store(nest, s, env, bufs, accs[s.tile], nest.tile(s.tile))
 
@@ -193,10 +205,20 @@ def _gather(nest: LoopNest, access: Access, strides, tile: Tile, env, bufs) -> n
     return bufs[access.buffer][base + rows + np.arange(tile.vecs * nest.lanes)[None, :]]
 
 
-def _fma(nest: LoopNest, s: FmaTile, env, bufs, acc: np.ndarray, tile: Tile) -> None:
-    a = bufs[s.a.buffer][s.a.index.eval(env) + np.array(tile.offsets(s.a_strides))]
-    b0 = s.b.index.eval(env)
-    acc += a[:, None] * bufs[s.b.buffer][b0: b0 + acc.shape[1]][None, :]
+def _update(nest: LoopNest, s: UpdateTile, env, bufs, acc: np.ndarray, tile: Tile) -> None:
+    if s.mode == BCAST_FMA:
+        a = bufs[s.a.buffer][s.a.index.eval(env) + np.array(tile.offsets(s.a_strides))][:, None]
+    else:
+        a = _gather(nest, s.a, s.a_strides, tile, env, bufs)
+    if s.mode in (BCAST_FMA, VEC_FMA):
+        b0 = s.b.index.eval(env)
+        acc += a * bufs[s.b.buffer][b0: b0 + acc.shape[1]][None, :]
+    elif s.mode == MAX:
+        np.maximum(acc, a, out=acc)
+    elif s.mode == ADD:
+        acc += a
+    else:
+        acc[:] = a
 
 
 def _store(nest: LoopNest, s: StoreTile, env, bufs, acc: np.ndarray, tile: Tile) -> None:

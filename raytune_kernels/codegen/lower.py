@@ -13,7 +13,7 @@ import torch
 
 from ..task import Compute, EpilogueOp
 from .contraction import contraction
-from .loopnest import (PARALLEL, SERIAL, UNROLL, Access, Affine, Buffer, EpiStep, FmaTile,
+from .loopnest import (PARALLEL, SERIAL, UNROLL, Access, Affine, Buffer, EpiStep, UpdateTile,
                        For, LoopNest, Split, StoreTile, Tile, ZeroTile)
 from .space import Config
 
@@ -60,8 +60,9 @@ def lower(compute: Compute, cfg: Config) -> LoopNest:
     lanes, tw = cfg["lanes"], cfg["tile_w"]
     kinds = operand_kinds(compute)
     sizes = con.buffer_sizes(cfg)
-    buffers = [Buffer("a", sizes["a"], "in"), Buffer("b", sizes["b"], "in")]
-    chan_len = con.npad(cfg) if con.op == "dense" else con.vector_extent
+    buffers = [Buffer("a", sizes["a"], "in")]
+    buffers += [Buffer("b", sizes["b"], "in")] if con.has_b else []
+    chan_len = con.channel_len(cfg)
     for i, k in enumerate(kinds):
         buffers.append(Buffer(f"e{i}", chan_len if k.kind == "channel" else sizes["out"], "in"))
     buffers.append(Buffer("out", sizes["out"], "out"))
@@ -82,13 +83,13 @@ def _validate(con, cfg: Config) -> None:
     problems = []
     if cfg["ob"] % cfg["lanes"]:
         problems.append(f"ob={cfg['ob']} is not a multiple of lanes={cfg['lanes']}")
-    if con.op != "dense" and con.vector_extent % cfg["ob"]:
+    if not con.pads_vector and con.vector_extent % cfg["ob"]:
         problems.append(f"ob={cfg['ob']} does not divide {con.vector_extent}")
     if con.tile_extents[0] % cfg["tile_h"]:
         problems.append(f"tile_h={cfg['tile_h']} does not divide {con.tile_extents[0]}")
     if not 1 <= cfg["tile_w"] <= con.tile_extents[1]:
         problems.append(f"tile_w={cfg['tile_w']} outside 1..{con.tile_extents[1]}")
-    if con.reduce_extent % cfg["cb"]:
+    if con.blocked_reduce and con.reduce_extent % cfg["cb"]:
         problems.append(f"cb={cfg['cb']} does not divide {con.reduce_extent}")
     if problems:
         raise LoweringError(f"bad config for {con.op}: " + "; ".join(problems))
@@ -104,19 +105,20 @@ def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, count: int, off
     live = {v: e for v, e in ext.items() if e > 1}
     a_idx, b_idx, o_idx = (_affine(live, strides, i, consts[i]) for i in range(3))
     a_ts, o_ts = con.tile_strides(cfg)
-    ci = "ci" if cfg["cb"] > 1 else None
+    ci = "ci" if con.blocked_reduce and cfg["cb"] > 1 else None
     a_in = a_idx.plus("ci", strides["ci"][0]) if ci else a_idx
     b_in = b_idx.plus("ci", strides["ci"][1]) if ci else b_idx
-    inner: tuple = (FmaTile(tile.name, Access("a", a_in), a_ts, Access("b", b_in)),)
+    b_access = Access("b", b_in) if con.has_b else None
+    inner: tuple = (UpdateTile(tile.name, Access("a", a_in), a_ts, b_access, con.mode),)
     if ci:
         inner = (For("ci", cfg["cb"], UNROLL, inner),)
     for var in reversed(cfg["reduce_order"]):
         if var in live:
             kind = UNROLL if (var == con.unrollable and cfg["unroll"]) else SERIAL
             inner = (For(var, live[var], kind, inner),)
-    store = StoreTile(tile.name, Access("out", o_idx), o_ts,
-                      _epilogue(compute, kinds, o_idx, o_ts, live, cfg))
-    stmts: tuple = (ZeroTile(tile.name),) + inner + (store,)
+    epilogue = con.pre_epilogue() + _epilogue(compute, kinds, o_idx, o_ts, live, cfg)
+    store = StoreTile(tile.name, Access("out", o_idx), o_ts, epilogue)
+    stmts: tuple = (ZeroTile(tile.name, con.init),) + inner + (store,)
     return _spatial_loops(cfg, live, stmts)
 
 
@@ -156,9 +158,12 @@ def _epilogue(compute: Compute, kinds, o_idx: Affine, o_ts, live, cfg) -> tuple:
 def pack_operands(compute: Compute, cfg: Config, operands) -> dict[str, np.ndarray]:
     """Reference-order torch operands -> flat arrays in the kernel's layouts."""
     con = contraction(compute)
-    bufs = {"a": con.pack_a(operands[0], cfg), "b": con.pack_b(operands[1], cfg)}
-    chan_len = con.npad(cfg) if con.op == "dense" else con.vector_extent
-    for i, (kind, x) in enumerate(zip(operand_kinds(compute), operands[2:])):
+    bufs = {"a": con.pack_a(operands[0], cfg)}
+    if con.has_b:
+        bufs["b"] = con.pack_b(operands[1], cfg)
+    chan_len = con.channel_len(cfg)
+    rest = operands[len(compute.inputs):]
+    for i, (kind, x) in enumerate(zip(operand_kinds(compute), rest)):
         if kind.kind == "channel":
             flat = np.zeros(chan_len, np.float32)
             flat[: x.numel()] = x.detach().reshape(-1).numpy()

@@ -11,7 +11,7 @@ from ..timing import TimingOptions, median, time_fn
 from .build import LoadedKernel, build, cpu_info
 from .kernel import aligned
 from .llvm_ir import render
-from .loopnest import (PARALLEL, SERIAL, Access, Affine, Buffer, FmaTile, For, LoopNest,
+from .loopnest import (PARALLEL, SERIAL, Access, Affine, Buffer, UpdateTile, For, LoopNest,
                        Split, StoreTile, Tile, ZeroTile)
 
 STEPS = 200000
@@ -25,7 +25,7 @@ def peak_nest(threads: int, lanes: int, regs: int) -> LoopNest:
     body = (For("p", threads, PARALLEL, (
         Split("p", ("q",), (threads,)),
         ZeroTile("t"),
-        For("k", STEPS, SERIAL, (FmaTile("t", Access("a", Affine()), (0, 1),
+        For("k", STEPS, SERIAL, (UpdateTile("t", Access("a", Affine()), (0, 1),
                                          Access("b", Affine())),)),
         StoreTile("t", Access("out", Affine((("q", width),))), (0, vecs * lanes)),
     )),)

@@ -104,9 +104,9 @@ def contraction_space(con, lanes_options: tuple[int, ...], regs: int) -> Space:
     for lanes in lanes_options:
         for vecs in (1, 2, 3, 4):
             ob = vecs * lanes
-            if con.op != "dense" and con.vector_extent % ob:
+            if not con.pads_vector and con.vector_extent % ob:
                 continue
-            if con.op == "dense" and ob > max(lanes, con.vector_extent):
+            if con.pads_vector and ob > max(lanes, con.vector_extent):
                 continue
             for th in _divisors(th_ext, 8 if tw_ext > 1 else 16):
                 for tw in range(1, min(tw_ext, 28) + 1):
@@ -119,9 +119,8 @@ def contraction_space(con, lanes_options: tuple[int, ...], regs: int) -> Space:
                     combos.append((lanes, ob, th, tw))
     if not combos:
         raise ValueError(f"no register tile fits {con.op} with lanes {lanes_options}")
-    cbs = _divisors(con.reduce_extent, 32)
-    independent = [("cb", cbs),
-                   ("spatial_order", tuple(itertools.permutations(con.spatial))),
+    independent = [("cb", _divisors(con.reduce_extent, 32))] if con.blocked_reduce else []
+    independent += [("spatial_order", tuple(itertools.permutations(con.spatial))),
                    ("reduce_order", tuple(itertools.permutations(con.reduce))),
                    ("parallel", (1, 2))]
     if con.unrollable:

@@ -9,7 +9,7 @@ import pytest
 
 from raytune_kernels.codegen.llvm_ir import render
 from raytune_kernels.codegen.loopnest import (SERIAL, UNROLL, Access, Affine, Buffer, EpiStep,
-                                              FmaTile, For, LoopNest, StoreTile, Tile, ZeroTile)
+                                              UpdateTile, For, LoopNest, StoreTile, Tile, ZeroTile)
 from tests.codegen.test_loopnest import matmul_nest
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
@@ -19,7 +19,7 @@ def serial_tile():
     """A 1x2 tile, 1 vector of 4 lanes, an unrolled reduction of 2, bias-less sigmoid."""
     body = (For("i", 3, SERIAL, (
         ZeroTile("t"),
-        For("k", 2, UNROLL, (FmaTile("t", Access("a", Affine((("i", 2), ("k", 6)))), (0, 1),
+        For("k", 2, UNROLL, (UpdateTile("t", Access("a", Affine((("i", 2), ("k", 6)))), (0, 1),
                                      Access("b", Affine((("k", 4),)))),)),
         StoreTile("t", Access("out", Affine((("i", 8),))), (0, 4), (EpiStep("sigmoid"),)),
     )),)

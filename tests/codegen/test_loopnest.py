@@ -2,7 +2,7 @@ import numpy as np
 import torch
 
 from raytune_kernels.codegen.loopnest import (PARALLEL, SERIAL, Access, Affine, Buffer,
-                                              EpiStep, FmaTile, For, LoopNest, Split,
+                                              EpiStep, UpdateTile, For, LoopNest, Split,
                                               StoreTile, Tile, ZeroTile, interpret)
 
 
@@ -12,7 +12,7 @@ def matmul_nest(m=4, k=6, n=16, lanes=8):
     body = (For("p", m // 2, PARALLEL, (
         Split("p", ("mi",), (m // 2,)),
         ZeroTile("t"),
-        For("kk", k, SERIAL, (FmaTile("t", Access("a", Affine((("mi", 2 * k), ("kk", 1)))),
+        For("kk", k, SERIAL, (UpdateTile("t", Access("a", Affine((("mi", 2 * k), ("kk", 1)))),
                                       (k, 0), Access("b", Affine((("kk", n),)))),)),
         StoreTile("t", Access("out", Affine((("mi", 2 * n),))), (n, 0),
                   (EpiStep("add", ((Access("bias", Affine()), (0, 0)),)), EpiStep("relu"))),
