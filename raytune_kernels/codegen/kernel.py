@@ -10,7 +10,7 @@ from ..task import Compute
 from .build import BuildResult, LoadedKernel, build
 from .llvm_ir import render
 from .loopnest import LoopNest
-from .lower import lower, pack_operands, unpack_output
+from .schedules import lower, pack, unpack
 from .space import Config
 
 ALIGN = 64
@@ -46,7 +46,7 @@ class PreparedRun:
 
 def prepare(compute: Compute, cfg: Config, nest: LoopNest, library: bytes, operands,
             threads: int) -> PreparedRun:
-    bufs = {k: aligned(v) for k, v in pack_operands(compute, cfg, operands).items()}
+    bufs = {k: aligned(v) for k, v in pack(compute, cfg, operands).items()}
     order = tuple(b.name for b in nest.buffers)
     return PreparedRun(LoadedKernel(library, nest.name, len(order)), bufs, order, threads)
 
@@ -59,4 +59,4 @@ def run_candidate(compute: Compute, cfg: Config, operands, threads: int = 1,
         raise RuntimeError(result.error)
     prep = prepare(compute, cfg, nest, result.library, operands, threads)
     prep.run()
-    return unpack_output(compute, cfg, prep.buffers["out"])
+    return unpack(compute, cfg, prep.buffers["out"])

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import llvmlite.ir as ir
 
+from . import llvm_rows
 from .llvm_math import apply as apply_epilogue
 from .loopnest import (ADD, BCAST_FMA, MAX, PARALLEL, UNROLL, VEC_FMA, Access, Affine,
                        EpiStep, For, LoopNest, Split, StoreTile, UpdateTile, ZeroTile)
@@ -80,6 +81,7 @@ class _Emitter:
         self.entry = fn.append_basic_block("entry")
         self.b = ir.IRBuilder(self.entry)
         self.env: dict[str, object] = {}
+        self.regs: dict[str, object] = {}  # scalar registers of row statements
         self.accs = {t.name: [[self.alloca(mod.vt) for _ in range(t.vecs)] for _ in range(t.rows)]
                      for t in mod.nest.tiles}
 
@@ -134,7 +136,7 @@ class _Emitter:
         elif isinstance(s, StoreTile):
             self._store(s)
         else:
-            raise TypeError(f"cannot render {type(s).__name__}")
+            llvm_rows.emit(self, s)
 
     def _for(self, s: For) -> None:
         if s.kind == UNROLL:

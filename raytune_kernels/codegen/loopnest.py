@@ -110,7 +110,82 @@ class StoreTile:
     epilogue: tuple[EpiStep, ...] = ()
 
 
-Stmt = Union[For, Split, ZeroTile, UpdateTile, StoreTile]
+# ---- row kernels (softmax, layer norm, elementwise): vector expressions over a row ----
+
+@dataclass(frozen=True)
+class Ld:
+    """A vector of `lanes` floats at an access (its index includes the row loop's var)."""
+
+    access: Access
+
+
+@dataclass(frozen=True)
+class LdScalar:
+    """One float, broadcast to every lane."""
+
+    access: Access
+
+
+@dataclass(frozen=True)
+class Reg:
+    """A scalar register set by Reduce or Let, broadcast where a vector is needed."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Num:
+    value: float
+
+
+@dataclass(frozen=True)
+class Bin:
+    op: str  # add, sub, mul, div, max
+    x: "Expr"
+    y: "Expr"
+
+
+@dataclass(frozen=True)
+class Un:
+    op: str  # exp, sqrt, relu, relu6, sigmoid, tanh, silu, gelu, gelu_tanh
+    x: "Expr"
+
+
+Expr = Union[Ld, LdScalar, Reg, Num, Bin, Un]
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """reg = op over var in [0, extent) of expr (vectors), then across lanes: sum or max.
+    `accs` independent vector accumulators hide the add latency (extent % accs == 0)."""
+
+    reg: str
+    op: str
+    expr: Expr
+    var: str
+    extent: int
+    accs: int = 1
+
+
+@dataclass(frozen=True)
+class Let:
+    """reg = expr, a scalar expression of registers and numbers."""
+
+    reg: str
+    expr: Expr
+
+
+@dataclass(frozen=True)
+class Map:
+    """For var in [0, extent): store the vector expr at out (whose index includes var)."""
+
+    out: Access
+    expr: Expr
+    var: str
+    extent: int
+
+
+Stmt = Union[For, Split, ZeroTile, UpdateTile, StoreTile, Reduce, Let, Map]
 
 
 @dataclass(frozen=True)
@@ -177,6 +252,46 @@ def interpret(nest: LoopNest, buffers: dict[str, np.ndarray]) -> None:
     _run(nest, nest.body, {}, buffers, accs)
 
 
+_EXPR_UNARY = {"exp": np.exp, "sqrt": np.sqrt}
+_EXPR_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+                "max": np.maximum}
+
+
+def _eval(nest: LoopNest, e, env: dict, bufs) -> np.ndarray:
+    if isinstance(e, Ld):
+        i = e.access.index.eval(env)
+        return bufs[e.access.buffer][i: i + nest.lanes].astype(np.float32)
+    if isinstance(e, LdScalar):
+        return np.float32(bufs[e.access.buffer][e.access.index.eval(env)])
+    if isinstance(e, Reg):
+        return env["%" + e.name]
+    if isinstance(e, Num):
+        return np.float32(e.value)
+    if isinstance(e, Bin):
+        return _EXPR_BINARY[e.op](_eval(nest, e.x, env, bufs), _eval(nest, e.y, env, bufs))
+    x = _eval(nest, e.x, env, bufs)
+    fn = _EXPR_UNARY.get(e.op) or _UNARY[e.op]
+    return np.asarray(fn(x), np.float32)
+
+
+def _row_stmt(nest: LoopNest, s, env: dict, bufs) -> None:
+    if isinstance(s, Let):
+        env["%" + s.reg] = np.float32(_eval(nest, s.expr, env, bufs))
+    elif isinstance(s, Reduce):
+        parts = []
+        for j in range(s.extent):
+            env[s.var] = j
+            parts.append(np.broadcast_to(_eval(nest, s.expr, env, bufs), (nest.lanes,)))
+        whole = np.concatenate(parts)
+        env["%" + s.reg] = np.float32(whole.sum() if s.op == "sum" else whole.max())
+    else:
+        for j in range(s.extent):
+            env[s.var] = j
+            i = s.out.index.eval(env)
+            value = np.broadcast_to(_eval(nest, s.expr, env, bufs), (nest.lanes,))
+            bufs[s.out.buffer][i: i + nest.lanes] = value
+
+
 def _run(nest: LoopNest, body, env, bufs, accs) -> None:
     for s in body:
         if isinstance(s, For):
@@ -189,8 +304,10 @@ def _run(nest: LoopNest, body, env, bufs, accs) -> None:
             accs[s.tile][:] = s.value
         elif isinstance(s, UpdateTile):
             _update(nest, s, env, bufs, accs[s.tile], nest.tile(s.tile))
-        else:
+        elif isinstance(s, StoreTile):
             _store(nest, s, env, bufs, accs[s.tile], nest.tile(s.tile))
+        else:
+            _row_stmt(nest, s, env, bufs)
 
 
 def _split(s: Split, env: dict) -> None:

@@ -1,0 +1,58 @@
+"""One entry point per stage for every task kind: its space, its lowering, its layouts.
+
+Tiled computes (conv2d, depthwise, pooling, dense, matmul) go through contractions; row
+computes (softmax, layer norm, elementwise) through row kernels.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..task import Compute
+from .build import CpuInfo
+from .contraction import contraction
+from .loopnest import LoopNest
+from .lower import LoweringError, lower as lower_tiled, pack_operands, unpack_output
+from .rowwise import ROW_OPS, RowLoweringError, lower_rows, pack_rows, row_shape, row_space, \
+    unpack_rows
+from .space import Config, Space, contraction_space
+
+
+def unsupported_reason(compute: Compute) -> str | None:
+    """None when the compute can be lowered; otherwise why not, in words."""
+    if compute.op in ROW_OPS:
+        try:
+            row_shape(compute)
+            return None
+        except RowLoweringError as exc:
+            return str(exc)
+    if contraction(compute) is None:
+        return f"no lowering for {compute.describe()}"
+    return None
+
+
+def space_for(compute: Compute, cpu: CpuInfo) -> Space:
+    reason = unsupported_reason(compute)
+    if reason:
+        raise LoweringError(reason)
+    if compute.op in ROW_OPS:
+        return row_space(compute, cpu.lanes)
+    return contraction_space(contraction(compute), cpu.lanes, cpu.regs)
+
+
+def lower(compute: Compute, cfg: Config) -> LoopNest:
+    if compute.op in ROW_OPS:
+        return lower_rows(compute, cfg)
+    return lower_tiled(compute, cfg)
+
+
+def pack(compute: Compute, cfg: Config, operands) -> dict[str, np.ndarray]:
+    if compute.op in ROW_OPS:
+        return pack_rows(compute, cfg, operands)
+    return pack_operands(compute, cfg, operands)
+
+
+def unpack(compute: Compute, cfg: Config, flat: np.ndarray) -> torch.Tensor:
+    if compute.op in ROW_OPS:
+        return unpack_rows(compute, cfg, flat)
+    return unpack_output(compute, cfg, flat)
