@@ -28,6 +28,8 @@ class _Contraction:
     pads_vector = False  # the vector axis is padded up to the block instead of divided
     unrollable: str | None = None
 
+    out_layouts: tuple[str, ...] = ()  # output layouts beyond the default, as a knob
+
     def pre_epilogue(self) -> tuple:
         return ()
 
@@ -95,19 +97,28 @@ class Conv2dContraction(_Contraction):
         w_kw = cb * ob
         w_kh = self.kw * w_kw
         w_co = self.kh * w_kh
+        o_ko, o_row, o_col = self._out_steps(cfg)
         return {
-            "ko": (0, nco * w_co, self.oh * self.ow * ob),
-            "oh": (cfg["tile_h"] * sh * wp * cb, 0, cfg["tile_h"] * self.ow * ob),
-            "ow": (sw * cb, 0, ob),  # per output column (times the tile width by lower)
+            "ko": (0, nco * w_co, o_ko),
+            "oh": (cfg["tile_h"] * sh * wp * cb, 0, cfg["tile_h"] * o_row),
+            "ow": (sw * cb, 0, o_col),  # per output column (times the tile width by lower)
             "co": (hp * wp * cb, w_co, 0), "kh": (dh * wp * cb, w_kh, 0),
             "kw": (dw * cb, w_kw, 0), "ci": (1, ob, 0),
         }
 
+    def _out_steps(self, cfg) -> tuple[int, int, int]:
+        """Output strides of (channel block, row, column) for the chosen output layout."""
+        ob = cfg["ob"]
+        if cfg.get("out_layout", "blocked") == "nhwc":
+            return ob, self.ow * self.k, self.k
+        return self.oh * self.ow * ob, self.ow * ob, ob
+
     def tile_strides(self, cfg) -> tuple[tuple[int, int], tuple[int, int]]:
         """(A strides, output strides) between the register tile's rows and columns."""
         hp, wp = self.padded()
-        cb, ob = cfg["cb"], cfg["ob"]
-        return ((self.stride[0] * wp * cb, self.stride[1] * cb), (self.ow * ob, ob))
+        _, o_row, o_col = self._out_steps(cfg)
+        cb = cfg["cb"]
+        return ((self.stride[0] * wp * cb, self.stride[1] * cb), (o_row, o_col))
 
     def buffer_sizes(self, cfg) -> dict[str, int]:
         hp, wp = self.padded()
@@ -130,17 +141,19 @@ class Conv2dContraction(_Contraction):
         return _blocks(v.permute(0, 2, 4, 5, 3, 1)).ravel()
 
     def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
-        ob = cfg["ob"]
+        ob = self.k if cfg.get("out_layout", "blocked") == "nhwc" else cfg["ob"]
         v = y[0].reshape(self.k // ob, ob, self.oh, self.ow)
         return _blocks(v.permute(0, 2, 3, 1)).ravel()
 
     def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
-        ob = cfg["ob"]
+        ob = self.k if cfg.get("out_layout", "blocked") == "nhwc" else cfg["ob"]
         v = torch.from_numpy(flat.reshape(self.k // ob, self.oh, self.ow, ob))
         return v.permute(0, 3, 1, 2).reshape(1, self.k, self.oh, self.ow).contiguous()
 
     def flops(self) -> int:
         return 2 * self.k * self.oh * self.ow * self.c * self.kh * self.kw
+
+    out_layouts = ("blocked", "nhwc")
 
 
 @dataclass(frozen=True)

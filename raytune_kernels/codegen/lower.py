@@ -105,13 +105,7 @@ def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, count: int, off
     live = {v: e for v, e in ext.items() if e > 1}
     a_idx, b_idx, o_idx = (_affine(live, strides, i, consts[i]) for i in range(3))
     a_ts, o_ts = con.tile_strides(cfg)
-    ci = "ci" if con.blocked_reduce and cfg["cb"] > 1 else None
-    a_in = a_idx.plus("ci", strides["ci"][0]) if ci else a_idx
-    b_in = b_idx.plus("ci", strides["ci"][1]) if ci else b_idx
-    b_access = Access("b", b_in) if con.has_b else None
-    inner: tuple = (UpdateTile(tile.name, Access("a", a_in), a_ts, b_access, con.mode),)
-    if ci:
-        inner = (For("ci", cfg["cb"], UNROLL, inner),)
+    inner = _channel_block(con, cfg, tile, a_idx, b_idx, a_ts, strides)
     for var in reversed(cfg["reduce_order"]):
         if var in live:
             kind = UNROLL if (var == con.unrollable and cfg["unroll"]) else SERIAL
@@ -120,6 +114,39 @@ def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, count: int, off
     store = StoreTile(tile.name, Access("out", o_idx), o_ts, epilogue)
     stmts: tuple = (ZeroTile(tile.name, con.init),) + inner + (store,)
     return _spatial_loops(cfg, live, stmts)
+
+
+def _channel_block(con, cfg: Config, tile: Tile, a_idx: Affine, b_idx: Affine, a_ts,
+                   strides: dict) -> tuple:
+    """The innermost update, inside the channel-block loops: `ci` unrolled (up to 16) and
+    `cio` over the rest of the block when the block is larger (cb = C for NHWC input)."""
+    cb = cfg["cb"] if con.blocked_reduce else 1
+    unroll = max(d for d in range(1, min(cb, 16) + 1) if cb % d == 0)
+    a_in, b_in = a_idx, b_idx
+    if con.blocked_reduce:
+        for var, coef in (("ci", 1), ("cio", unroll)):
+            a_in = a_in.plus(var, strides["ci"][0] * coef)
+            b_in = b_in.plus(var, strides["ci"][1] * coef)
+    b_access = Access("b", b_in) if con.has_b else None
+    inner: tuple = (UpdateTile(tile.name, Access("a", a_in), a_ts, b_access, con.mode),)
+    inner = (For("ci", unroll, UNROLL, inner),) if unroll > 1 else _fix(inner, "ci")
+    return (For("cio", cb // unroll, SERIAL, inner),) if cb > unroll else _fix(inner, "cio")
+
+
+def _fix(body: tuple, var: str) -> tuple:
+    """A loop of extent 1 is not emitted: its variable is the constant 0."""
+    return tuple(_drop_var(s, var) for s in body)
+
+
+def _drop_var(s, var: str):
+    from dataclasses import replace
+    if isinstance(s, For):
+        return replace(s, body=_fix(s.body, var))
+    if isinstance(s, UpdateTile):
+        drop = lambda a: Access(a.buffer, Affine(tuple(t for t in a.index.terms  # noqa: E731
+                                                         if t[0] != var), a.index.const))
+        return replace(s, a=drop(s.a), b=drop(s.b) if s.b else None)
+    return s
 
 
 def _affine(live: dict, strides: dict, which: int, const: int) -> Affine:

@@ -7,7 +7,9 @@ Rules (from what the contraction says about its loops), for a CPU with `lanes` a
   tile_h*tile_w*vecs must fit the register file with room for the B vectors and a broadcast,
   and there must be at least 8 of them where the shape allows (FMA latency x pipes), so
   no sampled point starves the FMA units;
-- the blocked reduction axis gets a block `cb` (a divisor), unrolled innermost;
+- the blocked reduction axis gets a block `cb` (a divisor, or the whole axis), which is also
+  the input's layout (cb = C is NHWC, cb = 1 is NCHW), unrolled innermost by up to 16;
+- where the op offers several output layouts (conv2d: blocked NCHW[ob]c or NHWC), which;
 - the order of the outer spatial loops and of the reduction loops, whether the unrollable
   reduction loop is unrolled, and how many outer spatial loops are fused into the
   parallel loop.
@@ -31,6 +33,9 @@ class Config:
 
     def __getitem__(self, name: str) -> Any:
         return dict(self.knobs)[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict(self.knobs).get(name, default)
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.knobs}
@@ -119,7 +124,12 @@ def contraction_space(con, lanes_options: tuple[int, ...], regs: int) -> Space:
                     combos.append((lanes, ob, th, tw))
     if not combos:
         raise ValueError(f"no register tile fits {con.op} with lanes {lanes_options}")
-    independent = [("cb", _divisors(con.reduce_extent, 32))] if con.blocked_reduce else []
+    independent = []
+    if con.blocked_reduce:  # the input's channel block; cb = C is NHWC, cb = 1 is NCHW
+        cbs = _divisors(con.reduce_extent, 32)
+        independent.append(("cb", cbs + ((con.reduce_extent,) if con.reduce_extent > 32 else ())))
+    if con.out_layouts:
+        independent.append(("out_layout", con.out_layouts))
     independent += [("spatial_order", tuple(itertools.permutations(con.spatial))),
                    ("reduce_order", tuple(itertools.permutations(con.reduce))),
                    ("parallel", (1, 2))]
