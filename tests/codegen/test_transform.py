@@ -1,0 +1,43 @@
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from raytune_kernels.codegen.build import LoadedKernel, build
+from raytune_kernels.codegen.kernel import aligned
+from raytune_kernels.codegen.llvm_ir import render
+from raytune_kernels.codegen.loopnest import interpret
+from raytune_kernels.codegen.transform import Layout, transform_nest, transform_space
+
+LAYOUTS = ["NCHW", "NHWC", "NCHW8c", "NCHW16c", "NCHW32c"]
+
+
+@pytest.mark.parametrize("src, dst", [p for p in itertools.permutations(LAYOUTS, 2)])
+def test_every_transform_compiles_and_moves_data(src, dst):
+    shape = (1, 64, 5, 9)
+    x = torch.randn(shape)
+    for cfg in list(transform_space(shape, src, dst))[::5]:
+        nest = transform_nest(shape, src, dst, cfg)
+        result = build(render(nest))
+        assert result.error is None, result.error
+        inp, out = aligned(Layout(src).pack(x)), aligned(np.zeros(x.numel(), np.float32))
+        LoadedKernel(result.library, nest.name, 2)([inp.ctypes.data, out.ctypes.data], 2)
+        assert torch.equal(Layout(dst).unpack(out, shape), x), (src, dst, cfg)
+
+
+def test_transform_interprets_the_same():
+    shape = (1, 32, 3, 7)
+    x = torch.randn(shape)
+    cfg = next(iter(transform_space(shape, "NCHW", "NCHW16c")))
+    bufs = {"src": Layout("NCHW").pack(x), "dst": np.zeros(x.numel(), np.float32)}
+    interpret(transform_nest(shape, "NCHW", "NCHW16c", cfg), bufs)
+    assert torch.equal(Layout("NCHW16c").unpack(bufs["dst"], shape), x)
+
+
+def test_bad_layouts_are_named():
+    cfg = next(iter(transform_space((1, 24, 4, 4), "NCHW", "NHWC")))
+    with pytest.raises(ValueError, match="divisible by 16"):
+        transform_nest((1, 24, 4, 4), "NCHW", "NCHW16c", cfg)
+    with pytest.raises(ValueError, match="unknown layout 'NWHC'"):
+        transform_nest((1, 24, 4, 4), "NCHW", "NWHC", cfg)
