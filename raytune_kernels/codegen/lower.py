@@ -110,7 +110,7 @@ def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, count: int, off
         if var in live:
             kind = UNROLL if (var == con.unrollable and cfg["unroll"]) else SERIAL
             inner = (For(var, live[var], kind, inner),)
-    epilogue = con.pre_epilogue() + _epilogue(compute, kinds, o_idx, o_ts, live, cfg)
+    epilogue = con.pre_epilogue() + epilogue_steps(compute, kinds, o_idx, o_ts, live, cfg)
     store = StoreTile(tile.name, Access("out", o_idx), o_ts, epilogue)
     stmts: tuple = (ZeroTile(tile.name, con.init),) + inner + (store,)
     return _spatial_loops(cfg, live, stmts)
@@ -166,7 +166,7 @@ def _spatial_loops(cfg: Config, live: dict, stmts: tuple) -> list:
     return [For("p", math.prod(extents), PARALLEL, split + stmts)]
 
 
-def _epilogue(compute: Compute, kinds, o_idx: Affine, o_ts, live, cfg) -> tuple:
+def epilogue_steps(compute: Compute, kinds, o_idx: Affine, o_ts, live, cfg) -> tuple:
     steps, i = [], 0
     chan = Affine((("ko", cfg["ob"]),) if "ko" in live else ())
     for op in compute.epilogue:

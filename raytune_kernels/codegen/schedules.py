@@ -11,11 +11,12 @@ import torch
 from ..task import Compute
 from .build import CpuInfo
 from .contraction import contraction
+from .im2col import applicable as im2col_applicable, im2col_space, lower_im2col, pack_im2col
 from .loopnest import LoopNest
 from .lower import LoweringError, lower as lower_tiled, pack_operands, unpack_output
 from .rowwise import ROW_OPS, RowLoweringError, lower_rows, pack_rows, row_shape, row_space, \
     unpack_rows
-from .space import Config, Space, contraction_space
+from .space import Config, Space, UnionSpace, contraction_space
 
 
 def unsupported_reason(compute: Compute) -> str | None:
@@ -31,24 +32,34 @@ def unsupported_reason(compute: Compute) -> str | None:
     return None
 
 
-def space_for(compute: Compute, cpu: CpuInfo) -> Space:
+def space_for(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
+    """The schedule space of a compute on a CPU. Convolutions that im2col applies to get
+    both algorithms, under the knob `algorithm`."""
     reason = unsupported_reason(compute)
     if reason:
         raise LoweringError(reason)
     if compute.op in ROW_OPS:
         return row_space(compute, cpu.lanes)
-    return contraction_space(contraction(compute), cpu.lanes, cpu.regs)
+    direct = contraction_space(contraction(compute), cpu.lanes, cpu.regs)
+    if im2col_applicable(compute):
+        alt = im2col_space(compute, cpu.lanes, cpu.regs)
+        return UnionSpace("algorithm", (("direct", direct), ("im2col", alt)))
+    return direct
 
 
 def lower(compute: Compute, cfg: Config) -> LoopNest:
     if compute.op in ROW_OPS:
         return lower_rows(compute, cfg)
+    if cfg.get("algorithm") == "im2col":
+        return lower_im2col(compute, cfg)
     return lower_tiled(compute, cfg)
 
 
 def pack(compute: Compute, cfg: Config, operands) -> dict[str, np.ndarray]:
     if compute.op in ROW_OPS:
         return pack_rows(compute, cfg, operands)
+    if cfg.get("algorithm") == "im2col":
+        return pack_im2col(compute, cfg, operands)
     return pack_operands(compute, cfg, operands)
 
 

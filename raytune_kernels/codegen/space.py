@@ -136,3 +136,48 @@ def contraction_space(con, lanes_options: tuple[int, ...], regs: int) -> Space:
     if con.unrollable:
         independent.append(("unroll", (False, True)))
     return Space(("lanes", "ob", "tile_h", "tile_w"), tuple(combos), tuple(independent))
+
+
+@dataclass(frozen=True)
+class UnionSpace:
+    """Alternatives (algorithms) with a space each; a Config names its part under `key`.
+
+    Sampling is uniform over all points, so each algorithm gets trials in proportion to
+    its size; mutation stays inside the part, and now and then jumps to the other."""
+
+    key: str
+    parts: tuple[tuple[str, Space], ...]
+    jump: float = 0.1
+
+    def count(self) -> int:
+        return sum(s.count() for _, s in self.parts)
+
+    def _tag(self, name: str, cfg: Config) -> Config:
+        return Config(tuple(sorted(cfg.knobs + ((self.key, name),))))
+
+    def _part(self, cfg: Config) -> tuple[str, Space, Config]:
+        name = cfg[self.key]
+        space = dict(self.parts)[name]
+        return name, space, Config(tuple(kv for kv in cfg.knobs if kv[0] != self.key))
+
+    def __iter__(self) -> Iterator[Config]:
+        for name, space in self.parts:
+            for cfg in space:
+                yield self._tag(name, cfg)
+
+    def sample(self, rng: random.Random) -> Config:
+        name, space = rng.choices(self.parts, weights=[s.count() for _, s in self.parts])[0]
+        return self._tag(name, space.sample(rng))
+
+    def mutate(self, cfg: Config, rng: random.Random) -> Config:
+        name, space, inner = self._part(cfg)
+        if rng.random() < self.jump and len(self.parts) > 1:
+            other = rng.choice([p for p in self.parts if p[0] != name])
+            return self._tag(other[0], other[1].sample(rng))
+        return self._tag(name, space.mutate(inner, rng))
+
+    def __contains__(self, cfg: Config) -> bool:
+        if cfg.get(self.key) not in dict(self.parts):
+            return False
+        _, space, inner = self._part(cfg)
+        return inner in space

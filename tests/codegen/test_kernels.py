@@ -91,3 +91,17 @@ def test_bad_config_is_a_named_lowering_error(zoo_models):
         lower(task.compute, cfg)
     for knob in ("ob=48", "tile_h=5", "cb=7"):
         assert knob in str(info.value)
+
+
+def test_im2col_configs_match_reference(zoo_models):
+    """The alternative algorithm, sampled on purpose (it is a small part of the space)."""
+    convs = [t for t in lowerable("resnet18", zoo_models)
+             if t.compute.op == "conv2d" and t.compute.inputs[0].shape[1] % 8 == 0]
+    assert len(convs) == 17  # every conv but the 3-channel stem
+    for i, task in enumerate(convs):
+        space = space_for(task.compute, cpu_info())
+        im2col = dict(space.parts)["im2col"]
+        cfg = space._tag("im2col", im2col.sample(random.Random(i)))
+        ops = operands(task.compute, i)
+        got = run_candidate(task.compute, cfg, ops, threads=2)
+        assert torch.allclose(got, reference(task.compute, *ops), rtol=1e-4, atol=1e-4), cfg

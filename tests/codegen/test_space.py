@@ -57,3 +57,22 @@ def test_avx2_space_has_only_eight_lanes():
 def _dense():
     from raytune_kernels.task import Compute, TensorSpec
     return Compute("dense", (TensorSpec((32, 64)), TensorSpec((40, 64))), TensorSpec((32, 40)))
+
+
+def test_union_space_names_the_algorithm(zoo_models):
+    from raytune_kernels.codegen.build import CpuInfo
+    from raytune_kernels.codegen.schedules import space_for
+    model, inputs = zoo_models["resnet18"]
+    task = [t for t in rk.extract_tasks(model, inputs) if t.compute.op == "conv2d"][3]
+    space = space_for(task.compute, CpuInfo("test", (8,), 16))
+    sizes = {name: part.count() for name, part in space.parts}
+    assert set(sizes) == {"direct", "im2col"} and space.count() == sum(sizes.values())
+    rng = random.Random(5)
+    seen = set()
+    cfg = space.sample(rng)
+    for _ in range(300):
+        cfg = space.mutate(cfg, rng)
+        assert cfg in space
+        seen.add(cfg["algorithm"])
+    assert seen == {"direct", "im2col"}
+    assert Config.of(algorithm="winograd") not in space
