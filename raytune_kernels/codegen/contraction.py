@@ -44,10 +44,11 @@ def _blocks(x: np.ndarray | torch.Tensor) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Conv2dContraction(_Contraction):
-    """Direct conv2d (groups=1) in blocked layouts.
+    """Direct conv2d in blocked layouts; grouped convs add a loop over groups.
 
-    input  [C/CB][Hp][Wp][CB] (pre-padded), weight [K/OB][C/CB][KH][KW][CB][OB],
-    output [K/OB][OH][OW][OB]: NCHW[CB]c in, NCHW[OB]c out.
+    input  [C/CB][Hp][Wp][CB] (pre-padded), weight [K/OB][Cg/CB][KH][KW][CB][OB],
+    output [K/OB][OH][OW][OB] (or NHWC): NCHW[CB]c in, NCHW[OB]c out. Cg = C/groups; the
+    blocks CB and OB divide a group's channels, so no block straddles two groups.
     """
 
     n: int
@@ -62,6 +63,7 @@ class Conv2dContraction(_Contraction):
     stride: tuple[int, int]
     pad: tuple[int, int]
     dil: tuple[int, int]
+    groups: int = 1
 
     op = "conv2d"
 
@@ -71,34 +73,43 @@ class Conv2dContraction(_Contraction):
         k, _, kh, kw = c.inputs[1].shape
         _, _, oh, ow = c.output.shape
         return cls(n, ch, h, w, k, kh, kw, oh, ow, c.attr("stride"), c.attr("padding"),
-                   c.attr("dilation"))
+                   c.attr("dilation"), c.attr("groups"))
 
-    # facts the space rules use
-    vector_extent = property(lambda self: self.k)
+    # facts the space rules use (per group: the vector and reduction extents)
+    vector_extent = property(lambda self: self.k // self.groups)
     tile_extents = property(lambda self: (self.oh, self.ow))
-    reduce_extent = property(lambda self: self.c)
-    spatial = ("ko", "oh", "ow")
+    reduce_extent = property(lambda self: self.c // self.groups)
     reduce = ("co", "kh", "kw")
+
+    @property
+    def spatial(self) -> tuple[str, ...]:
+        return ("grp", "ko", "oh", "ow") if self.groups > 1 else ("ko", "oh", "ow")
+
+    def channel_len(self, cfg) -> int:
+        return self.k
     unrollable = "kw"
 
     def padded(self) -> tuple[int, int]:
         return self.h + 2 * self.pad[0], self.w + 2 * self.pad[1]
 
     def extents(self, cfg) -> dict[str, int]:
-        return {"ko": self.k // cfg["ob"], "oh": self.oh // cfg["tile_h"],
-                "co": self.c // cfg["cb"], "kh": self.kh, "kw": self.kw}
+        return {"grp": self.groups, "ko": self.vector_extent // cfg["ob"],
+                "oh": self.oh // cfg["tile_h"], "co": self.reduce_extent // cfg["cb"],
+                "kh": self.kh, "kw": self.kw}
 
     def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
         """Per loop variable: (A stride, B stride, output stride) in elements."""
         cb, ob = cfg["cb"], cfg["ob"]
         hp, wp = self.padded()
         (sh, sw), (dh, dw) = self.stride, self.dil
-        nco = self.c // cb
+        nco = self.reduce_extent // cb
         w_kw = cb * ob
         w_kh = self.kw * w_kw
         w_co = self.kh * w_kh
         o_ko, o_row, o_col = self._out_steps(cfg)
+        kob = self.vector_extent // ob  # output-channel blocks per group
         return {
+            "grp": (self.reduce_extent * hp * wp, kob * nco * w_co, kob * o_ko),
             "ko": (0, nco * w_co, o_ko),
             "oh": (cfg["tile_h"] * sh * wp * cb, 0, cfg["tile_h"] * o_row),
             "ow": (sw * cb, 0, o_col),  # per output column (times the tile width by lower)
@@ -122,7 +133,7 @@ class Conv2dContraction(_Contraction):
 
     def buffer_sizes(self, cfg) -> dict[str, int]:
         hp, wp = self.padded()
-        return {"a": self.c * hp * wp, "b": self.k * self.c * self.kh * self.kw,
+        return {"a": self.c * hp * wp, "b": self.k * self.reduce_extent * self.kh * self.kw,
                 "out": self.k * self.oh * self.ow}
 
     def channel_axis(self) -> int:
@@ -137,7 +148,7 @@ class Conv2dContraction(_Contraction):
 
     def pack_b(self, w: torch.Tensor, cfg) -> np.ndarray:
         cb, ob = cfg["cb"], cfg["ob"]
-        v = w.reshape(self.k // ob, ob, self.c // cb, cb, self.kh, self.kw)
+        v = w.reshape(self.k // ob, ob, self.reduce_extent // cb, cb, self.kh, self.kw)
         return _blocks(v.permute(0, 2, 4, 5, 3, 1)).ravel()
 
     def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
@@ -151,7 +162,7 @@ class Conv2dContraction(_Contraction):
         return v.permute(0, 3, 1, 2).reshape(1, self.k, self.oh, self.ow).contiguous()
 
     def flops(self) -> int:
-        return 2 * self.k * self.oh * self.ow * self.c * self.kh * self.kw
+        return 2 * self.k * self.oh * self.ow * self.reduce_extent * self.kh * self.kw
 
     out_layouts = ("blocked", "nhwc")
 
@@ -293,9 +304,12 @@ def contraction(compute: Compute):
     from .window import WindowContraction
 
     if compute.op == "conv2d" and compute.inputs[0].shape[0] == 1:
-        if compute.attr("groups") == 1:
+        c, k, g = compute.inputs[0].shape[1], compute.output.shape[1], compute.attr("groups")
+        if g > 1 and g == c == k:
+            return WindowContraction.from_compute(compute)
+        if (k // g) % 8 == 0:  # a group's output channels fill whole vectors
             return Conv2dContraction.from_compute(compute)
-        return WindowContraction.from_compute(compute)
+        return None
     if compute.op in ("max_pool2d", "avg_pool2d"):
         return WindowContraction.from_compute(compute)
     if compute.op == "dense":

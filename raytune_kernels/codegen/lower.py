@@ -110,7 +110,9 @@ def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, count: int, off
         if var in live:
             kind = UNROLL if (var == con.unrollable and cfg["unroll"]) else SERIAL
             inner = (For(var, live[var], kind, inner),)
-    epilogue = con.pre_epilogue() + epilogue_steps(compute, kinds, o_idx, o_ts, live, cfg)
+    groups = con.vector_extent if "grp" in live else 0
+    epilogue = con.pre_epilogue() + epilogue_steps(compute, kinds, o_idx, o_ts, live, cfg,
+                                                   groups)
     store = StoreTile(tile.name, Access("out", o_idx), o_ts, epilogue)
     stmts: tuple = (ZeroTile(tile.name, con.init),) + inner + (store,)
     return _spatial_loops(cfg, live, stmts)
@@ -166,9 +168,13 @@ def _spatial_loops(cfg: Config, live: dict, stmts: tuple) -> list:
     return [For("p", math.prod(extents), PARALLEL, split + stmts)]
 
 
-def epilogue_steps(compute: Compute, kinds, o_idx: Affine, o_ts, live, cfg) -> tuple:
+def epilogue_steps(compute: Compute, kinds, o_idx: Affine, o_ts, live, cfg,
+                   group_channels: int = 0) -> tuple:
+    """Epilogue ops on the tile; channel operands are read at the output-channel block
+    (ko * ob, plus grp * channels-per-group for grouped convs)."""
     steps, i = [], 0
-    chan = Affine((("ko", cfg["ob"]),) if "ko" in live else ())
+    chan = Affine(tuple(t for t in (("ko", cfg["ob"]), ("grp", group_channels))
+                        if t[0] in live and t[1]))
     for op in compute.epilogue:
         operands = []
         for _ in op.operands:

@@ -28,8 +28,19 @@ def unsupported_reason(compute: Compute) -> str | None:
         except RowLoweringError as exc:
             return str(exc)
     if contraction(compute) is None:
-        return f"no lowering for {compute.describe()}"
+        return f"no lowering for {compute.describe()}{_why(compute)}"
     return None
+
+
+def _why(c: Compute) -> str:
+    if c.op == "conv2d" and c.inputs[0].shape[0] != 1:
+        return ": batch > 1 convolutions are not lowered yet"
+    if c.op == "conv2d":
+        per_group = c.output.shape[1] // c.attr("groups")
+        return f": {per_group} output channels per group do not fill 8-float vectors"
+    if c.op == "matmul":
+        return ": broadcast batch dims, or N not a multiple of 8"
+    return ""
 
 
 def space_for(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:

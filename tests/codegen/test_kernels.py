@@ -105,3 +105,13 @@ def test_im2col_configs_match_reference(zoo_models):
         ops = operands(task.compute, i)
         got = run_candidate(task.compute, cfg, ops, threads=2)
         assert torch.allclose(got, reference(task.compute, *ops), rtol=1e-4, atol=1e-4), cfg
+
+
+def test_grouped_and_dilated_convs_match_reference():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(32, 64, 3, padding=2, dilation=2, groups=4), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 3, stride=2, groups=2), torch.nn.Conv2d(64, 36, 1, groups=2))
+    tasks = rk.extract_tasks(model.eval(), (torch.randn(1, 32, 12, 12),))
+    assert "18 output channels per group" in unsupported_reason(tasks[-1].compute)
+    for i, task in enumerate(tasks[:2]):
+        check_configs(task, 4, seed=i)
