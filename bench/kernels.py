@@ -24,11 +24,9 @@ import torch
 import raytune_kernels as rk
 from raytune_kernels import zoo
 from raytune_kernels.codegen.build import cpu_info
-from raytune_kernels.codegen.contraction import contraction
 from raytune_kernels.codegen.kernel import build_candidate, prepare
-from raytune_kernels.codegen.lower import unpack_output
 from raytune_kernels.codegen.peak import measure_peak
-from raytune_kernels.codegen.space import contraction_space
+from raytune_kernels.codegen.schedules import space_for, unpack, unsupported_reason
 from raytune_kernels.reference import reference
 from raytune_kernels.timing import TimingOptions, median, time_fn
 
@@ -65,8 +63,7 @@ def interleaved(fns: list, rounds: int = 3) -> list[float]:
 
 
 def search(task, trials: int, threads: int, seed: int):
-    info = cpu_info()
-    space = contraction_space(contraction(task.compute), info.lanes, info.regs)
+    space = space_for(task.compute, cpu_info())
     ops = random_operands(task.compute, seed)
     rng, tried, best = random.Random(seed), set(), (math.inf, None, None)
     while len(tried) < min(trials, space.count()):
@@ -89,7 +86,7 @@ def bench_task(task, trials: int, threads: int, peak: float, seed: int) -> dict:
     (_, cfg, prep), ops = search(task, trials, threads, seed)
     ours, *torch_times = interleaved([prep.run] + torch_fns(task.compute, ops))
     theirs = min(torch_times)
-    got = unpack_output(task.compute, cfg, prep.buffers["out"])
+    got = unpack(task.compute, cfg, prep.buffers["out"])
     err = (got - reference(task.compute, *ops)).abs().max().item()
     row = {"key": task.key, "compute": task.compute.describe(), "weight": task.weight,
            "ours_us": round(ours * 1e6, 1), "torch_us": round(theirs * 1e6, 1),
@@ -98,7 +95,8 @@ def bench_task(task, trials: int, threads: int, peak: float, seed: int) -> dict:
            "max_abs_err": err, "config": cfg.to_json(),
            "search_s": round(time.perf_counter() - start, 1)}
     print(f"{row['compute']:<48} ours {row['ours_us']:>8.1f} us  torch {row['torch_us']:>8.1f}"
-          f" us  x{row['ratio']:.2f}  {row['pct_peak']:5.1f}% peak  err {err:.1e}",
+          f" us  x{row['ratio']:.2f}  {row['pct_peak']:5.1f}% peak  err {err:.1e} "
+          f"{cfg.get('algorithm', '')}",
           file=sys.stderr, flush=True)
     return row
 
@@ -114,7 +112,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, inputs = zoo.load(args.model)
     tasks = [t for t in rk.extract_tasks(model, inputs) if t.compute.op in ("conv2d", "dense")
-             and contraction(t.compute) is not None]
+             and unsupported_reason(t.compute) is None]
     tasks = tasks[: args.limit] if args.limit else tasks
     peak = max(measure_peak(args.threads, FULL) for _ in range(3))  # a capability: best of 3
     print(f"FMA peak on {args.threads} threads: {peak:.1f} GFLOP/s", file=sys.stderr)
