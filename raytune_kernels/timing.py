@@ -16,8 +16,10 @@ class TimingOptions:
     repeats: int = 5
 
 
-def time_fn(fn: Callable[[], object], opts: TimingOptions = TimingOptions()) -> list[float]:
-    """Seconds per call of `fn`, one entry per repeat."""
+def time_fn(fn: Callable[[], object], opts: TimingOptions = TimingOptions(),
+            between: Callable[[], object] | None = None) -> list[float]:
+    """Seconds per call of `fn`, one entry per repeat; `between` runs before each repeat
+    (a cache flush), outside the timed region."""
     for _ in range(opts.warmup):
         fn()
     number, elapsed = 1, _run(fn, 1)
@@ -25,8 +27,11 @@ def time_fn(fn: Callable[[], object], opts: TimingOptions = TimingOptions()) -> 
         grow = opts.min_repeat_ms / max(elapsed * 1e3, 1e-3)
         number = max(number + 1, int(number * min(grow * 1.2, 16)))
         elapsed = _run(fn, number)
-    times = [elapsed / number]
-    times += [_run(fn, number) / number for _ in range(opts.repeats - 1)]
+    times = []
+    for _ in range(opts.repeats):
+        if between is not None:
+            between()
+        times.append(_run(fn, number) / number)
     return times
 
 

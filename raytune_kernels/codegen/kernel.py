@@ -60,3 +60,15 @@ def run_candidate(compute: Compute, cfg: Config, operands, threads: int = 1,
     prep = prepare(compute, cfg, nest, result.library, operands, threads)
     prep.run()
     return unpack(compute, cfg, prep.buffers["out"])
+
+
+def build_for(compute: Compute, cfg: Config, mcpu: str | None = None) -> BuildResult:
+    """Lower, render and build; any failure (a config that does not lower included) comes
+    back as a BuildResult with its error, never as an exception."""
+    import time
+
+    start = time.perf_counter()
+    try:
+        return build_candidate(compute, cfg, mcpu)[1]
+    except Exception as exc:
+        return BuildResult(None, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)

@@ -1,0 +1,49 @@
+"""Builder and measurer actors: a few lines each over the Ray-free core."""
+from __future__ import annotations
+
+import os
+
+import ray
+
+from raytune_kernels.codegen.build import BuildResult
+from raytune_kernels.codegen.kernel import build_for
+from raytune_kernels.codegen.space import Config
+from raytune_kernels.measure import MeasureOptions, measure_built
+from raytune_kernels.task import Compute
+
+
+def _pin(cores: tuple[int, ...]) -> None:
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+
+
+@ray.remote
+class BuilderActor:
+    """Renders and compiles candidates; returns library bytes or the build error."""
+
+    def __init__(self, cores: tuple[int, ...] = ()):
+        _pin(cores)
+
+    def build(self, compute: dict, config: dict, mcpu: str | None) -> BuildResult:
+        return build_for(Compute.from_json(compute), Config.from_json(config), mcpu)
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class MeasurerActor:
+    """Owns a set of cores (affinity set in its own process) and measures one candidate at
+    a time on them. A candidate that crashes the process kills this actor; Ray restarts it."""
+
+    def __init__(self, cores: tuple[int, ...], opts: MeasureOptions):
+        _pin(cores)
+        import torch
+
+        torch.set_num_threads(max(1, len(cores)))
+        self.opts = opts
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def measure(self, compute: dict, config: dict, library: bytes, build_s: float) -> dict:
+        result = measure_built(Compute.from_json(compute), Config.from_json(config), library,
+                               self.opts, build_s)
+        return result.to_json()

@@ -1,0 +1,148 @@
+"""Honest measurement of one built candidate, in the process that runs it. Errors are data.
+
+Inputs are random values generated here (never uninitialised memory: seed 002 shows empty
+buffers under-reporting a kernel's time by 4x); the output is checked against the task's
+torch reference before any time counts; then warm-up, `number` grown until a repeat lasts
+min_repeat_ms, several repeats (every one kept), the median reported; optionally the
+last-level cache is flushed before each repeat.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .codegen.kernel import prepare
+from .codegen.schedules import lower, unpack
+from .codegen.space import Config
+from .reference import reference
+from .task import Compute
+from .timing import TimingOptions, time_fn
+
+BUILD_ERROR, RUNTIME_ERROR, WRONG_OUTPUT, NON_FINITE = (
+    "build_error", "runtime_error", "wrong_output", "non_finite")
+TIMEOUT, CRASHED = "timeout", "crashed"
+ERROR_KINDS = (BUILD_ERROR, RUNTIME_ERROR, WRONG_OUTPUT, NON_FINITE, TIMEOUT, CRASHED)
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    threads: int = 1
+    warmup: int = 2
+    min_repeat_ms: float = 20.0
+    repeats: int = 3
+    flush_cache: bool = False
+    rtol: float = 1e-4
+    atol: float = 1e-4
+    seed: int = 0
+    timeout_s: float = 60.0  # enforced by the caller that owns the measuring process
+
+    def timing(self) -> TimingOptions:
+        return TimingOptions(self.warmup, self.min_repeat_ms, self.repeats)
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    """Seconds per call (one per repeat), or an error kind and message; never both."""
+
+    times: tuple[float, ...] = ()
+    error_kind: str | None = None
+    error_msg: str = ""
+    build_s: float = 0.0
+    run_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times) if self.ok and self.times else math.inf
+
+    @classmethod
+    def error(cls, kind: str, msg: str, build_s: float = 0.0, run_s: float = 0.0):
+        assert kind in ERROR_KINDS, kind
+        return cls((), kind, msg[:2000], build_s, run_s)
+
+    def to_json(self) -> dict:
+        return {"times": list(self.times), "error_kind": self.error_kind,
+                "error_msg": self.error_msg, "build_s": self.build_s, "run_s": self.run_s}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "MeasureResult":
+        return cls(tuple(float(t) for t in d["times"]), d["error_kind"], d["error_msg"],
+                   float(d["build_s"]), float(d["run_s"]))
+
+
+def random_operands(compute: Compute, seed: int = 0) -> list[torch.Tensor]:
+    """Random operands in reference order, weights scaled by 1/sqrt(fan-in) as trained
+    weights are, so outputs stay of unit size and tolerances mean the same everywhere."""
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(compute.inputs[0].shape, generator=g)]
+    for spec in compute.inputs[1:]:
+        if compute.op == "layer_norm":
+            xs.append(torch.randn(spec.shape, generator=g))
+            continue
+        fan_in = spec.shape[-2] if compute.op == "matmul" else math.prod(spec.shape[1:])
+        xs.append(torch.randn(spec.shape, generator=g) / math.sqrt(max(fan_in, 1)))
+    xs += [torch.randn(s.shape, generator=g) for e in compute.epilogue for s in e.operands]
+    return xs
+
+
+@dataclass
+class _Flusher:
+    """Writes a buffer twice the size of the last-level cache."""
+
+    buf: np.ndarray = field(default_factory=lambda: np.ones(_llc_bytes() // 2, np.float32))
+
+    def __call__(self) -> None:
+        self.buf += 1.0
+
+
+def _llc_bytes() -> int:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            text = f.read().strip()
+        return int(text[:-1]) * 1024 * (1024 if text.endswith("M") else 1) * 2
+    except (OSError, ValueError):
+        return 64 << 20
+
+
+def measure_built(compute: Compute, cfg: Config, library: bytes, opts: MeasureOptions,
+                  build_s: float = 0.0) -> MeasureResult:
+    """Check then time a built candidate in this process."""
+    start = time.perf_counter()
+    try:
+        nest = lower(compute, cfg)
+        ops = random_operands(compute, opts.seed)
+        with torch.no_grad():
+            expected = reference(compute, *ops)
+        prep = prepare(compute, cfg, nest, library, ops, opts.threads)
+        prep.run()
+        got = unpack(compute, cfg, prep.buffers["out"])
+    except Exception as exc:  # a broken candidate is data, not a crash of the measurer
+        return MeasureResult.error(RUNTIME_ERROR, f"{type(exc).__name__}: {exc}", build_s,
+                                   time.perf_counter() - start)
+    verdict = check_output(got, expected, opts)
+    if verdict is not None:
+        return MeasureResult.error(*verdict, build_s, time.perf_counter() - start)
+    between = _Flusher() if opts.flush_cache else None
+    times = time_fn(prep.run, opts.timing(), between)
+    return MeasureResult(tuple(times), None, "", build_s, time.perf_counter() - start)
+
+
+def check_output(got: torch.Tensor, expected: torch.Tensor, opts: MeasureOptions):
+    """None when the candidate's output is right; else (error kind, message)."""
+    if got.shape != expected.shape:
+        return WRONG_OUTPUT, f"shape {tuple(got.shape)} != {tuple(expected.shape)}"
+    if not torch.isfinite(got).all():
+        bad = (~torch.isfinite(got)).sum().item()
+        return NON_FINITE, f"{bad} of {got.numel()} outputs are NaN or infinite"
+    if not torch.allclose(got, expected, rtol=opts.rtol, atol=opts.atol):
+        err = (got - expected).abs().max().item()
+        return WRONG_OUTPUT, f"max abs error {err:.3g} (rtol {opts.rtol}, atol {opts.atol})"
+    return None

@@ -1,0 +1,112 @@
+"""The real actor path: builders, measurers, crash and hang isolation, timing honesty."""
+import json
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import raytune_kernels as rk
+from raytune_kernels.codegen.build import build, cpu_info
+from raytune_kernels.codegen.schedules import lower, space_for
+from raytune_kernels.codegen.space import Config
+from raytune_kernels.measure import MeasureOptions
+
+OPTS = MeasureOptions(threads=1, min_repeat_ms=5, repeats=3, timeout_s=8)
+
+
+@pytest.fixture(scope="module")
+def task():
+    model = torch.nn.Sequential(torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU())
+    return rk.extract_tasks(model.eval(), (torch.randn(1, 32, 14, 14),))[0]
+
+
+@pytest.fixture(scope="module")
+def configs(task):
+    space = space_for(task.compute, cpu_info())
+    rng = random.Random(0)
+    return [space.sample(rng) for _ in range(6)]
+
+
+@pytest.fixture(scope="module")
+def pipeline(ray_session):
+    from actors.pipeline import MeasurePipeline
+    p = MeasurePipeline(num_measurers=1, opts=OPTS)
+    yield p
+    p.shutdown()
+
+
+def fault_library(task, cfg: Config, body: str):
+    """A library exporting the kernel symbol the measurer expects, doing `body` instead."""
+    nest = lower(task.compute, cfg)
+    args = ", ".join(f"ptr %b{i}" for i in range(len(nest.buffers)))
+    out = f"%b{[b.name for b in nest.buffers].index('out')}"
+    bodies = {
+        "segfault": "store volatile float 1.0, ptr inttoptr (i64 8 to ptr)\n  ret void",
+        "hang": "br label %spin\nspin:\n  %x = load volatile float, ptr %b0\n  br label %spin",
+        "wrong": "ret void",
+        "nan": f"store float 0x7FF8000000000000, ptr {out}\n  ret void",
+    }
+    text = f'define void @"{nest.name}"({args}, i32 %n) {{\nentry:\n  {bodies[body]}\n}}\n'
+    result = build(text)
+    assert result.error is None, result.error
+    return result
+
+
+def test_batch_of_real_candidates(pipeline, task, configs):
+    results = pipeline.run([(task, c) for c in configs])
+    assert all(r.ok for r in results), [r.error_msg for r in results if not r.ok]
+    assert all(r.build_s > 0 and len(r.times) == 3 for r in results)
+
+
+def test_injected_faults_become_error_kinds_and_the_pool_survives(pipeline, task, configs):
+    good = configs[0]
+    from raytune_kernels.codegen.kernel import build_for
+    built = [fault_library(task, good, "segfault"), fault_library(task, good, "hang"),
+             build_for(task.compute, good), fault_library(task, good, "wrong"),
+             fault_library(task, good, "nan")]
+    results = pipeline.measure_built([(task, good)] * len(built), built)
+    kinds = [r.error_kind for r in results]
+    assert kinds == ["crashed", "timeout", None, "wrong_output", "non_finite"], \
+        [(r.error_kind, r.error_msg) for r in results]
+    assert results[2].median < 0.05
+    after = pipeline.run([(task, c) for c in configs[:2]])  # healthy afterwards
+    assert all(r.ok for r in after)
+
+
+def test_build_errors_are_data(pipeline, task):
+    bad = Config.of(lanes=16, ob=48, tile_h=5, tile_w=3, cb=7, spatial_order=("ko", "oh", "ow"),
+                    reduce_order=("co", "kh", "kw"), parallel=1, unroll=False)
+    (result,) = pipeline.run([(task, bad)])
+    assert result.error_kind == "build_error" and "ob=48" in result.error_msg
+
+
+def test_measurer_time_agrees_with_standalone_timing(pipeline, task, configs):
+    """The same kernel, same protocol: in the measurer actor and in a fresh process."""
+    cfg = configs[1]
+    opts = MeasureOptions(threads=1, min_repeat_ms=40, repeats=5)
+    pipeline.opts = opts
+    try:
+        via_actor = pipeline.run([(task, cfg)])[0].median
+    finally:
+        pipeline.opts = OPTS
+    script = textwrap.dedent(f"""
+        import json, torch
+        from raytune_kernels.task import Task
+        from raytune_kernels.codegen.space import Config
+        from raytune_kernels.codegen.kernel import build_for
+        from raytune_kernels.measure import MeasureOptions, measure_built
+        torch.set_num_threads(1)
+        task = Task.from_json(json.loads({json.dumps(json.dumps(task.to_json()))}))
+        cfg = Config.from_json(json.loads({json.dumps(json.dumps(cfg.to_json()))}))
+        built = build_for(task.compute, cfg)
+        r = measure_built(task.compute, cfg, built.library,
+                          MeasureOptions(threads=1, min_repeat_ms=40, repeats=5))
+        print(r.median)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300)
+    standalone = float(out.stdout.strip().splitlines()[-1])
+    assert abs(via_actor - standalone) / standalone < 0.10, (via_actor, standalone)

@@ -1,0 +1,60 @@
+import random
+
+import pytest
+import torch
+
+import raytune_kernels as rk
+from raytune_kernels.codegen.build import cpu_info
+from raytune_kernels.codegen.kernel import build_for
+from raytune_kernels.codegen.schedules import space_for
+from raytune_kernels.codegen.space import Config
+from raytune_kernels.fake import FakeMeasurer, analytic_seconds
+from raytune_kernels.measure import (NON_FINITE, RUNTIME_ERROR, WRONG_OUTPUT, MeasureOptions,
+                                     MeasureResult, check_output, measure_built)
+
+QUICK = MeasureOptions(threads=1, min_repeat_ms=2, repeats=3)
+
+
+@pytest.fixture(scope="module")
+def dense_task():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU())
+    return rk.extract_tasks(model, (torch.randn(4, 64),))[0]
+
+
+def test_measure_built_checks_then_times(dense_task):
+    cfg = space_for(dense_task.compute, cpu_info()).sample(random.Random(0))
+    built = build_for(dense_task.compute, cfg)
+    result = measure_built(dense_task.compute, cfg, built.library, QUICK, built.seconds)
+    assert result.ok and len(result.times) == 3 and 0 < result.median < 1e-2
+    assert result.build_s == built.seconds > 0 and result.run_s > 0
+    assert MeasureResult.from_json(result.to_json()) == result
+
+
+def test_a_library_without_the_kernel_is_a_runtime_error(dense_task):
+    cfg = space_for(dense_task.compute, cpu_info()).sample(random.Random(0))
+    other = build_for(dense_task.compute.__class__(
+        "dense", dense_task.compute.inputs, dense_task.compute.output), cfg)
+    result = measure_built(dense_task.compute, cfg, other.library, QUICK)
+    assert result.error_kind == RUNTIME_ERROR and "undefined symbol" in result.error_msg
+
+
+def test_output_checks_name_the_problem():
+    ok = torch.ones(3)
+    assert check_output(ok, ok, QUICK) is None
+    assert check_output(ok * 2, ok, QUICK)[0] == WRONG_OUTPUT
+    assert check_output(torch.tensor([1.0, float("nan"), 1.0]), ok, QUICK) == \
+        (NON_FINITE, "1 of 3 outputs are NaN or infinite")
+
+
+def test_bad_config_is_a_build_error_as_data(dense_task):
+    built = build_for(dense_task.compute, Config.of(lanes=16, ob=7))
+    assert built.library is None and "KeyError" in built.error or "ob=7" in built.error
+
+
+def test_fake_measurer_is_deterministic_and_injects_faults(dense_task):
+    space = space_for(dense_task.compute, cpu_info())
+    a, b = space.sample(random.Random(1)), space.sample(random.Random(2))
+    import json
+    fake = FakeMeasurer({json.dumps(b.to_json(), sort_keys=True): "crashed"})
+    assert fake.measure(dense_task, a).median == analytic_seconds(dense_task, a)
+    assert fake.measure(dense_task, b).error_kind == "crashed" and fake.calls == 2

@@ -1,0 +1,86 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from raytune_kernels.records import (MalformedRecord, Record, RecordWriter, best_per_task,
+                                     distill, load_records, top_k)
+
+
+def rec(key="k1", t=1.0, error=None, cfg=None):
+    return Record(key, "llvm", "znver5", cfg or {"tile": t}, () if error else (t, t, t),
+                  error_kind=error, error_msg="boom" if error else "")
+
+
+def test_round_trip_and_best(tmp_path):
+    path = str(tmp_path / "r.jsonl")
+    batch = [rec("a", 3.0), rec("a", 1.0), rec("a", error="crashed"), rec("b", 2.0)]
+    with RecordWriter(path) as w:
+        w.write_batch(batch)
+    loaded = load_records(path)
+    assert loaded.records == batch and loaded.skipped == 0
+    best = best_per_task(loaded.records)
+    assert best["a"].median == 1.0 and best["b"].median == 2.0
+    assert [r.median for r in top_k(loaded.records, "a", 5)] == [1.0, 3.0]
+
+
+def test_malformed_lines_are_counted_skipped_and_warned(tmp_path):
+    path = tmp_path / "r.jsonl"
+    good = json.dumps(rec().to_json())
+    path.write_text("\n".join([good, "{not json", json.dumps({"task_key": 1}), "[]",
+                               json.dumps({**rec().to_json(), "times": ["x"]}), good]) + "\n")
+    with pytest.warns(UserWarning, match="skipped 4 malformed record line"):
+        loaded = load_records(str(path))
+    assert len(loaded.records) == 2 and loaded.skipped == 4
+
+
+def test_loading_never_executes_anything(tmp_path):
+    path = tmp_path / "r.jsonl"
+    marker = tmp_path / "pwned"
+    evil = {**rec().to_json(), "config": {"__reduce__": f"open('{marker}', 'w')"}}
+    path.write_text(json.dumps(evil) + "\n")
+    loaded = load_records(str(path))
+    assert loaded.records[0].config == evil["config"] and not marker.exists()
+    with pytest.raises(MalformedRecord, match="missing field 'target'"):
+        Record.from_json({"task_key": "a"})
+
+
+def test_a_killed_writer_loses_at_most_the_batch_in_flight(tmp_path):
+    path = str(tmp_path / "r.jsonl")
+    script = textwrap.dedent(f"""
+        import os, signal
+        from raytune_kernels.records import Record, RecordWriter
+        w = RecordWriter({path!r})
+        for b in range(3):
+            w.write_batch([Record("k", "llvm", "cpu", {{"b": b, "i": i}}, (1.0,)) for i in range(4)])
+        w._f.write('{{"task_key": "k", "target": "ll')  # the batch in flight, half written
+        w._f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    with pytest.warns(UserWarning, match="skipped 1"):
+        loaded = load_records(path)
+    assert len(loaded.records) == 12
+    with RecordWriter(path) as w:  # appending after the torn line still works
+        w.write_batch([rec("later")])
+    with pytest.warns(UserWarning):
+        assert load_records(path).records[-1].task_key == "later"
+
+
+def test_distill_keeps_the_best_per_task(tmp_path):
+    src, dst = str(tmp_path / "all.jsonl"), str(tmp_path / "best.jsonl")
+    with RecordWriter(src) as w:
+        w.write_batch([rec("a", 3.0), rec("a", 1.0), rec("b", error="timeout"), rec("c", 5.0)])
+    assert distill(src, dst) == 2
+    assert {(r.task_key, r.median) for r in load_records(dst)} == {("a", 1.0), ("c", 5.0)}
+
+
+def test_unwritable_path_fails_early(tmp_path):
+    with pytest.raises(OSError, match="cannot write records"):
+        RecordWriter(str(tmp_path / "no" / "such" / "dir.jsonl"))
+    assert os.path.exists(tmp_path)
