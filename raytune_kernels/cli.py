@@ -36,6 +36,21 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_distill(args: argparse.Namespace) -> int:
+    from .records import distill, load_records
+
+    import os
+    if not os.path.exists(args.file):
+        print(f"raytune-kernels: error: records file {args.file!r} does not exist",
+              file=sys.stderr)
+        return 2
+    kept = distill(args.file, args.output, args.top)
+    total = len(load_records(args.output).records)
+    print(f"kept {kept} record(s) ({total} in {args.output}): the best {args.top} per "
+          "task and target")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raytune-kernels",
                                      description="Tune the kernels of a PyTorch network.")
@@ -45,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                                  "or path/to/file.py:factory")
     p.add_argument("--target", default="llvm", help="llvm, 'llvm -mcpu=NAME' or cuda")
     p.set_defaults(func=cmd_tasks)
+    p = sub.add_parser("distill", help="keep only the best records of each task")
+    p.add_argument("file", help="a records file (JSON lines)")
+    p.add_argument("-o", "--output", required=True, help="where to write the best records")
+    p.add_argument("--top", type=int, default=1, help="records kept per task (default 1)")
+    p.set_defaults(func=cmd_distill)
     return parser
 
 

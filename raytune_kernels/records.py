@@ -184,3 +184,9 @@ def distill(src: str, dst: str, k: int = 1) -> int:
         w.write_batch(kept)
     os.replace(tmp, dst)
     return len(kept)
+
+
+def record_of(task_key: str, target: str, device: str, config: dict, result) -> Record:
+    """A Record from a MeasureResult (anything with times/error_kind/error_msg/build_s/run_s)."""
+    return Record(task_key, target, device, config, tuple(result.times), result.error_kind,
+                  result.error_msg, result.build_s, result.run_s, time.time(), versions())

@@ -44,3 +44,15 @@ def test_console_entry_point_runs_as_module():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "8 tasks, 11 layers" in proc.stdout
+
+
+def test_distill_command(tmp_path, capsys):
+    from raytune_kernels.records import Record, RecordWriter, load_records
+    src, dst = str(tmp_path / "all.jsonl"), str(tmp_path / "best.jsonl")
+    with RecordWriter(src) as w:
+        w.write_batch([Record("a", "llvm", "cpu", {"i": i}, (float(i + 1),)) for i in range(5)])
+    assert main(["distill", src, "-o", dst, "--top", "2"]) == 0
+    assert "kept 2 record(s)" in capsys.readouterr().out
+    assert [r.config["i"] for r in load_records(dst)] == [0, 1]
+    assert main(["distill", str(tmp_path / "missing.jsonl"), "-o", dst]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -46,9 +46,13 @@ def test_output_checks_name_the_problem():
         (NON_FINITE, "1 of 3 outputs are NaN or infinite")
 
 
-def test_bad_config_is_a_build_error_as_data(dense_task):
-    built = build_for(dense_task.compute, Config.of(lanes=16, ob=7))
-    assert built.library is None and "KeyError" in built.error or "ob=7" in built.error
+def test_bad_configs_are_build_errors_as_data(dense_task):
+    bad = Config.of(lanes=16, ob=7, tile_h=1, tile_w=1, cb=1, spatial_order=("ko", "oh"),
+                    reduce_order=("co",), parallel=1)
+    built = build_for(dense_task.compute, bad)
+    assert built.library is None and "ob=7 is not a multiple of lanes=16" in built.error
+    built = build_for(dense_task.compute, Config.of(lanes=16, ob=16))
+    assert built.library is None and "config has no knob 'tile_h'" in built.error
 
 
 def test_fake_measurer_is_deterministic_and_injects_faults(dense_task):

@@ -32,7 +32,10 @@ class Config:
     knobs: tuple[tuple[str, Any], ...]
 
     def __getitem__(self, name: str) -> Any:
-        return dict(self.knobs)[name]
+        knobs = dict(self.knobs)
+        if name not in knobs:
+            raise KeyError(f"config has no knob {name!r} (it has {sorted(knobs)})")
+        return knobs[name]
 
     def get(self, name: str, default: Any = None) -> Any:
         return dict(self.knobs).get(name, default)

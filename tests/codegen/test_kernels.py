@@ -115,3 +115,36 @@ def test_grouped_and_dilated_convs_match_reference():
     assert "18 output channels per group" in unsupported_reason(tasks[-1].compute)
     for i, task in enumerate(tasks[:2]):
         check_configs(task, 4, seed=i)
+
+
+class Small(torch.nn.Module):
+    """One small layer of every task kind, for the (slow) numpy interpreter."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.dw = torch.nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16)
+        self.fc = torch.nn.Linear(16, 32)
+        self.ln = torch.nn.LayerNorm(32)
+
+    def forward(self, x):
+        y = torch.nn.functional.relu6(self.dw(torch.relu(self.conv(x))))
+        y = torch.nn.functional.max_pool2d(y, 2) + torch.nn.functional.avg_pool2d(y, 2)
+        z = self.ln(self.fc(y.flatten(2).transpose(1, 2)))
+        return torch.softmax(torch.matmul(z, z.transpose(1, 2)), dim=-1)
+
+
+def test_interpreter_defines_every_task_kind():
+    tasks = rk.extract_tasks(Small().eval(), (torch.randn(1, 8, 16, 16),))
+    kinds = {t.compute.op for t in tasks}
+    assert kinds == {"conv2d", "max_pool2d", "avg_pool2d", "dense", "layer_norm", "matmul",
+                     "softmax"}
+    for i, task in enumerate(tasks):
+        ops = operands(task.compute, i)
+        expected = reference(task.compute, *ops)
+        space = space_for(task.compute, cpu_info())
+        for cfg in (space.sample(random.Random(i)), space.sample(random.Random(i + 50))):
+            bufs = pack(task.compute, cfg, ops)
+            interpret(lower(task.compute, cfg), bufs)
+            got = unpack(task.compute, cfg, bufs["out"])
+            assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), (task.compute.op, cfg)
