@@ -84,20 +84,33 @@ def test_build_errors_are_data(pipeline, task):
 
 
 def test_measurer_time_agrees_with_standalone_timing(pipeline, task, configs):
-    """The same kernel, same protocol: in the measurer actor and in a fresh process."""
+    """The same kernel, same protocol, same core: in the measurer actor and in a fresh
+    process. A shared VM core is noisy, so a disagreement is measured once more before
+    it fails the test."""
     cfg = configs[1]
     opts = MeasureOptions(threads=1, min_repeat_ms=40, repeats=5)
-    pipeline.opts = opts
-    try:
-        via_actor = pipeline.run([(task, cfg)])[0].median
-    finally:
-        pipeline.opts = OPTS
+    pairs = []
+    for _ in range(2):
+        pipeline.opts = opts
+        try:
+            via_actor = pipeline.run([(task, cfg)])[0].median
+        finally:
+            pipeline.opts = OPTS
+        standalone = _standalone(task, cfg, pipeline.slots[0].cores)
+        pairs.append((via_actor, standalone))
+        if abs(via_actor - standalone) / standalone < 0.10:
+            return
+    pytest.fail(f"measurer vs standalone seconds differ by more than 10%: {pairs}")
+
+
+def _standalone(task, cfg, cores) -> float:
     script = textwrap.dedent(f"""
-        import json, torch
+        import json, os, torch
         from raytune_kernels.task import Task
         from raytune_kernels.codegen.space import Config
         from raytune_kernels.codegen.kernel import build_for
         from raytune_kernels.measure import MeasureOptions, measure_built
+        os.sched_setaffinity(0, {tuple(cores)!r})
         torch.set_num_threads(1)
         task = Task.from_json(json.loads({json.dumps(json.dumps(task.to_json()))}))
         cfg = Config.from_json(json.loads({json.dumps(json.dumps(cfg.to_json()))}))
@@ -108,5 +121,5 @@ def test_measurer_time_agrees_with_standalone_timing(pipeline, task, configs):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=300)
-    standalone = float(out.stdout.strip().splitlines()[-1])
-    assert abs(via_actor - standalone) / standalone < 0.10, (via_actor, standalone)
+    assert out.returncode == 0, out.stderr
+    return float(out.stdout.strip().splitlines()[-1])
