@@ -62,7 +62,10 @@ class MeasurePipeline:
         self.phased = not spare  # no core free of measurement: alternate by batch
         builder_cores = spare or cores
         n_builders = num_builders or max(1, len(builder_cores))
-        self.builders = [BuilderActor.options(num_cpus=0).remote(builder_cores)
+        # Ray's CPU accounting matches the pinning: measurers hold their cores, builders
+        # share the spare ones (none when phased: they then only run between measurements)
+        share = len(spare) / n_builders
+        self.builders = [BuilderActor.options(num_cpus=share).remote(builder_cores)
                          for _ in range(n_builders)]
         for slot in self.slots:
             self._start(slot)
@@ -70,7 +73,7 @@ class MeasurePipeline:
         self.stats = PipelineStats(measurers=num_measurers)
 
     def _start(self, slot: _Slot) -> None:
-        slot.actor = MeasurerActor.options(num_cpus=0).remote(slot.cores, self.opts)
+        slot.actor = MeasurerActor.options(num_cpus=len(slot.cores)).remote(slot.cores, self.opts)
 
     def run(self, items: list[tuple[Task, Config]]) -> list[MeasureResult]:
         start = time.perf_counter()
