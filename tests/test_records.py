@@ -84,3 +84,28 @@ def test_unwritable_path_fails_early(tmp_path):
     with pytest.raises(OSError, match="cannot write records"):
         RecordWriter(str(tmp_path / "no" / "such" / "dir.jsonl"))
     assert os.path.exists(tmp_path)
+
+
+def test_records_from_measured_results(tmp_path):
+    import random
+
+    import torch
+
+    import raytune_kernels as rk
+    from raytune_kernels.codegen.build import CpuInfo
+    from raytune_kernels.codegen.schedules import space_for
+    from raytune_kernels.fake import FakeMeasurer
+    from raytune_kernels.records import record_of
+    task = rk.extract_tasks(torch.nn.Linear(32, 16), (torch.randn(8, 32),))[0]
+    space = space_for(task.compute, CpuInfo("test", (8,), 16))
+    rng, fake = random.Random(0), FakeMeasurer()
+    cfgs = [space.sample(rng) for _ in range(5)]
+    path = str(tmp_path / "r.jsonl")
+    with RecordWriter(path) as w:
+        w.write_batch([record_of(task.key, "llvm", "test", c.to_json(), fake.measure(task, c))
+                       for c in cfgs])
+    loaded = load_records(path).records
+    assert [r.config for r in loaded] == [c.to_json() for c in cfgs]
+    assert loaded[0].versions["torch"] == torch.__version__ and loaded[0].schema == 1
+    best = min(cfgs, key=lambda c: fake.measure(task, c).median)
+    assert best_per_task(loaded)[task.key].config == best.to_json()

@@ -28,3 +28,29 @@ def test_cpu_info_knows_named_cpus():
     assert cpu_info("haswell").lanes == (8,) and cpu_info("haswell").regs == 16
     assert cpu_info("znver4").lanes == (16, 8)
     assert cpu_info().lanes[-1] == 8
+
+
+def test_one_openmp_runtime_beside_torch():
+    """torch bundles a libgomp with the system's SONAME: after our kernels load there must
+    still be a single OpenMP runtime mapped in the process."""
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent("""
+        import torch
+        import numpy as np
+        from raytune_kernels.codegen.build import LoadedKernel, build
+        from raytune_kernels.codegen.llvm_ir import render
+        from tests.codegen.test_loopnest import matmul_nest
+        nest = matmul_nest()
+        k = LoadedKernel(build(render(nest)).library, nest.name, 4)
+        bufs = [np.ones(64, np.float32) for _ in range(4)]
+        k([b.ctypes.data for b in bufs], 2)
+        torch.ones(1000, 1000) @ torch.ones(1000, 1000)
+        maps = open("/proc/self/maps").read().splitlines()
+        print(len({line.split()[-1] for line in maps if "libgomp" in line}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1"
