@@ -26,7 +26,16 @@ def extract_tasks(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor
     return list(partition(capture(model, example_inputs)).tasks)
 
 
-__all__ = [
+def tune_network(*args, **kwargs):
+    """See raytune_kernels.driver.tune_network (imported lazily: it brings in Ray)."""
+    from .driver import tune_network as run
+
+    return run(*args, **kwargs)
+
+
+tune_network.__doc__ = "Tune every task of a model; see raytune_kernels.driver.tune_network."
+
+__all__ = ["tune_network", 
     "CaptureError", "Compute", "DynamicShapeError", "EpilogueOp", "Graph", "Node", "Partition",
     "RaytuneError", "Target", "Task", "TensorSpec", "UnknownModelError", "UnknownTargetError",
     "UnsupportedOpError", "capture", "execute", "extract_tasks", "parse_target", "partition",

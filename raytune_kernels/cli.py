@@ -36,6 +36,19 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from . import parse_target, zoo
+    from .driver import tune_network
+
+    parse_target(args.target)  # a bad target fails before the model is built
+    model, inputs = zoo.load(args.model)
+    result = tune_network(model, inputs, target=args.target, trials=args.trials,
+                          records=args.records, resume=not args.no_resume,
+                          address=args.address, num_measurers=args.measurers,
+                          num_builders=args.builders, batch=args.batch, seed=args.seed)
+    return 0 if result.best else 1
+
+
 def cmd_distill(args: argparse.Namespace) -> int:
     from .records import distill, load_records
 
@@ -60,6 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
                                  "or path/to/file.py:factory")
     p.add_argument("--target", default="llvm", help="llvm, 'llvm -mcpu=NAME' or cuda")
     p.set_defaults(func=cmd_tasks)
+    p = sub.add_parser("tune", help="tune a model's tasks on a local Ray or a cluster")
+    p.add_argument("model", help="zoo name or path/to/file.py:factory")
+    p.add_argument("--target", default="llvm")
+    p.add_argument("--trials", type=int, default=200, help="measurement budget (all tasks)")
+    p.add_argument("--records", default=None, help="records file (JSON lines), resumed")
+    p.add_argument("--no-resume", action="store_true", help="ignore what --records holds")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: local)")
+    p.add_argument("--measurers", type=int, default=None)
+    p.add_argument("--builders", type=int, default=None)
+    p.add_argument("--batch", type=int, default=8, help="candidates per round")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_tune)
     p = sub.add_parser("distill", help="keep only the best records of each task")
     p.add_argument("file", help="a records file (JSON lines)")
     p.add_argument("-o", "--output", required=True, help="where to write the best records")
@@ -72,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except RaytuneError as exc:
+    except (RaytuneError, OSError) as exc:
         print(f"raytune-kernels: error: {exc}", file=sys.stderr)
         return 2
 

@@ -94,6 +94,15 @@ class Space:
             rest[name] = rng.choice(choices)
         return self._make(combo, rest)
 
+    def crossover(self, a: Config, b: Config, rng: random.Random) -> Config:
+        """A child taking the coupled knobs from one parent (as a block, so it stays valid)
+        and each independent knob from either."""
+        da, db = dict(a.knobs), dict(b.knobs)
+        combo_from = da if rng.random() < 0.5 else db
+        combo = tuple(combo_from[n] for n in self.coupled_names)
+        rest = {n: (da if rng.random() < 0.5 else db)[n] for n, _ in self.independent}
+        return self._make(combo, rest)
+
     def __contains__(self, cfg: Config) -> bool:
         d = dict(cfg.knobs)
         combo = tuple(d.get(n) for n in self.coupled_names)
@@ -178,6 +187,12 @@ class UnionSpace:
             other = rng.choice([p for p in self.parts if p[0] != name])
             return self._tag(other[0], other[1].sample(rng))
         return self._tag(name, space.mutate(inner, rng))
+
+    def crossover(self, a: Config, b: Config, rng: random.Random) -> Config:
+        if a[self.key] != b[self.key]:
+            return a if rng.random() < 0.5 else b
+        name, space, ia = self._part(a)
+        return self._tag(name, space.crossover(ia, self._part(b)[2], rng))
 
     def __contains__(self, cfg: Config) -> bool:
         if cfg.get(self.key) not in dict(self.parts):

@@ -1,0 +1,116 @@
+"""Tuning actors: a cost model, search actors and the task scheduler, thin over the core.
+
+The cost model actor retrains as records arrive and returns the booster as bytes: the
+returned value lives in Ray's object store, and search actors fetch it from there to
+predict locally. The task scheduler actor runs the core Tuner, the single writer of
+records, one round per call, and hands each round's summary to the driver to display.
+"""
+from __future__ import annotations
+
+import ray
+
+from raytune_kernels.codegen.build import CpuInfo
+from raytune_kernels.codegen.schedules import space_for
+from raytune_kernels.codegen.space import Config
+from raytune_kernels.cost_model import CostModel, training_set
+from raytune_kernels.records import Record, RecordWriter
+from raytune_kernels.search import EvolutionarySearch, SearchOptions
+from raytune_kernels.task import Task
+from raytune_kernels.tuner import RoundSummary, TuneOptions, Tuner
+
+
+@ray.remote(num_cpus=0)
+class CostModelActor:
+    def __init__(self, tasks: list[dict], cpu: CpuInfo):
+        self.tasks = {t["key"]: Task.from_json(t) for t in tasks}
+        self.cpu, self.model, self.records = cpu, CostModel(), []
+
+    def learn(self, records: list[dict]) -> bytes | None:
+        self.records += [Record.from_json(r) for r in records]
+        self.model.fit(training_set(self.tasks, self.records, self.cpu))
+        return self.model.save()
+
+
+@ray.remote(num_cpus=0)
+class SearchActor:
+    """Evolutionary searches for a group of tasks, predicting with a local booster copy."""
+
+    def __init__(self, tasks: list[dict], cpu: CpuInfo, seed: int, opts: SearchOptions):
+        self.searches = {}
+        for d in tasks:
+            t = Task.from_json(d)
+            self.searches[t.key] = EvolutionarySearch(t, space_for(t.compute, cpu), cpu, seed,
+                                                      opts)
+        self.model = CostModel()
+
+    def refresh(self, booster: bytes | None) -> None:
+        if booster:
+            self.model.load(booster)
+
+    def propose(self, key: str, n: int) -> list[dict]:
+        return [c.to_json() for c in self.searches[key].propose(n, self.model)]
+
+    def observe(self, key: str, cfgs: list[dict], seconds: list[float]) -> bool:
+        s = self.searches[key]
+        s.observe([Config.from_json(c) for c in cfgs], seconds)
+        return s.exhausted
+
+
+class RaySearchPool:
+    """The SearchPool of the core Tuner, backed by search actors and the cost model actor."""
+
+    def __init__(self, tasks: list[Task], cpu: CpuInfo, seed: int, opts: SearchOptions,
+                 num_search: int = 2):
+        groups = [tasks[i::num_search] for i in range(min(num_search, len(tasks)))]
+        self.actors = [SearchActor.remote([t.to_json() for t in g], cpu, seed, opts)
+                       for g in groups]
+        self.owner = {t.key: a for g, a in zip(groups, self.actors) for t in g}
+        self.model = CostModelActor.remote([t.to_json() for t in tasks], cpu)
+        self._exhausted: set[str] = set()
+
+    def propose(self, key: str, n: int) -> list[Config]:
+        return [Config.from_json(c) for c in ray.get(self.owner[key].propose.remote(key, n))]
+
+    def observe(self, key: str, cfgs: list[Config], seconds: list[float]) -> None:
+        done = ray.get(self.owner[key].observe.remote(key, [c.to_json() for c in cfgs], seconds))
+        if done:
+            self._exhausted.add(key)
+
+    def learn(self, records: list[Record]) -> None:
+        booster = self.model.learn.remote([r.to_json() for r in records])  # an ObjectRef
+        ray.get([a.refresh.remote(booster) for a in self.actors])
+
+    def exhausted(self, key: str) -> bool:
+        return key in self._exhausted
+
+
+@ray.remote(num_cpus=0)
+class TaskSchedulerActor:
+    """Runs the Tuner: owns the budget, the scheduler, the measuring pipeline and the
+    records writer (the single writer)."""
+
+    def __init__(self, tasks: list[dict], target: str, device: str, cpu: CpuInfo,
+                 records: str | None, history: list[dict], opts: TuneOptions,
+                 num_measurers: int, num_builders: int | None, measure_opts, mcpu):
+        from .pipeline import MeasurePipeline
+
+        task_list = [Task.from_json(t) for t in tasks]
+        self.pipeline = MeasurePipeline(num_measurers, num_builders, measure_opts, mcpu=mcpu)
+        self.writer = RecordWriter(records) if records else None
+        pool = RaySearchPool(task_list, cpu, opts.seed, opts.search)
+        self.tuner = Tuner(task_list, target, device, self.pipeline.run, pool, self.writer,
+                           [Record.from_json(r) for r in history], opts)
+
+    def initial(self) -> RoundSummary:
+        t = self.tuner
+        return RoundSummary(0, -1, t.rows(), t.scheduler.objective(), t.spent, t.opts.trials,
+                            0.0, 0, {})
+
+    def step(self) -> RoundSummary | None:
+        return self.tuner.step()
+
+    def result(self):
+        if self.writer:
+            self.writer.close()
+        self.pipeline.shutdown()
+        return self.tuner.result()

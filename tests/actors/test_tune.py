@@ -1,0 +1,48 @@
+"""tune_network end to end on a tiny model, through the real actors."""
+import collections
+
+import pytest
+import torch
+
+import raytune_kernels as rk
+from raytune_kernels.records import load_records
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = torch.nn.Linear(32 * 8 * 8, 16)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def test_tune_network_then_resume(ray_session, tmp_path):
+    model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
+    path = str(tmp_path / "tiny.jsonl")
+    result = rk.tune_network(model, (x,), trials=12, records=path, batch=4, verbose=False)
+    tasks = rk.extract_tasks(model, (x,))
+    assert set(result.best) == {t.key for t in tasks} and result.trials == 12
+    assert result.records == path
+    records = load_records(path).records
+    assert len(records) == 12 and all(r.ok for r in records)
+    expected = sum(t.weight * result.best[t.key].median for t in tasks)
+    assert result.estimated_latency_s == pytest.approx(expected)
+
+    again = rk.tune_network(model, (x,), trials=16, records=path, batch=4, verbose=False)
+    records = load_records(path).records
+    assert len(records) == 16 and again.trials == 16
+    assert max(collections.Counter((r.task_key, r.config_key()) for r in records).values()) == 1
+    assert again.estimated_latency_s <= result.estimated_latency_s
+
+
+def test_bad_inputs_fail_before_any_work(tmp_path):
+    model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
+    with pytest.raises(rk.UnknownTargetError):
+        rk.tune_network(model, (x,), target="rocm")
+    with pytest.raises(OSError, match="cannot write records"):
+        rk.tune_network(model, (x,), records=str(tmp_path / "missing" / "r.jsonl"))
+    from raytune_kernels.driver import TuneError
+    with pytest.raises(TuneError, match="cannot reach a Ray cluster"):
+        rk.tune_network(model, (x,), address="127.0.0.1:1")
