@@ -49,6 +49,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0 if result.best else 1
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .plot import plot_records
+
+    print(f"wrote {plot_records(args.file, args.output)}")
+    return 0
+
+
 def cmd_distill(args: argparse.Namespace) -> int:
     from .records import distill, load_records
 
@@ -85,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=8, help="candidates per round")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_tune)
+    p = sub.add_parser("plot", help="draw tuning curves from a records file (PNG)")
+    p.add_argument("file", help="a records file (JSON lines)")
+    p.add_argument("-o", "--output", default="curve.png")
+    p.set_defaults(func=cmd_plot)
     p = sub.add_parser("distill", help="keep only the best records of each task")
     p.add_argument("file", help="a records file (JSON lines)")
     p.add_argument("-o", "--output", required=True, help="where to write the best records")
@@ -97,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RaytuneError, OSError) as exc:
+    except (RaytuneError, OSError, ValueError) as exc:
         print(f"raytune-kernels: error: {exc}", file=sys.stderr)
         return 2
 

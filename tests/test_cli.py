@@ -56,3 +56,20 @@ def test_distill_command(tmp_path, capsys):
     assert [r.config["i"] for r in load_records(dst)] == [0, 1]
     assert main(["distill", str(tmp_path / "missing.jsonl"), "-o", dst]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_plot_command_draws_curves(tmp_path, capsys):
+    import random
+    from raytune_kernels.records import Record, RecordWriter
+    src, png = str(tmp_path / "r.jsonl"), str(tmp_path / "curve.png")
+    rng = random.Random(0)
+    with RecordWriter(src) as w:
+        w.write_batch([Record(k, "llvm", "cpu", {"i": i}, (rng.uniform(1, 2) / (i + 1),),
+                              timestamp=100.0 + i) for i in range(20) for k in ("a", "b")])
+    assert main(["plot", src, "-o", png]) == 0
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["plot", str(empty), "-o", png]) == 2
+    assert "no records to plot" in capsys.readouterr().err
