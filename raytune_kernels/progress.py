@@ -15,9 +15,13 @@ from .tuner import RoundSummary
 
 def task_table(s: RoundSummary) -> Table:
     table = Table(title=f"round {s.round}", show_lines=False, title_justify="left")
-    for col in ("ID", "Task", "Latency (ms)", "GFLOP/s", "Trials", "Weight"):
-        table.add_column(col, justify="left" if col == "Task" else "right",
-                         no_wrap=True, max_width=40 if col == "Task" else None)
+    for col, width in (("ID", 3), ("Task", 0), ("ms", 8), ("GFLOP/s", 7),
+                       ("Trials", 6), ("Weight", 6)):
+        if width:
+            table.add_column(col, justify="right", no_wrap=True, min_width=width)
+        else:
+            table.add_column(col, justify="left", no_wrap=True, max_width=30,
+                             overflow="ellipsis")
     for r in s.rows:
         lat = f"{r.latency_s * 1e3:.3f}" if math.isfinite(r.latency_s) else "-"
         gf = f"{r.gflops:.1f}" if r.gflops else "-"

@@ -128,3 +128,21 @@ def test_a_resumed_run_starts_with_a_trained_model(tasks, tmp_path):
     Tuner(some, "llvm", "test", fake_measure(FakeMeasurer()), pool, None,
           load_records(path).records, TuneOptions(trials=64))
     assert pool.model.trained
+
+
+def test_progress_table_fits_a_log_and_states_the_estimate(tasks):
+    import io
+
+    from rich.console import Console
+
+    from raytune_kernels.progress import ProgressView
+    from raytune_kernels.tuner import RoundSummary
+    tuner, _, _ = tune(tasks[:3], 24)
+    out = io.StringIO()
+    view = ProgressView(24, Console(file=out, width=80), table_every=1)
+    with view:
+        view.update(RoundSummary(3, 0, tuner.rows(), tuner.scheduler.objective(), 24, 24, 1.0,
+                                 8, {}))
+    text = out.getvalue()
+    assert "Estimated total latency:" in text and "Trials: 24/24" in text
+    assert all(len(line) <= 80 for line in text.splitlines())
