@@ -158,6 +158,51 @@ class BertLayer(nn.Module):
         return self.out_norm(self.output(self.act(self.intermediate(x))) + x)
 
 
+class DenseLayer(nn.Module):
+    def __init__(self, cin: int, growth: int, bn_size: int = 4):
+        super().__init__()
+        self.norm1, self.conv1 = nn.BatchNorm2d(cin), nn.Conv2d(cin, bn_size * growth, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(bn_size * growth)
+        self.conv2 = nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = torch.cat(features, 1)
+        return self.conv2(torch.relu(self.norm2(self.conv1(torch.relu(self.norm1(x))))))
+
+
+class DenseNet(nn.Module):
+    """DenseNet-121 (pre-activation batch norms; every layer reads the concatenation of
+    all earlier feature maps of its block): the shape that made DP layout tuners blow up."""
+
+    def __init__(self, growth: int = 32, blocks=(6, 12, 24, 16), num_classes: int = 1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        cin, self.blocks, self.transitions = 64, nn.ModuleList(), nn.ModuleList()
+        for i, n in enumerate(blocks):
+            self.blocks.append(nn.ModuleList(DenseLayer(cin + j * growth, growth)
+                                             for j in range(n)))
+            cin += n * growth
+            if i < len(blocks) - 1:
+                self.transitions.append(nn.Sequential(nn.BatchNorm2d(cin), nn.ReLU(),
+                                                      nn.Conv2d(cin, cin // 2, 1, bias=False),
+                                                      nn.AvgPool2d(2)))
+                cin //= 2
+        self.norm, self.fc = nn.BatchNorm2d(cin), nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for i, block in enumerate(self.blocks):
+            features = [x]
+            for layer in block:
+                features.append(layer(features))
+            x = torch.cat(features, 1)
+            if i < len(self.transitions):
+                x = self.transitions[i](x)
+        x = F.adaptive_avg_pool2d(torch.relu(self.norm(x)), 1)
+        return self.fc(torch.flatten(x, 1))
+
+
 def _calibrate(model: nn.Module, shape: tuple[int, ...], seed: int) -> nn.Module:
     """Set batch-norm running statistics from one random batch, then freeze in eval mode."""
     bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
@@ -196,9 +241,13 @@ def bert_layer(batch: int = 1, seq: int = 128):
     return _build(BertLayer, (batch, seq, 768))
 
 
+def densenet121(batch: int = 1):
+    return _build(DenseNet, (batch, 3, 224, 224))
+
+
 MODELS: dict[str, Callable] = {
     "resnet18": resnet18, "resnet50": resnet50, "mobilenet_v2": mobilenet_v2,
-    "bert_layer": bert_layer,
+    "bert_layer": bert_layer, "densenet121": densenet121,
 }
 
 

@@ -1,0 +1,77 @@
+"""A layout problem from a partitioned network.
+
+Nodes are the task steps and the concatenations (layout-flexible); reshapes and permutes
+read and write NCHW. A candidate of a node is (input layout, output layout, seconds).
+Edges join a value's producer to each reader: a data input is compared with the reader's
+input layout, an operand that is added in the epilogue (a residual) with its output
+layout; the edge's matrix holds the transform times between layouts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .layout import LayoutProblem
+from .partition import GlueStep, Partition, TaskStep
+
+NCHW = "NCHW"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    in_layout: str
+    out_layout: str
+    seconds: float
+
+
+Candidates = Callable[[object], list[Candidate]]  # TaskStep or concat node -> candidates
+Transform = Callable[[tuple[int, ...], str, str], float]  # shape, from, to -> seconds
+
+
+def layout_problem(part: Partition, candidates: Candidates, transform: Transform
+                   ) -> tuple[LayoutProblem, list[list[Candidate]]]:
+    graph, nodes = part.graph, part.graph.node_map()
+    names, cands, producer = [], [], {}
+    for name, _ in graph.inputs:
+        producer[name] = len(names)
+        names.append(name)
+        cands.append([Candidate(NCHW, NCHW, 0.0)])
+    reads: list[tuple[str, int, str]] = []  # value, reader node, port ("in" / "out")
+    for step in part.steps:
+        i = len(names)
+        if isinstance(step, TaskStep):
+            names.append(step.output)
+            cands.append(candidates(step))
+            producer[step.output] = i
+            reads += _task_reads(part, step, i)
+        else:
+            node = nodes[step.node]
+            names.append(node.name)
+            flexible = node.op == "concat"
+            cands.append(candidates(node) if flexible else [Candidate(NCHW, NCHW, 0.0)])
+            producer[node.name] = i
+            reads += [(v, i, "in") for v in node.inputs if v not in graph.params]
+    edges, mats = [], []
+    for value, reader, port in reads:
+        p = producer[value]
+        shape = graph.shape_of(value)
+        edges.append((p, reader))
+        mats.append(tuple(tuple(transform(shape, a.out_layout,
+                                          b.in_layout if port == "in" else b.out_layout)
+                                for b in cands[reader]) for a in cands[p]))
+    costs = tuple(tuple(c.seconds for c in cs) for cs in cands)
+    return LayoutProblem(tuple(names), costs, tuple(edges), tuple(mats)), cands
+
+
+def _task_reads(part: Partition, step: TaskStep, i: int) -> list[tuple[str, int, str]]:
+    compute = part.task(step.key).compute
+    params = part.graph.params
+    n_in = len(compute.inputs)
+    out = [(step.args[0], i, "in")] + [(v, i, "in") for v in step.args[1:n_in]
+                                       if v not in params]
+    for v in step.args[n_in:]:
+        if v not in params and part.graph.shape_of(v) == compute.output.shape:
+            out.append((v, i, "out"))  # a residual: read in the output's layout
+        elif v not in params:
+            out.append((v, i, "in"))
+    return out

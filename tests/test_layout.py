@@ -1,0 +1,39 @@
+import random
+
+import pytest
+
+from raytune_kernels.layout import LayoutProblem, solve_brute, solve_dp, solve_ilp
+
+
+def random_problem(rng: random.Random, n: int, chain: bool) -> LayoutProblem:
+    k = [rng.randint(1, 4) for _ in range(n)]
+    if chain:
+        edges = [(i, i + 1) for i in range(n - 1)]
+    else:  # a DAG: each node reads one to three earlier nodes (concats, residuals)
+        edges = sorted({(rng.randrange(i), i) for i in range(1, n) for _ in range(rng.randint(1, 3))})
+    costs = tuple(tuple(rng.uniform(1, 10) for _ in range(k[i])) for i in range(n))
+    mats = tuple(tuple(tuple(0.0 if a == b else rng.uniform(0, 6) for b in range(k[q]))
+                       for a in range(k[p])) for p, q in edges)
+    return LayoutProblem(tuple(f"n{i}" for i in range(n)), costs, tuple(edges), mats)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_ilp_equals_brute_force_on_random_graphs(seed):
+    problem = random_problem(random.Random(seed), random.Random(seed).randint(2, 8), False)
+    ilp, brute = solve_ilp(problem), solve_brute(problem)
+    assert ilp.optimal and ilp.cost == pytest.approx(brute.cost, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_ilp_equals_dp_on_chains(seed):
+    rng = random.Random(100 + seed)
+    problem = random_problem(rng, rng.randint(2, 40), True)
+    ilp, dp = solve_ilp(problem), solve_dp(problem)
+    assert ilp.cost == pytest.approx(dp.cost, rel=1e-9, abs=1e-9)
+    assert dp.cost == pytest.approx(problem.cost(dp.choice))
+
+
+def test_dp_refuses_non_chains():
+    problem = random_problem(random.Random(3), 6, False)
+    with pytest.raises(ValueError, match="needs a chain"):
+        solve_dp(problem)
