@@ -21,14 +21,33 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LayoutProblem:
+    """Edge matrices are indexed by labels: what of a candidate the edge depends on (its
+    output layout on the producer side, the layout it reads on the consumer side). Many
+    candidates share a label, so the ILP needs pair variables over labels only. Without
+    label maps, a candidate is its own label."""
+
     nodes: tuple[str, ...]
     node_cost: tuple[tuple[float, ...], ...]  # [node][candidate]
     edges: tuple[tuple[int, int], ...]  # (producer, consumer) node indices
-    edge_cost: tuple[tuple[tuple[float, ...], ...], ...]  # [edge][producer cand][consumer cand]
+    edge_cost: tuple[tuple[tuple[float, ...], ...], ...]  # [edge][src label][dst label]
+    src_label: tuple[tuple[int, ...], ...] | None = None  # [edge][producer candidate]
+    dst_label: tuple[tuple[int, ...], ...] | None = None  # [edge][consumer candidate]
+
+    def labels(self, e: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        p, q = self.edges[e]
+        src = self.src_label[e] if self.src_label else tuple(range(len(self.node_cost[p])))
+        dst = self.dst_label[e] if self.dst_label else tuple(range(len(self.node_cost[q])))
+        return src, dst
+
+    def edge(self, e: int, a: int, b: int) -> float:
+        """Cost of edge e when its producer takes candidate a and its consumer candidate b."""
+        src, dst = self.labels(e)
+        return self.edge_cost[e][src[a]][dst[b]]
 
     def cost(self, choice: tuple[int, ...]) -> float:
         total = sum(c[i] for c, i in zip(self.node_cost, choice))
-        return total + sum(m[choice[p]][choice[q]] for (p, q), m in zip(self.edges, self.edge_cost))
+        return total + sum(self.edge(e, choice[p], choice[q])
+                           for e, (p, q) in enumerate(self.edges))
 
 
 @dataclass(frozen=True)
@@ -59,11 +78,10 @@ def solve_dp(problem: LayoutProblem) -> LayoutPlan:
     best = list(problem.node_cost[0])
     back: list[list[int]] = []
     for i in range(1, n):
-        m = problem.edge_cost[i - 1]
         row, arg = [], []
         for b, cost_b in enumerate(problem.node_cost[i]):
-            a = min(range(len(best)), key=lambda a: best[a] + m[a][b])
-            row.append(best[a] + m[a][b] + cost_b)
+            a = min(range(len(best)), key=lambda a: best[a] + problem.edge(i - 1, a, b))
+            row.append(best[a] + problem.edge(i - 1, a, b) + cost_b)
             arg.append(a)
         best, back = row, back + [arg]
     last = min(range(len(best)), key=best.__getitem__)
@@ -112,13 +130,15 @@ def _build(problem: LayoutProblem, relax: bool, with_vars: bool = False):
     for e, ((p, q), m) in enumerate(zip(problem.edges, problem.edge_cost)):
         if not any(v for row in m for v in row):
             continue  # a free edge needs no pair variables
-        y = [[pulp.LpVariable(f"y_{e}_{a}_{b}", 0, 1) for b in range(len(x[q]))]
-             for a in range(len(x[p]))]
-        for a in range(len(x[p])):
-            prob += pulp.lpSum(y[a]) == x[p][a], f"out_{e}_{a}"
-        for b in range(len(x[q])):
-            prob += pulp.lpSum(y[a][b] for a in range(len(x[p]))) == x[q][b], f"in_{e}_{b}"
-        terms += [m[a][b] * y[a][b] for a in range(len(x[p])) for b in range(len(x[q]))
-                  if m[a][b]]
+        src, dst = problem.labels(e)
+        y = [[pulp.LpVariable(f"y_{e}_{a}_{b}", 0, 1) for b in range(len(m[0]))]
+             for a in range(len(m))]
+        for a in range(len(m)):  # y's marginals are the two nodes' label indicators
+            prob += pulp.lpSum(y[a]) == pulp.lpSum(
+                x[p][c] for c in range(len(x[p])) if src[c] == a), f"out_{e}_{a}"
+        for b in range(len(m[0])):
+            prob += pulp.lpSum(y[a][b] for a in range(len(m))) == pulp.lpSum(
+                x[q][c] for c in range(len(x[q])) if dst[c] == b), f"in_{e}_{b}"
+        terms += [m[a][b] * y[a][b] for a in range(len(m)) for b in range(len(m[0])) if m[a][b]]
     prob += pulp.lpSum(terms)
     return (prob, x) if with_vars else prob

@@ -51,16 +51,21 @@ def layout_problem(part: Partition, candidates: Candidates, transform: Transform
             cands.append(candidates(node) if flexible else [Candidate(NCHW, NCHW, 0.0)])
             producer[node.name] = i
             reads += [(v, i, "in") for v in node.inputs if v not in graph.params]
-    edges, mats = [], []
+    edges, mats, srcs, dsts = [], [], [], []
     for value, reader, port in reads:
         p = producer[value]
         shape = graph.shape_of(value)
+        outs = [c.out_layout for c in cands[p]]
+        ins = [c.in_layout if port == "in" else c.out_layout for c in cands[reader]]
+        a_labels, b_labels = list(dict.fromkeys(outs)), list(dict.fromkeys(ins))
         edges.append((p, reader))
-        mats.append(tuple(tuple(transform(shape, a.out_layout,
-                                          b.in_layout if port == "in" else b.out_layout)
-                                for b in cands[reader]) for a in cands[p]))
+        mats.append(tuple(tuple(transform(shape, a, b) for b in b_labels) for a in a_labels))
+        srcs.append(tuple(a_labels.index(o) for o in outs))
+        dsts.append(tuple(b_labels.index(i) for i in ins))
     costs = tuple(tuple(c.seconds for c in cs) for cs in cands)
-    return LayoutProblem(tuple(names), costs, tuple(edges), tuple(mats)), cands
+    problem = LayoutProblem(tuple(names), costs, tuple(edges), tuple(mats), tuple(srcs),
+                            tuple(dsts))
+    return problem, cands
 
 
 def _task_reads(part: Partition, step: TaskStep, i: int) -> list[tuple[str, int, str]]:

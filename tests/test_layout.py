@@ -24,6 +24,23 @@ def test_ilp_equals_brute_force_on_random_graphs(seed):
     assert ilp.optimal and ilp.cost == pytest.approx(brute.cost, rel=1e-9, abs=1e-9)
 
 
+def labelled_problem(rng: random.Random, n: int) -> LayoutProblem:
+    """Candidates grouped by layout label, as the network problems are."""
+    base = random_problem(rng, n, False)
+    labels = [[rng.randrange(3) for _ in c] for c in base.node_cost]
+    mats = tuple(tuple(tuple(0.0 if a == b else rng.uniform(0, 6) for b in range(3))
+                       for a in range(3)) for _ in base.edges)
+    src = tuple(tuple(labels[p]) for p, _ in base.edges)
+    dst = tuple(tuple(labels[q]) for _, q in base.edges)
+    return LayoutProblem(base.nodes, base.node_cost, base.edges, mats, src, dst)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ilp_equals_brute_force_with_layout_labels(seed):
+    problem = labelled_problem(random.Random(500 + seed), random.Random(seed).randint(2, 8))
+    assert solve_ilp(problem).cost == pytest.approx(solve_brute(problem).cost, abs=1e-9)
+
+
 @pytest.mark.parametrize("seed", range(15))
 def test_ilp_equals_dp_on_chains(seed):
     rng = random.Random(100 + seed)
