@@ -63,10 +63,15 @@ def curve(tuner: Tuner) -> list[float]:
     return out
 
 
-def run(task, strategy: str, trials: int, seed: int, pool) -> list[float]:
-    cls = LocalSearchPool if strategy == "model" else RandomPool
-    tuner = Tuner([task], "llvm", cpu_info().name, measure_fn(pool), cls([task], cpu_info(), seed),
-                  None, [], TuneOptions(trials=trials, batch=8, seed=seed))
+def run(task, strategy: str, trials: int, seed: int, pool, shared=None) -> list[float]:
+    """Tune `task` alone; with `shared` (a LocalSearchPool over all benchmark tasks), the
+    search uses that pool's one cost model, already trained on the tasks tuned before."""
+    if strategy == "model":
+        search = shared or LocalSearchPool([task], cpu_info(), seed)
+    else:
+        search = RandomPool([task], cpu_info(), seed)
+    tuner = Tuner([task], "llvm", cpu_info().name, measure_fn(pool), search, None, [],
+                  TuneOptions(trials=trials, batch=8, seed=seed))
     tuner.run()
     return curve(tuner)
 
@@ -79,6 +84,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=128)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--shared-model", action="store_true",
+                   help="tune the tasks one after another with one cost model, as "
+                        "tune_network does (tasks teach each other)")
     args = p.parse_args()
     torch.set_num_threads(1)
     model, inputs = zoo.resnet18()
@@ -86,9 +94,12 @@ def main() -> None:
     to95 = {"model": [], "random": []}
     finals = []
     with ProcessPoolExecutor(2) as pool:
+        shared = {seed: LocalSearchPool(tasks, cpu_info(), seed) if args.shared_model else None
+                  for seed in range(args.seeds)}
         for task in tasks:
             for seed in range(args.seeds):
-                curves = {s: run(task, s, args.trials, seed, pool) for s in ("model", "random")}
+                curves = {s: run(task, s, args.trials, seed, pool, shared[seed])
+                          for s in ("model", "random")}
                 best = min(c[-1] for c in curves.values())
                 for s, c in curves.items():
                     to95[s].append(trials_to(c, best / 0.95))
@@ -102,6 +113,7 @@ def main() -> None:
                       "trials_ratio": round(a / b, 3),
                       "final_ratio": round(statistics.mean(finals), 3),
                       "trials_per_task": args.trials, "seeds": args.seeds, "threads": 1,
+                      "shared_model": args.shared_model,
                       "cpu": cpu_info().name}))
 
 

@@ -24,7 +24,6 @@ class SearchOptions:
     generations: int = 3
     elite: int = 12
     epsilon: float = 0.15
-    min_measured: int = 8  # before this many measurements of the task, sample at random
 
 
 class EvolutionarySearch:
@@ -49,7 +48,7 @@ class EvolutionarySearch:
             self.measured[c] = min(t, self.measured.get(c, math.inf))
 
     def propose(self, n: int, model: CostModel) -> list[Config]:
-        if not model.trained or len(self.measured) < self.opts.min_measured:
+        if not model.trained:  # the shared model may already know other tasks: then use it
             return self._random(n, set())
         n_random = max(1, round(n * self.opts.epsilon)) if n > 1 else 0
         ranked = self._evolve(model)
