@@ -13,3 +13,14 @@ def zoo_models():
 @pytest.fixture(autouse=True)
 def _few_threads():
     torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for every test that needs actors (starting it costs seconds)."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    yield ray
+    ray.shutdown()
