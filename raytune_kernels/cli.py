@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -59,7 +60,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_distill(args: argparse.Namespace) -> int:
     from .records import distill, load_records
 
-    import os
     if not os.path.exists(args.file):
         print(f"raytune-kernels: error: records file {args.file!r} does not exist",
               file=sys.stderr)

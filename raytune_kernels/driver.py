@@ -2,7 +2,6 @@
 actors; it imports them only when called, so the core stays importable without Ray."""
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Sequence
 
@@ -119,6 +118,3 @@ def _run(ray, tasks, target, mcpu, records, history, trials, batch, seed, thread
               f"{len(result.best)} tasks, {result.trials} trials; records: {records}")
     return result
 
-
-def default_records_path(model_name: str) -> str:
-    return os.path.abspath(f"{model_name}.jsonl")

@@ -97,13 +97,14 @@ def random_operands(compute: Compute, seed: int = 0) -> list[torch.Tensor]:
 class _Flusher:
     """Writes a buffer twice the size of the last-level cache."""
 
-    buf: np.ndarray = field(default_factory=lambda: np.ones(_llc_bytes() // 2, np.float32))
+    buf: np.ndarray = field(default_factory=lambda: np.ones(_llc_bytes() // 4, np.float32))
 
     def __call__(self) -> None:
         self.buf += 1.0
 
 
 def _llc_bytes() -> int:
+    """Twice the last-level cache, in bytes."""
     try:
         with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
             text = f.read().strip()

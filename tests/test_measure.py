@@ -62,3 +62,17 @@ def test_fake_measurer_is_deterministic_and_injects_faults(dense_task):
     fake = FakeMeasurer({json.dumps(b.to_json(), sort_keys=True): "crashed"})
     assert fake.measure(dense_task, a).median == analytic_seconds(dense_task, a)
     assert fake.measure(dense_task, b).error_kind == "crashed" and fake.calls == 2
+
+
+def test_cache_flush_between_repeats(dense_task, monkeypatch):
+    from raytune_kernels import measure
+    flushes = []
+    real = measure._Flusher.__call__
+    monkeypatch.setattr(measure._Flusher, "__call__", lambda self: (flushes.append(1),
+                                                                    real(self)))
+    cfg = space_for(dense_task.compute, cpu_info()).sample(random.Random(0))
+    built = build_for(dense_task.compute, cfg)
+    opts = MeasureOptions(threads=1, min_repeat_ms=2, repeats=3, flush_cache=True)
+    result = measure_built(dense_task.compute, cfg, built.library, opts)
+    assert result.ok and len(result.times) == 3 and len(flushes) == 3
+    assert measure._llc_bytes() >= 2 << 20

@@ -1,6 +1,7 @@
 """Candidate kernels end to end: lower, render, build, load, run on torch operands."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,8 +66,6 @@ def run_candidate(compute: Compute, cfg: Config, operands, threads: int = 1,
 def build_for(compute: Compute, cfg: Config, mcpu: str | None = None) -> BuildResult:
     """Lower, render and build; any failure (a config that does not lower included) comes
     back as a BuildResult with its error, never as an exception."""
-    import time
-
     start = time.perf_counter()
     try:
         return build_candidate(compute, cfg, mcpu)[1]

@@ -6,7 +6,7 @@ shift, broadcast channel operands) and full tensors in the output's layout (resi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -141,7 +141,6 @@ def _fix(body: tuple, var: str) -> tuple:
 
 
 def _drop_var(s, var: str):
-    from dataclasses import replace
     if isinstance(s, For):
         return replace(s, body=_fix(s.body, var))
     if isinstance(s, UpdateTile):
