@@ -23,9 +23,13 @@ _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 
 @dataclass(frozen=True)
 class Layout:
-    """NCHW, NHWC or NCHW{x}c for a batch-1 4-D tensor."""
+    """NCHW, NHWC or NCHW{x}c for a batch-1 4-D tensor, optionally stored with a spatial
+    border of `pad` (rows, columns) on each side, as conv kernels read their input. A
+    transform writes only the interior; the border is set once when the buffer is made
+    (zeros, or -inf before a max pool) and no kernel writes it afterwards."""
 
     name: str
+    pad: tuple[int, int] = (0, 0)
 
     @property
     def block(self) -> int | None:
@@ -39,8 +43,15 @@ class Layout:
             raise ValueError(f"layout {self.name} needs channels divisible by {self.block}, "
                              f"got {channels}")
 
-    def pack(self, x: torch.Tensor) -> np.ndarray:
-        """A (1, C, H, W) tensor in this layout, flat."""
+    def size(self, shape: tuple[int, ...]) -> int:
+        _, c, h, w = shape
+        return c * (h + 2 * self.pad[0]) * (w + 2 * self.pad[1])
+
+    def pack(self, x: torch.Tensor, border: float = 0.0) -> np.ndarray:
+        """A (1, C, H, W) tensor in this layout, flat (the border filled with `border`)."""
+        if self.pad != (0, 0):
+            x = torch.nn.functional.pad(x, (self.pad[1],) * 2 + (self.pad[0],) * 2,
+                                        value=border)
         c, h, w = x.shape[1:]
         if self.name == "NCHW":
             y = x[0]
@@ -51,17 +62,26 @@ class Layout:
         return np.ascontiguousarray(y.detach().numpy(), np.float32).ravel()
 
     def unpack(self, flat: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
-        _, c, h, w = shape
+        (ph, pw), (_, c, h, w) = self.pad, shape
+        hs, ws = h + 2 * ph, w + 2 * pw
         t = torch.from_numpy(flat.copy())
         if self.name == "NCHW":
-            return t.reshape(shape)
-        if self.name == "NHWC":
-            return t.reshape(h, w, c).permute(2, 0, 1).reshape(shape).contiguous()
-        b = self.block
-        return t.reshape(c // b, h, w, b).permute(0, 3, 1, 2).reshape(shape).contiguous()
+            full = t.reshape(1, c, hs, ws)
+        elif self.name == "NHWC":
+            full = t.reshape(hs, ws, c).permute(2, 0, 1).reshape(1, c, hs, ws)
+        else:
+            b = self.block
+            full = t.reshape(c // b, hs, ws, b).permute(0, 3, 1, 2).reshape(1, c, hs, ws)
+        return full[:, :, ph:ph + h, pw:pw + w].contiguous()
+
+    def offset(self, c: int, h: int, w: int, big: int, blk: int) -> int:
+        """Where element (0, 0, 0) lives: past the border."""
+        st = self.strides(c, h, w, big, blk)
+        return self.pad[0] * st["h"] + self.pad[1] * st["w"]
 
     def strides(self, c: int, h: int, w: int, big: int, blk: int) -> dict[str, int]:
         """Element strides of the loop variables cq, cr, ci, h, w in this layout."""
+        h, w = h + 2 * self.pad[0], w + 2 * self.pad[1]  # storage dims
         if self.block is None:
             s_c = h * w if self.name == "NCHW" else 1
             s_h, s_w = (w, 1) if self.name == "NCHW" else (w * c, c)
@@ -89,9 +109,11 @@ def transform_space(shape: tuple[int, ...], src: str, dst: str) -> Space:
     return Space(("tile_w",), tuple((t,) for t in widths), (("parallel", (True, False)),))
 
 
-def transform_nest(shape: tuple[int, ...], src: str, dst: str, cfg: Config) -> LoopNest:
+def transform_nest(shape: tuple[int, ...], src: "str | Layout", dst: "str | Layout",
+                   cfg: Config) -> LoopNest:
     _, c, h, w = shape
-    s, d = Layout(src), Layout(dst)
+    s = src if isinstance(src, Layout) else Layout(src)
+    d = dst if isinstance(dst, Layout) else Layout(dst)
     s.check(c)
     d.check(c)
     big, blk = blocks(c, s, d)
@@ -104,15 +126,17 @@ def transform_nest(shape: tuple[int, ...], src: str, dst: str, cfg: Config) -> L
         tile = Tile(f"t{n}", (blk, width), 1)
         tiles.append(tile)
         live = {**ext, "wt": count}
-        a = Affine(tuple((v, ss[v] if v != "wt" else ss["w"] * width) for v in live), ss["w"] * offset)
-        o = Affine(tuple((v, ds[v] if v != "wt" else ds["w"] * width) for v in live), ds["w"] * offset)
+        a0 = s.offset(c, h, w, big, blk) + ss["w"] * offset
+        o0 = d.offset(c, h, w, big, blk) + ds["w"] * offset
+        a = Affine(tuple((v, ss[v] if v != "wt" else ss["w"] * width) for v in live), a0)
+        o = Affine(tuple((v, ds[v] if v != "wt" else ds["w"] * width) for v in live), o0)
         stmts = (UpdateTile(tile.name, Access("src", a), (ss["ci"], ss["w"]), None, SET),
                  StoreTile(tile.name, Access("dst", o), (ds["ci"], ds["w"])))
         body.append(_loops(live, stmts, cfg["parallel"]))
-    n = math.prod(shape)
-    name = f"transform_{src}_{dst}_{'x'.join(map(str, shape))}"
-    return LoopNest(name, (Buffer("src", n, "in"), Buffer("dst", n, "out")), tuple(tiles),
-                    tuple(body), 1)
+    tag = "_".join(f"{x.name}p{x.pad[0]}x{x.pad[1]}" for x in (s, d))
+    name = f"transform_{tag}_{'x'.join(map(str, shape))}"
+    bufs = (Buffer("src", s.size(shape), "in"), Buffer("dst", d.size(shape), "out"))
+    return LoopNest(name, bufs, tuple(tiles), tuple(body), 1)
 
 
 def _loops(live: dict, stmts: tuple, parallel: bool):

@@ -41,3 +41,25 @@ def test_bad_layouts_are_named():
         transform_nest((1, 24, 4, 4), "NCHW", "NCHW16c", cfg)
     with pytest.raises(ValueError, match="unknown layout 'NWHC'"):
         transform_nest((1, 24, 4, 4), "NCHW", "NWHC", cfg)
+
+
+def test_pad_and_pack_produces_the_conv_kernels_input():
+    """NCHW -> padded NCHW16c by our own kernel equals what the conv kernel reads."""
+    import raytune_kernels as rk
+    from raytune_kernels.codegen.contraction import Conv2dContraction
+    from raytune_kernels.codegen.space import Config
+    model = torch.nn.Conv2d(32, 16, 3, padding=1)
+    task = rk.extract_tasks(model.eval(), (torch.randn(1, 32, 7, 9),))[0]
+    con = Conv2dContraction.from_compute(task.compute)
+    x = torch.randn(1, 32, 7, 9)
+    expected = con.pack_a(x, Config.of(cb=16))
+    dst = Layout("NCHW16c", pad=(1, 1))
+    for cfg in transform_space(x.shape, "NCHW", "NCHW16c"):
+        nest = transform_nest(tuple(x.shape), Layout("NCHW"), dst, cfg)
+        result = build(render(nest))
+        assert result.error is None, result.error
+        inp = aligned(Layout("NCHW").pack(x))
+        out = aligned(np.full(dst.size(tuple(x.shape)), 0.0, np.float32))  # border set once
+        LoadedKernel(result.library, nest.name, 2)([inp.ctypes.data, out.ctypes.data], 2)
+        assert np.array_equal(out, expected)
+        assert torch.equal(dst.unpack(out, tuple(x.shape)), x)
