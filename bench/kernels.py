@@ -27,20 +27,12 @@ from raytune_kernels.codegen.build import cpu_info
 from raytune_kernels.codegen.kernel import build_candidate, prepare
 from raytune_kernels.codegen.peak import measure_peak
 from raytune_kernels.codegen.schedules import space_for, unpack, unsupported_reason
+from raytune_kernels.measure import random_operands
 from raytune_kernels.reference import reference
 from raytune_kernels.timing import TimingOptions, median, time_fn
 
 QUICK = TimingOptions(warmup=1, min_repeat_ms=5, repeats=3)
 FULL = TimingOptions(warmup=3, min_repeat_ms=40, repeats=7)
-
-
-def random_operands(compute, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    xs = [torch.randn(compute.inputs[0].shape, generator=g)]
-    w = compute.inputs[1].shape
-    xs.append(torch.randn(w, generator=g) / math.sqrt(math.prod(w[1:])))
-    xs += [torch.randn(s.shape, generator=g) for e in compute.epilogue for s in e.operands]
-    return xs
 
 
 def torch_fns(compute, ops) -> list:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .layout import LayoutProblem
-from .partition import GlueStep, Partition, TaskStep
+from .partition import Partition, TaskStep
 
 NCHW = "NCHW"
 

@@ -4,7 +4,6 @@ import math
 import random
 
 import pytest
-import torch
 
 import raytune_kernels as rk
 from raytune_kernels.codegen.build import CpuInfo

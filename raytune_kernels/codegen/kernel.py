@@ -1,6 +1,7 @@
 """Candidate kernels end to end: lower, render, build, load, run on torch operands."""
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass
 
@@ -34,15 +35,22 @@ def build_candidate(compute: Compute, cfg: Config, mcpu: str | None = None
 
 @dataclass
 class PreparedRun:
-    """A loaded kernel with its buffers packed and aligned: call run() to execute it."""
+    """A loaded kernel with its buffers packed and aligned: call run() to execute it.
+
+    The call's arguments are converted to ctypes once, here, not on every run: run() sits
+    inside the timing loop, where per-call Python work would be counted as kernel time."""
 
     kernel: LoadedKernel
     buffers: dict[str, np.ndarray]
     order: tuple[str, ...]
     threads: int
 
+    def __post_init__(self) -> None:
+        self._args = [ctypes.c_void_p(self.buffers[n].ctypes.data) for n in self.order]
+        self._args.append(ctypes.c_int32(self.threads))
+
     def run(self) -> None:
-        self.kernel([self.buffers[n].ctypes.data for n in self.order], self.threads)
+        self.kernel.fn(*self._args)
 
 
 def prepare(compute: Compute, cfg: Config, nest: LoopNest, library: bytes, operands,

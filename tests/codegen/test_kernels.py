@@ -1,5 +1,4 @@
 """Property tests: sampled configs of every lowerable zoo task compile and match torch."""
-import math
 import random
 
 import pytest
@@ -12,18 +11,13 @@ from raytune_kernels.codegen.loopnest import interpret
 from raytune_kernels.codegen.lower import LoweringError
 from raytune_kernels.codegen.schedules import lower, pack, space_for, unpack, unsupported_reason
 from raytune_kernels.codegen.space import Config
+from raytune_kernels.measure import random_operands
 from raytune_kernels.reference import reference
 
 
 def operands(compute, seed=0):
-    """Random operands scaled like trained weights, so outputs stay of unit size."""
-    g = torch.Generator().manual_seed(seed)
-    xs = [torch.randn(compute.inputs[0].shape, generator=g)]
-    for spec in compute.inputs[1:]:
-        fan_in = spec.shape[-2] if compute.op == "matmul" else math.prod(spec.shape[1:])
-        xs.append(torch.randn(spec.shape, generator=g) / math.sqrt(fan_in))
-    xs += [torch.randn(s.shape, generator=g) for e in compute.epilogue for s in e.operands]
-    return xs
+    """Random operands scaled like trained weights (the measurer's own generator)."""
+    return random_operands(compute, seed)
 
 
 def lowerable(name, zoo_models):
