@@ -23,11 +23,11 @@ from raytune_kernels.tuner import RoundSummary, TuneOptions, Tuner
 class CostModelActor:
     def __init__(self, tasks: list[dict], cpu: CpuInfo):
         self.tasks = {t["key"]: Task.from_json(t) for t in tasks}
-        self.cpu, self.model, self.records = cpu, CostModel(), []
+        self.cpu, self.model, self.records, self.features = cpu, CostModel(), [], {}
 
     def learn(self, records: list[dict]) -> bytes | None:
         self.records += [Record.from_json(r) for r in records]
-        self.model.fit(training_set(self.tasks, self.records, self.cpu))
+        self.model.fit(training_set(self.tasks, self.records, self.cpu, self.features))
         return self.model.save()
 
 

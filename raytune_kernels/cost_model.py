@@ -34,9 +34,12 @@ class TrainingSet:
         return len(self.labels)
 
 
-def training_set(tasks: dict[str, Task], records: Iterable[Record], cpu: CpuInfo
-                 ) -> TrainingSet:
-    """Features and normalised-throughput labels of every record of a known task."""
+def training_set(tasks: dict[str, Task], records: Iterable[Record], cpu: CpuInfo,
+                 cache: dict | None = None) -> TrainingSet:
+    """Features and normalised-throughput labels of every record of a known task.
+    `cache` keeps each (task, config)'s features across calls: retraining every round
+    must not featurize the whole history again."""
+    cache = {} if cache is None else cache
     by_task: dict[str, list[Record]] = {}
     for r in records:
         if r.task_key in tasks:
@@ -46,16 +49,24 @@ def training_set(tasks: dict[str, Task], records: Iterable[Record], cpu: CpuInfo
         best = min(r.median for r in recs)
         rows = []
         for r in recs:
-            try:
-                x = featurize(tasks[key].compute, Config.from_json(r.config), cpu)
-            except Exception:  # a record from an older space that no longer lowers
-                continue
-            rows.append((x, best / r.median if r.ok and math.isfinite(best) else 0.0))
+            x = _features(tasks[key], r, cpu, cache)
+            if x is not None:
+                rows.append((x, best / r.median if r.ok and math.isfinite(best) else 0.0))
         if len(rows) >= 2:
             out.features += [x for x, _ in rows]
             out.labels += [y for _, y in rows]
             out.groups.append(len(rows))
     return out
+
+
+def _features(task: Task, r: Record, cpu: CpuInfo, cache: dict) -> list[float] | None:
+    key = (task.key, r.config_key())
+    if key not in cache:
+        try:
+            cache[key] = featurize(task.compute, Config.from_json(r.config), cpu)
+        except Exception:  # a record from an older space that no longer lowers
+            cache[key] = None
+    return cache[key]
 
 
 class CostModel:

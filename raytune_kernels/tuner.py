@@ -39,7 +39,7 @@ class LocalSearchPool:
     def __init__(self, tasks: list[Task], cpu: CpuInfo, seed: int = 0,
                  opts: SearchOptions = SearchOptions()):
         self.tasks = {t.key: t for t in tasks}
-        self.cpu, self.model, self.records = cpu, CostModel(), []
+        self.cpu, self.model, self.records, self.features = cpu, CostModel(), [], {}
         self.searches = {t.key: EvolutionarySearch(t, space_for(t.compute, cpu), cpu, seed, opts)
                          for t in tasks}
 
@@ -51,7 +51,7 @@ class LocalSearchPool:
 
     def learn(self, records: list[Record]) -> None:
         self.records += records
-        self.model.fit(training_set(self.tasks, self.records, self.cpu))
+        self.model.fit(training_set(self.tasks, self.records, self.cpu, self.features))
 
     def exhausted(self, key: str) -> bool:
         return self.searches[key].exhausted
@@ -109,7 +109,7 @@ class Tuner:
         self.measure, self.pool, self.writer, self.opts = measure, pool, writer, opts
         self.scheduler = TaskScheduler(tasks, opts.seed, opts.scheduler)
         self.records: list[Record] = []
-        self.spent, self.round, self.start = 0, 0, time.perf_counter()
+        self.round, self.start = 0, time.perf_counter()
         self._resume([r for r in history if r.target == target])
 
     def _resume(self, history: list[Record]) -> None:
@@ -121,7 +121,7 @@ class Tuner:
                 cfgs = [Config.from_json(r.config) for r in recs]
                 self.pool.observe(task.key, cfgs, [r.median for r in recs])
                 self.scheduler.resume(i, [r.median for r in recs])
-        self.records, self.spent = list(mine), len(mine)
+        self.records = list(mine)
         if mine:
             self.pool.learn(mine)  # a resumed run starts with a trained model
 
@@ -147,7 +147,6 @@ class Tuner:
         if self.writer is not None:
             self.writer.write_batch(new)
         self.records += new
-        self.spent += len(new)
         seconds = [r.median for r in results]
         self.pool.observe(task.key, cfgs, seconds)
         self.scheduler.update(i, seconds, self.pool.exhausted(task.key))
@@ -160,6 +159,11 @@ class Tuner:
         return RoundSummary(self.round, i, self.rows(), self.scheduler.objective(), self.spent,
                             self.opts.trials, time.perf_counter() - self.start,
                             sum(r.ok for r in results), errors)
+
+    @property
+    def spent(self) -> int:
+        """Trials spent: this run's and, on resume, the earlier runs' on these tasks."""
+        return len(self.records)
 
     def rows(self) -> tuple[TaskRow, ...]:
         return tuple(TaskRow(i, s.task.key, s.task.compute.describe(), s.task.weight, s.trials,
