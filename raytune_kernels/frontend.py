@@ -17,7 +17,7 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from . import frontend_ops as ops
-from .errors import CaptureError, DynamicShapeError, UnsupportedOpError
+from .errors import CaptureError, DynamicShapeError
 from .frontend_ops import Builder, Ctx, T
 from .graph import Graph
 from .passes import fold_affine, prune_params
@@ -29,11 +29,7 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Ten
     model.eval()
     try:
         gm = torch.fx.symbolic_trace(model)
-    except torch.fx.proxy.TraceError:
-        gm = _export(model, inputs)
-    except Exception as exc:  # fx cannot trace this module at all; export may
-        if isinstance(exc, (UnsupportedOpError, DynamicShapeError)):
-            raise
+    except Exception:  # control flow on shapes, or a module fx cannot trace: export may
         gm = _export(model, inputs)
     with torch.no_grad():
         graph = _Walker(gm, inputs).run()

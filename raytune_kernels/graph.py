@@ -7,6 +7,7 @@ Values are named: a value is a graph input, a parameter (a constant tensor held 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -62,13 +63,16 @@ class Graph:
             users.setdefault(v, []).append("<output>")
         return users
 
+    @cached_property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = dict(self.inputs)
+        shapes.update({k: tuple(v.shape) for k, v in self.params.items()})
+        shapes.update({n.name: n.shape for n in self.nodes})
+        return shapes
+
     def shape_of(self, value: str) -> tuple[int, ...]:
-        for name, shape in self.inputs:
-            if name == value:
-                return shape
-        if value in self.params:
-            return tuple(self.params[value].shape)
-        return self.node_map()[value].shape
+        """Shape of a graph input, parameter or node output (graphs are not mutated)."""
+        return self.shapes[value]
 
     def summary(self) -> str:
         lines = [f"inputs {list(self.inputs)}"]

@@ -63,9 +63,7 @@ class _Group:
 class _Cutter:
     def __init__(self, graph: Graph):
         self.graph, self.users = graph, graph.consumers()
-        self.shape = {name: shape for name, shape in graph.inputs}
-        self.shape.update({k: tuple(v.shape) for k, v in graph.params.items()})
-        self.shape.update({n.name: n.shape for n in graph.nodes})
+        self.shape = graph.shapes
         self.position = {n.name: i for i, n in enumerate(graph.nodes)}
         self.groups: list[_Group] = []
         self.glue: list[GlueStep] = []
