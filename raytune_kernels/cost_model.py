@@ -20,7 +20,7 @@ from .records import Record
 from .task import Task
 
 PARAMS = {"objective": "rank:pairwise", "eta": 0.2, "max_depth": 6, "min_child_weight": 1,
-          "subsample": 0.9, "lambda": 1.0, "verbosity": 0, "nthread": 1}
+          "subsample": 0.9, "lambda": 1.0, "verbosity": 0, "nthread": 1, "seed": 0}
 ROUNDS = 60
 
 

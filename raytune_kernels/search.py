@@ -75,7 +75,7 @@ class EvolutionarySearch:
         for _ in range(self.opts.generations):
             children = [self._child(pop) for _ in range(self.opts.population)]
             self._score(children + pop, model, scores)
-            pool = sorted(set(pop) | set(children), key=lambda c: -scores[c])
+            pool = sorted(dict.fromkeys(pop + children), key=lambda c: -scores[c])  # stable order
             pop = pool[: self.opts.population]
         return sorted(scores, key=lambda c: -scores[c])
 

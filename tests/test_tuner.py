@@ -70,17 +70,19 @@ def test_search_stops_when_the_space_is_exhausted():
 
 
 def test_model_guided_search_beats_random_on_the_fake(tasks):
-    """With the same budget, the guided search ends faster than random sampling."""
+    """Same budget: the guided search's best is faster than random sampling's, as a
+    geometric mean over seeds (single seeds can lose; the model is seeded, so this is
+    deterministic)."""
     task = tasks[12]
     space = space_for(task.compute, CPU)
     fake = FakeMeasurer()
-    guided, random_best = [], []
-    for seed in range(3):
-        t, r, _ = tune([task], 96, seed=seed)
-        guided.append(r.best[task.key].median)
+    ratios = []
+    for seed in range(6):
+        _, r, _ = tune([task], 96, seed=seed)
         rng = random.Random(seed)
-        random_best.append(min(fake.measure(task, space.sample(rng)).median for _ in range(96)))
-    assert sum(guided) < sum(random_best)
+        random_best = min(fake.measure(task, space.sample(rng)).median for _ in range(96))
+        ratios.append(r.best[task.key].median / random_best)
+    assert math.prod(ratios) ** (1 / len(ratios)) < 0.85, ratios
 
 
 def test_scheduler_favours_heavy_tasks_with_room(tasks):
