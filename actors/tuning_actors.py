@@ -95,7 +95,8 @@ class TaskSchedulerActor:
         from .pipeline import MeasurePipeline
 
         task_list = [Task.from_json(t) for t in tasks]
-        self.pipeline = MeasurePipeline(num_measurers, num_builders, measure_opts, mcpu=mcpu)
+        self.pipeline = MeasurePipeline(num_measurers, num_builders, measure_opts,
+                                        cores_per_measurer=measure_opts.threads, mcpu=mcpu)
         self.writer = RecordWriter(records) if records else None
         pool = RaySearchPool(task_list, cpu, opts.seed, opts.search)
         self.tuner = Tuner(task_list, target, device, self.pipeline.run, pool, self.writer,

@@ -46,7 +46,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     result = tune_network(model, inputs, target=args.target, trials=args.trials,
                           records=args.records, resume=not args.no_resume,
                           address=args.address, num_measurers=args.measurers,
-                          num_builders=args.builders, batch=args.batch, seed=args.seed)
+                          num_builders=args.builders, batch=args.batch, seed=args.seed,
+                          threads=args.threads)
     return 0 if result.best else 1
 
 
@@ -91,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--builders", type=int, default=None)
     p.add_argument("--batch", type=int, default=8, help="candidates per round")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads per candidate (each measurer owns that many cores)")
     p.set_defaults(func=cmd_tune)
     p = sub.add_parser("plot", help="draw tuning curves from a records file (PNG)")
     p.add_argument("file", help="a records file (JSON lines)")

@@ -2,6 +2,7 @@
 actors; it imports them only when called, so the core stays importable without Ray."""
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Sequence
 
@@ -28,6 +29,7 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
                  ) -> TuningResult:
     """Tune every task of `model` for `target` with a budget of `trials` measurements.
 
+    Each candidate runs with `threads` threads on a measurer that owns that many cores.
     Starts a local Ray when none is running, or joins `address`. With `resume`, the
     measurements already in `records` count toward the budget and are never repeated,
     and the cost model starts trained on them. Returns the best record per task and the
@@ -42,6 +44,9 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
         RecordWriter(records).close()  # an unwritable path fails here, before any work
     if address:
         check_reachable(address)
+    elif threads < 1 or (num_measurers or 1) * threads > len(os.sched_getaffinity(0)):
+        raise TuneError(f"{num_measurers or 1} measurer(s) x {threads} thread(s) need more "
+                        f"cores than this machine gives us ({len(os.sched_getaffinity(0))})")
     tasks = _tunable(extract_tasks(model, example_inputs, tgt))
     history = load_records(records).records if (records and resume) else []
     ray = _start_ray(address)
@@ -95,7 +100,7 @@ def _run(ray, tasks, target, mcpu, records, history, trials, batch, seed, thread
 
     from .progress import ProgressView
 
-    opts = TuneOptions(trials=trials, batch=batch, seed=seed)
+    opts = TuneOptions(trials=trials, batch=batch, seed=seed, threads=threads)
     mopts = MeasureOptions(threads=threads, min_repeat_ms=10, repeats=3, timeout_s=30)
     actor = TaskSchedulerActor.remote([t.to_json() for t in tasks], target, cpu_info(mcpu).name,
                                       cpu_info(mcpu), records, [r.to_json() for r in history],

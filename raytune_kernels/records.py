@@ -46,6 +46,7 @@ class Record:
     timestamp: float = field(default_factory=time.time)
     versions: dict = field(default_factory=dict)
     schema: int = SCHEMA
+    threads: int = 1  # threads the kernel ran with: part of what the time means
 
     @property
     def ok(self) -> bool:
@@ -63,7 +64,7 @@ class Record:
                 "device": self.device, "config": self.config, "times": list(self.times),
                 "error_kind": self.error_kind, "error_msg": self.error_msg,
                 "build_s": self.build_s, "run_s": self.run_s, "timestamp": self.timestamp,
-                "versions": self.versions}
+                "versions": self.versions, "threads": self.threads}
 
     @classmethod
     def from_json(cls, d: object) -> "Record":
@@ -79,7 +80,14 @@ class Record:
         return cls(d["task_key"], d["target"], d["device"], d["config"], tuple(map(float, times)),
                    d.get("error_kind"), str(d.get("error_msg", "")), float(d.get("build_s", 0)),
                    float(d.get("run_s", 0)), float(d.get("timestamp", 0)),
-                   dict(d.get("versions", {})), int(d.get("schema", SCHEMA)))
+                   dict(d.get("versions", {})), int(d.get("schema", SCHEMA)),
+                   _threads(d.get("threads", 1)))
+
+
+def _threads(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise MalformedRecord(f"threads must be a positive integer, got {value!r}")
+    return value
 
 
 def _require(d: dict, fields: dict) -> None:
@@ -154,11 +162,14 @@ def load_records(path: str) -> Loaded:
     return Loaded(out, skipped)
 
 
-def best_per_task(records: Iterable[Record], target: str | None = None) -> dict[str, Record]:
-    """Apply-history-best: the fastest valid record of each task (for one target)."""
+def best_per_task(records: Iterable[Record], target: str | None = None,
+                  threads: int | None = None) -> dict[str, Record]:
+    """Apply-history-best: the fastest valid record of each task (for one target and,
+    when given, one thread count)."""
     best: dict[str, Record] = {}
     for r in records:
-        if r.ok and (target is None or r.target == target):
+        if r.ok and (target is None or r.target == target) and \
+                (threads is None or r.threads == threads):
             if r.task_key not in best or r.median < best[r.task_key].median:
                 best[r.task_key] = r
     return best
@@ -186,7 +197,9 @@ def distill(src: str, dst: str, k: int = 1) -> int:
     return len(kept)
 
 
-def record_of(task_key: str, target: str, device: str, config: dict, result) -> Record:
+def record_of(task_key: str, target: str, device: str, config: dict, result,
+              threads: int = 1) -> Record:
     """A Record from a MeasureResult (anything with times/error_kind/error_msg/build_s/run_s)."""
     return Record(task_key, target, device, config, tuple(result.times), result.error_kind,
-                  result.error_msg, result.build_s, result.run_s, time.time(), versions())
+                  result.error_msg, result.build_s, result.run_s, time.time(), versions(),
+                  threads=threads)

@@ -62,6 +62,7 @@ class TuneOptions:
     trials: int = 200
     batch: int = 8
     seed: int = 0
+    threads: int = 1  # threads every candidate runs with; records at other counts are ignored
     scheduler: SchedulerOptions = SchedulerOptions()
     search: SearchOptions = SearchOptions()
 
@@ -110,7 +111,8 @@ class Tuner:
         self.scheduler = TaskScheduler(tasks, opts.seed, opts.scheduler)
         self.records: list[Record] = []
         self.round, self.start = 0, time.perf_counter()
-        self._resume([r for r in history if r.target == target])
+        self._resume([r for r in history
+                      if r.target == target and r.threads == opts.threads])
 
     def _resume(self, history: list[Record]) -> None:
         index = {t.key: i for i, t in enumerate(self.tasks)}
@@ -142,7 +144,7 @@ class Tuner:
 
     def _run_round(self, i: int, task: Task, cfgs: list[Config]) -> RoundSummary:
         results = self.measure([(task, c) for c in cfgs])
-        new = [record_of(task.key, self.target, self.device, c.to_json(), r)
+        new = [record_of(task.key, self.target, self.device, c.to_json(), r, self.opts.threads)
                for c, r in zip(cfgs, results)]
         if self.writer is not None:
             self.writer.write_batch(new)
@@ -178,6 +180,6 @@ class Tuner:
 
     def result(self) -> TuningResult:
         from .records import best_per_task
-        best = best_per_task(self.records, self.target)
+        best = best_per_task(self.records, self.target, self.opts.threads)
         path = self.writer.path if self.writer else None
         return TuningResult(best, self.scheduler.objective(), path, self.spent, self.tasks)

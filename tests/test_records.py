@@ -28,6 +28,20 @@ def test_round_trip_and_best(tmp_path):
     assert [r.median for r in top_k(loaded.records, "a", 5)] == [1.0, 3.0]
 
 
+def test_threads_round_trip_and_default_for_older_lines(tmp_path):
+    path = tmp_path / "r.jsonl"
+    old = rec("a", 2.0).to_json()
+    del old["threads"]  # written before records said how many threads ran
+    two = {**rec("a", 1.0).to_json(), "threads": 2}
+    path.write_text(json.dumps(old) + "\n" + json.dumps(two) + "\n"
+                    + json.dumps({**two, "threads": 0}) + "\n")
+    with pytest.warns(UserWarning, match="threads must be a positive integer"):
+        loaded = load_records(str(path)).records
+    assert [r.threads for r in loaded] == [1, 2]
+    assert best_per_task(loaded, threads=1)["a"].median == 2.0
+    assert best_per_task(loaded, threads=2)["a"].median == 1.0
+
+
 def test_malformed_lines_are_counted_skipped_and_warned(tmp_path):
     path = tmp_path / "r.jsonl"
     good = json.dumps(rec().to_json())

@@ -121,6 +121,19 @@ def test_resume_continues_exactly(tasks, tmp_path):
     assert fake.calls == 0 and again.trials == 72
 
 
+def test_records_at_another_thread_count_are_not_resumed(tasks, tmp_path):
+    """A time at 1 thread says nothing about the same kernel at 2: a run at 2 threads
+    measures afresh and writes its records with threads=2."""
+    some = [tasks[2]]
+    path = str(tmp_path / "r.jsonl")
+    tune(some, 16, path)
+    fake = FakeMeasurer()
+    tuner = Tuner(some, "llvm", "test", fake_measure(fake), LocalSearchPool(some, CPU), None,
+                  load_records(path).records, TuneOptions(trials=16, threads=2))
+    tuner.run()
+    assert fake.calls == 16 and {r.threads for r in tuner.records} == {2}
+
+
 def test_a_resumed_run_starts_with_a_trained_model(tasks, tmp_path):
     some = [tasks[2], tasks[5]]
     path = str(tmp_path / "r.jsonl")
