@@ -8,7 +8,7 @@ layout; the edge's matrix holds the transform times between layouts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from .layout import LayoutProblem
@@ -19,9 +19,14 @@ NCHW = "NCHW"
 
 @dataclass(frozen=True)
 class Candidate:
+    """A way to run a node: the layout it reads, the layout it writes, its time, and what
+    runs (a schedule config, or None for a fixed kernel); layouts are labels such as NCHW,
+    NHWC, NCHW16c, or NCHW16c/p1x1 for an input read with a 1-pixel border."""
+
     in_layout: str
     out_layout: str
     seconds: float
+    config: object = field(default=None, compare=False)
 
 
 Candidates = Callable[[object], list[Candidate]]  # TaskStep or concat node -> candidates

@@ -24,9 +24,9 @@ def direct(cb, ob, out="blocked"):
 
 def test_layouts_follow_the_config():
     task = conv_task()
-    assert layouts_of(task, direct(1, 32)) == ("NCHW", "NCHW32c")
-    assert layouts_of(task, direct(32, 16, "nhwc")) == ("NHWC", "NHWC")
-    assert layouts_of(task, direct(8, 64)) == ("NCHW8c", "NCHW64c")
+    assert layouts_of(task, direct(1, 32)) == ("NCHW/p1x1", "NCHW32c")
+    assert layouts_of(task, direct(32, 16, "nhwc")) == ("NHWC/p1x1", "NHWC")
+    assert layouts_of(task, direct(8, 64)) == ("NCHW8c/p1x1", "NCHW64c")
 
 
 def test_candidates_keep_the_best_record_per_layout_pair():
@@ -37,7 +37,9 @@ def test_candidates_keep_the_best_record_per_layout_pair():
             Record(task.key, "llvm", "cpu", direct(1, 32).to_json(), (), "crashed")]
     cands = candidates_from_records(task, recs)
     assert [(c.in_layout, c.out_layout, c.seconds) for c in cands] == \
-        [("NCHW8c", "NCHW32c", 2.0), ("NHWC", "NHWC", 5.0)]
+        [("NCHW8c/p1x1", "NCHW32c", 2.0), ("NHWC/p1x1", "NHWC", 5.0)]
+    assert cands[0].config == direct(8, 32)
+    assert candidates_from_records(task, recs, threads=2) == []
 
 
 def test_transform_costs_are_measured_and_checked():
@@ -45,6 +47,7 @@ def test_transform_costs_are_measured_and_checked():
     t = transform_seconds(shape, "NCHW", "NCHW16c", QUICK)
     assert 0 < t < 1e-2
     assert transform_seconds(shape, "NHWC", "NHWC", QUICK) == 0.0
+    assert 0 < transform_seconds(shape, "NHWC", "NHWC/p1x1", QUICK) < 1e-2  # a border: a copy
     assert math.isinf(transform_seconds((1, 24, 4, 4), "NCHW", "NCHW16c", QUICK))
 
 

@@ -31,6 +31,22 @@ class Layout:
     name: str
     pad: tuple[int, int] = (0, 0)
 
+    @classmethod
+    def parse(cls, label: str) -> "Layout":
+        """A layout from its label: NCHW, NHWC, NCHW16c, or with a border NCHW16c/p1x1."""
+        name, _, border = label.partition("/p")
+        if not border:
+            return cls(name)
+        try:
+            ph, pw = (int(v) for v in border.split("x"))
+        except ValueError:
+            raise ValueError(f"bad layout label {label!r} (e.g. NCHW16c/p1x1)") from None
+        return cls(name, (ph, pw))
+
+    @property
+    def label(self) -> str:
+        return self.name + (f"/p{self.pad[0]}x{self.pad[1]}" if self.pad != (0, 0) else "")
+
     @property
     def block(self) -> int | None:
         m = _BLOCKED.match(self.name)

@@ -1,0 +1,684 @@
+"""compile_network(): a tuned network as one callable that takes and returns torch tensors.
+
+1. Capture and partition the model: the same tasks the tuner saw.
+2. Candidates per step: the best record per layout pair (and, with fallback="torch",
+   PyTorch's own kernel at its measured time). The layout ILP picks one per step, with
+   edges costed by measured transform kernels, borders of windowed inputs included.
+3. Build the chosen kernels, pack weights once, plan buffers (a buffer is reused once its
+   value is dead; a bordered input buffer is reused only by one of the same geometry, so its
+   border, written once, stays valid), and keep a flat list of native calls whose ctypes
+   arguments are made once.
+4. Check against the model at compile time; benchmark and profile on demand.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .codegen.build import LoadedKernel, build
+from .codegen.contraction import contraction
+from .codegen.kernel import aligned
+from .codegen.llvm_ir import render
+from .codegen.lower import operand_kinds
+from .codegen.rowwise import ROW_OPS
+from .codegen.schedules import lower, pack, unsupported_reason
+from .codegen.space import Config
+from .codegen.transform import Layout
+from .errors import RaytuneError
+from .frontend import capture
+from .layout import LayoutPlan, solve_ilp
+from .layout_costs import candidates_from_records, fastest_transform, transform_kernel
+from .layout_graph import NCHW, Candidate, layout_problem
+from .measure import MeasureOptions, random_operands
+from .partition import GlueStep, Partition, TaskStep, partition, run_glue
+from .records import Record, best_per_task, load_records
+from .reference import reference
+from .target import parse_target
+from .timing import TimingOptions, median, time_fn
+
+TORCH = "torch"  # the config of a candidate that runs PyTorch's kernel
+KEEP = 6  # candidates kept per step (the fastest, within SLACK of the best)
+SLACK = 1.5
+
+
+class CompileError(RaytuneError):
+    """The network cannot be compiled as asked (names the task, layer or value)."""
+
+
+# ----------------------------------------------------------------------------- the plan
+
+@dataclass(eq=False)
+class Buf:
+    """A planned buffer: a value in one layout (None: plain contiguous), or a constant."""
+
+    size: int
+    shape: tuple[int, ...]
+    layout: Layout | None = None
+    border: float = 0.0
+    pinned: bool = False  # graph inputs and outputs: never handed to another value
+
+    @property
+    def bordered(self) -> bool:
+        return self.layout is not None and self.layout.pad != (0, 0)
+
+
+@dataclass(eq=False)
+class Step:
+    """One call of the compiled network: a native kernel over buffers, or a torch function
+    of plain views (glue, fallback nodes)."""
+
+    name: str
+    kind: str  # "kernel", "transform", "torch", "glue"
+    layers: tuple[str, ...]
+    reads: list
+    writes: list
+    estimate: float = 0.0  # seconds the plan expected (record, transform timing)
+    key: str | None = None  # task key of a task step
+    kernel: LoadedKernel | None = None
+    operands: list = field(default_factory=list)  # Buf or constant np.ndarray, in order
+    fn: Callable | None = None  # torch steps: plain tensors in -> tensor out
+
+
+@dataclass
+class Choice:
+    step: TaskStep | GlueStep
+    candidate: Candidate
+
+
+class _Planner:
+    """Turns chosen candidates into steps over buffers, adding transforms where a reader
+    wants a value in another layout than its producer wrote."""
+
+    def __init__(self, part: Partition, mcpu: str | None, opts: MeasureOptions):
+        self.part, self.graph, self.mcpu, self.opts = part, part.graph, mcpu, opts
+        self.steps: list[Step] = []
+        self.produced: dict[str, tuple[Buf, str]] = {}
+        self.copies: dict[tuple[str, str, float], Buf] = {}
+        self.kernels: dict[tuple[str, Config], tuple[LoadedKernel, object]] = {}
+        self.inputs: list[Buf] = []
+        self.value_of: dict[int, tuple[str, str]] = {}  # step -> (value, layout) it completes
+        for name, shape in self.graph.inputs:
+            buf = Buf(math.prod(shape), tuple(shape), pinned=True)
+            self.inputs.append(buf)
+            self.produced[name] = (buf, NCHW)
+
+    def value(self, name: str, label: str, border: float = 0.0) -> Buf:
+        """`name` in layout `label`, transformed (and cached) when needed."""
+        src_buf, src_label = self.produced[name]
+        if label == src_label:
+            return src_buf
+        key = (name, label, border)
+        if key in self.copies:
+            return self.copies[key]
+        shape = self.graph.shape_of(name)
+        dst = Layout.parse(label)
+        seconds, cfg = fastest_transform(tuple(shape), src_label, label, self.opts)
+        if cfg is None:
+            raise CompileError(f"no transform of {name} {tuple(shape)} from {src_label} to "
+                               f"{label}")
+        kernel = transform_kernel(tuple(shape), Layout.parse(src_label), dst, cfg)
+        out = Buf(dst.size(shape), tuple(shape), dst, border)
+        self.steps.append(Step(f"{name}: {src_label} -> {label}", "transform", (),
+                               [src_buf], [out], seconds, kernel=kernel,
+                               operands=[src_buf, out]))
+        self.copies[key] = out
+        return out
+
+    def plain(self, name: str) -> Buf | torch.Tensor:
+        if name in self.graph.params:
+            return self.graph.params[name]
+        return self.value(name, NCHW)
+
+    def task(self, step: TaskStep, cand: Candidate) -> None:
+        task = self.part.task(step.key)
+        compute = task.compute
+        if cand.config == TORCH:
+            args = [self.plain(a) for a in step.args]
+            out = Buf(compute.output.numel, compute.output.shape)
+            fn = _torch_fn(compute)
+            self._torch(step.layer, "torch", (step.layer,), args, out, fn, cand.seconds,
+                        step.key)
+            self._produce(step.output, out, NCHW)
+            return
+        cfg = cand.config
+        kernel, nest = self._kernel(compute, cfg, step.key)
+        holders = [self.graph.params[a] if a in self.graph.params
+                   else torch.zeros(self.graph.shape_of(a)) for a in step.args]
+        packed = pack(compute, cfg, holders)
+        names = operand_names(compute, cfg)
+        n_in = len(compute.inputs)
+        kinds = [k.kind for k in operand_kinds(compute)] if compute.op not in ROW_OPS else []
+        bound: dict[str, Buf | np.ndarray] = {}
+        reads = []
+        for i, (arg, bname) in enumerate(zip(step.args, names)):
+            if arg in self.graph.params:
+                bound[bname] = aligned(packed[bname])
+                continue
+            if i == 0:
+                border = -math.inf if compute.op == "max_pool2d" else 0.0
+                buf = self.value(arg, cand.in_layout, border)
+            elif i < n_in or compute.op in ROW_OPS or kinds[i - n_in] == "channel":
+                buf = self.value(arg, NCHW)
+            else:
+                buf = self.value(arg, cand.out_layout)  # a residual, in the output's layout
+            if buf.size != packed[bname].size:
+                raise CompileError(f"{step.layer}: operand {arg} holds {buf.size} floats in "
+                                   f"{cand.in_layout if i == 0 else 'its layout'}, the kernel "
+                                   f"reads {packed[bname].size}")
+            bound[bname] = buf
+            reads.append(buf)
+        out_shape = compute.output.shape
+        internal = packed["out"].size != compute.output.numel  # a padded dense output
+        layout = None if cand.out_layout == NCHW else Layout.parse(cand.out_layout)
+        out = Buf(packed["out"].size, (packed["out"].size,) if internal else out_shape, layout)
+        bound["out"] = out
+        operands = [bound[b.name] if b.name in bound else aligned(packed[b.name])
+                    for b in nest.buffers]
+        self.steps.append(Step(step.layer, "kernel", (step.layer,), reads, [out],
+                               cand.seconds, step.key, kernel, operands=operands))
+        if internal:  # dense with N padded to the vector block: keep the first N columns
+            final = Buf(compute.output.numel, out_shape)
+            rows = compute.output.numel // out_shape[-1]
+            n = out_shape[-1]
+            self._torch(f"{step.layer} (narrow)", "glue", (step.layer,), [out], final,
+                        lambda t: t.view(rows, -1)[:, :n].reshape(out_shape), 0.0, None)
+            out = final
+        self._produce(step.output, out, NCHW if internal else cand.out_layout)
+
+    def glue(self, step: GlueStep) -> None:
+        node = self.graph.node_map()[step.node]
+        args = [self.plain(v) for v in node.inputs]
+        shape = tuple(self.graph.shape_of(node.name))
+        out = Buf(math.prod(shape), shape)
+        fn = lambda *xs, _n=node: run_glue(_n, dict(zip(_n.inputs, xs)))  # noqa: E731
+        self._torch(node.name, "glue", (node.layer,), args, out, fn, 0.0, None)
+        self._produce(node.name, out, NCHW)
+
+    def _produce(self, value: str, buf: Buf, label: str) -> None:
+        self.produced[value] = (buf, label)
+        self.value_of[id(self.steps[-1])] = (value, label)
+
+    def outputs(self) -> list[Buf]:
+        outs = [self.value(v, NCHW) for v in self.graph.outputs]
+        for b in outs:
+            b.pinned = True
+        return outs
+
+    def _torch(self, name, kind, layers, args, out, fn, seconds, key) -> None:
+        reads = [a for a in args if isinstance(a, Buf)]
+        self.steps.append(Step(name, kind, layers, reads, [out], seconds, key,
+                               operands=list(args), fn=fn))
+
+    def _kernel(self, compute, cfg: Config, key: str):
+        if (key, cfg) not in self.kernels:
+            nest = lower(compute, cfg)
+            built = build(render(nest), self.mcpu)
+            if built.error:
+                raise CompileError(f"task {key} ({compute.describe()}): its best config no "
+                                   f"longer builds: {built.error}")
+            self.kernels[(key, cfg)] = (LoadedKernel(built.library, nest.name,
+                                                     len(nest.buffers)), nest)
+        return self.kernels[(key, cfg)]
+
+
+def operand_names(compute, cfg: Config) -> list[str]:
+    """The kernel buffer each reference operand is packed into, in operand order."""
+    n_epi = sum(len(e.operands) for e in compute.epilogue)
+    if compute.op in ROW_OPS:
+        head = ["x"] + (["w", "b"] if compute.op == "layer_norm" else [])
+    else:
+        head = ["a"] + (["b"] if contraction(compute).has_b else [])
+    return head + [f"e{i}" for i in range(n_epi)]
+
+
+def _torch_fn(compute) -> Callable:
+    return lambda *xs: reference(compute, *xs)
+
+
+# ------------------------------------------------------------------------ buffer planning
+
+def allocate(steps: list[Step], pinned: Iterable[Buf]) -> dict[int, np.ndarray]:
+    """An aligned array per buffer. A buffer goes back to a pool after its last reader and
+    is reused by a later value: plain buffers by size (best fit), bordered ones only by the
+    same geometry and border value."""
+    last: dict[int, int] = {}
+    for i, s in enumerate(steps):
+        for b in s.reads + s.writes:
+            last[id(b)] = i
+    keep = {id(b) for b in pinned}
+    arrays: dict[int, np.ndarray] = {}
+    free_plain: list[np.ndarray] = []
+    free_bordered: dict[tuple, list[np.ndarray]] = {}
+    for b in pinned:
+        arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
+    for i, s in enumerate(steps):
+        for b in s.writes:
+            if id(b) in arrays:
+                continue
+            if b.bordered:
+                pool = free_bordered.setdefault(_geometry(b), [])
+                arrays[id(b)] = pool.pop() if pool else \
+                    aligned(np.full(b.size, b.border, np.float32))
+            else:
+                fits = [i for i, a in enumerate(free_plain) if a.size >= b.size]
+                if fits:
+                    best = min(fits, key=lambda i: free_plain[i].size)
+                    arrays[id(b)] = free_plain.pop(best)
+                else:
+                    arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
+        for b in {id(x): x for x in s.reads + s.writes}.values():
+            if last[id(b)] == i and id(b) not in keep:
+                if b.bordered:
+                    free_bordered.setdefault(_geometry(b), []).append(arrays[id(b)])
+                else:
+                    free_plain.append(arrays[id(b)])
+    return arrays
+
+
+def _geometry(b: Buf) -> tuple:
+    return (b.layout.label, b.shape, b.border)
+
+
+# -------------------------------------------------------------------------- the network
+
+@dataclass
+class ProfileRow:
+    name: str
+    kind: str
+    layers: tuple[str, ...]
+    ours_s: float
+    torch_s: float | None
+    estimate_s: float
+
+    @property
+    def ratio(self) -> float | None:
+        """PyTorch's time over ours: above 1, ours is faster."""
+        return None if self.torch_s is None else self.torch_s / self.ours_s
+
+
+@dataclass
+class Profile:
+    rows: list[ProfileRow]
+    end_to_end_s: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(r.ours_s for r in self.rows)
+
+    def table(self) -> str:
+        total = self.total_s
+        head = f"{'step':<34} {'kind':<9} {'ours us':>9} {'torch us':>9} {'ratio':>6} {'share':>6}"
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            torch_us = f"{r.torch_s * 1e6:9.1f}" if r.torch_s is not None else f"{'-':>9}"
+            ratio = f"{r.ratio:6.2f}" if r.ratio is not None else f"{'-':>6}"
+            flag = "  <- slower than torch" if r.ratio is not None and r.ratio < 1 else ""
+            lines.append(f"{r.name[:34]:<34} {r.kind:<9} {r.ours_s * 1e6:9.1f} {torch_us} "
+                         f"{ratio} {r.ours_s / total:6.1%}{flag}")
+        kinds: dict[str, float] = {}
+        for r in self.rows:
+            kinds[r.kind] = kinds.get(r.kind, 0.0) + r.ours_s
+        lines.append("-" * len(head))
+        lines.append(f"sum of steps {total * 1e3:.3f} ms ("
+                     + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in sorted(kinds.items()))
+                     + f"); end to end {self.end_to_end_s * 1e3:.3f} ms")
+        return "\n".join(lines)
+
+    def save_png(self, path: str) -> str:
+        """A bar chart of ours against PyTorch per step (matplotlib, the `plot` extra)."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = [r for r in self.rows if r.ours_s > 0]
+        fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(rows) + 1)))
+        ys = np.arange(len(rows))
+        ax.barh(ys - 0.2, [r.ours_s * 1e6 for r in rows], 0.4, label="ours")
+        ax.barh(ys + 0.2, [(r.torch_s or 0) * 1e6 for r in rows], 0.4, label="PyTorch")
+        ax.set_yticks(ys, [r.name[:40] for r in rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("microseconds")
+        ax.set_title(f"per-step time, end to end {self.end_to_end_s * 1e3:.2f} ms")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+
+class CompiledNetwork:
+    """A network compiled from tuning records. Call it like the model."""
+
+    def __init__(self, part: Partition, steps: list[Step], inputs: list[Buf],
+                 outputs: list[Buf], threads: int, plan: LayoutPlan | None, estimated_s: float,
+                 torch_seconds: dict[str, float], value_of: dict[int, tuple[str, str]]):
+        self.part, self.graph, self.steps, self.threads = part, part.graph, steps, threads
+        self.value_of = value_of
+        self.plan, self.estimated_s = plan, estimated_s
+        self.torch_seconds = torch_seconds
+        self._in, self._out = inputs, outputs
+        self._arrays = allocate(steps, inputs + outputs)
+        self._in_views = [self.view(b) for b in inputs]
+        self._out_views = [self.view(b) for b in outputs]
+        self._calls = [self._bind(s) for s in steps]
+
+    def view(self, b: Buf) -> torch.Tensor:
+        """A plain buffer as a torch tensor sharing its memory."""
+        return torch.from_numpy(self._arrays[id(b)][: b.size]).view(b.shape)
+
+    def _bind(self, s: Step) -> tuple[Callable, tuple]:
+        if s.kernel is not None:
+            ptrs = [self._arrays[id(o)] if isinstance(o, Buf) else o for o in s.operands]
+            args = tuple(ctypes.c_void_p(a.ctypes.data) for a in ptrs)
+            return s.kernel.fn, args + (ctypes.c_int32(self.threads),)
+        ins = [self.view(o) if isinstance(o, Buf) else o for o in s.operands]
+        out, fn = self.view(s.writes[0]), s.fn
+
+        def call() -> None:
+            out.copy_(fn(*ins))
+        return call, ()
+
+    def __call__(self, *inputs: torch.Tensor):
+        if len(inputs) != len(self._in):
+            raise ValueError(f"expected {len(self._in)} input(s), got {len(inputs)}")
+        for x, view, (name, _) in zip(inputs, self._in_views, self.graph.inputs):
+            if tuple(x.shape) != tuple(view.shape):
+                raise ValueError(f"input {name}: shape {tuple(x.shape)}, compiled for "
+                                 f"{tuple(view.shape)}")
+        with torch.no_grad():
+            for x, view in zip(inputs, self._in_views):
+                view.copy_(x)
+            self._run()
+            outs = [v.clone() for v in self._out_views]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _run(self) -> None:
+        for fn, args in self._calls:
+            fn(*args)
+
+    def _random_inputs(self, seed: int = 0) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randn(b.shape, generator=g) for b in self._in]
+
+    def benchmark(self, opts: TimingOptions = TimingOptions(warmup=3, min_repeat_ms=200,
+                                                            repeats=7)) -> float:
+        """Median seconds per inference on random inputs: warm-up, repeats of at least
+        min_repeat_ms, every repeat kept, the median (the measurers' protocol)."""
+        xs = self._random_inputs()
+        with torch.no_grad():
+            return median(time_fn(lambda: self(*xs), opts))
+
+    def profile(self, png: str | None = None, opts: TimingOptions =
+                TimingOptions(warmup=2, min_repeat_ms=10, repeats=5),
+                print_table: bool = True) -> Profile:
+        """Time every step alone (on the buffers of a real inference) next to PyTorch's
+        time for the same layer; print the table and optionally save a bar chart."""
+        xs = self._random_inputs()
+        end_to_end = self.benchmark()
+        with torch.no_grad():
+            self(*xs)
+            rows = []
+            for s, (fn, args) in zip(self.steps, self._calls):
+                ours = median(time_fn(lambda: fn(*args), opts))
+                theirs = self.torch_seconds.get(s.key) if s.key else None
+                if s.key and theirs is None:
+                    theirs = torch_seconds(self._compute(s.key), self.threads)
+                    self.torch_seconds[s.key] = theirs
+                rows.append(ProfileRow(s.name, s.kind, s.layers, ours, theirs, s.estimate))
+        prof = Profile(rows, end_to_end)
+        if print_table:
+            print(prof.table())
+        if png:
+            prof.save_png(png)
+        return prof
+
+    def _compute(self, key: str):
+        return self.part.task(key).compute
+
+    def fidelity(self, measured_s: float, profile: Profile | None = None,
+                 estimated_s: float | None = None) -> str:
+        """The tuner's estimate next to the measured latency; over a 10% gap, the steps
+        responsible: transforms and torch steps (not in the estimate), and kernels slower
+        in the network than in their records."""
+        est = self.estimated_s if estimated_s is None else estimated_s
+        gap = measured_s / est - 1 if est > 0 else math.inf
+        lines = [f"estimated {est * 1e3:.3f} ms (sum of weight x best record), measured "
+                 f"{measured_s * 1e3:.3f} ms end to end: {gap:+.1%}"]
+        if abs(gap) <= 0.10:
+            return "\n".join(lines)
+        prof = profile or self.profile(print_table=False)
+        extra = {}
+        for r in prof.rows:
+            if r.kind == "kernel":
+                extra[r.name] = r.ours_s - r.estimate_s
+            else:
+                extra[r.name] = r.ours_s
+        by_kind: dict[str, float] = {}
+        for r in prof.rows:
+            if r.kind != "kernel":
+                by_kind[r.kind] = by_kind.get(r.kind, 0.0) + r.ours_s
+        lines.append("not in the estimate: " + ", ".join(
+            f"{k} steps {v * 1e3:.3f} ms" for k, v in sorted(by_kind.items())))
+        worst = sorted(extra.items(), key=lambda kv: -kv[1])[:5]
+        lines.append("largest excess over the estimate: " + "; ".join(
+            f"{n} +{v * 1e6:.0f} us" for n, v in worst if v > 0))
+        return "\n".join(lines)
+
+
+def torch_seconds(compute, threads: int, opts: TimingOptions =
+                  TimingOptions(warmup=2, min_repeat_ms=10, repeats=5)) -> float:
+    """PyTorch's median time for one task (its reference, eager, NCHW) on random operands."""
+    ops = random_operands(compute)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            return median(time_fn(lambda: reference(compute, *ops), opts))
+    finally:
+        torch.set_num_threads(prev)
+
+
+# ------------------------------------------------------------------------ compile_network
+
+def compile_network(model: torch.nn.Module,
+                    example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
+                    records: "str | Iterable[Record]", target: str = "llvm",
+                    fallback: str | None = None, threads: int = 1, layout: str = "ilp",
+                    time_limit_s: float = 20.0, check: bool = True, atol: float = 1e-3,
+                    verbose: bool = False) -> CompiledNetwork:
+    """Compile `model` from the best kernels in `records` (measured at `threads` threads).
+
+    layout="ilp" picks every step's layouts with the ILP; "uniform" keeps one layout family
+    for the whole network (the best of them), the baseline the ILP must beat. A task without
+    records is an error, or with fallback="torch" runs PyTorch's kernel; with it, any step
+    whose best kernel is slower than PyTorch's measured time for it runs PyTorch's too.
+    With `check`, the output is compared with model(x) (max abs error <= atol)."""
+    tgt = parse_target(target)
+    if tgt.kind != "llvm":
+        raise CompileError(f"target {target!r}: only 'llvm' targets compile in this build")
+    if fallback not in (None, TORCH):
+        raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
+    if layout not in ("ilp", "uniform"):
+        raise CompileError(f"layout must be 'ilp' or 'uniform', got {layout!r}")
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) \
+        else tuple(example_inputs)
+    recs = _records(records, str(tgt), threads)
+    graph = capture(model, inputs)
+    part = partition(graph)
+    opts = MeasureOptions(threads=threads, min_repeat_ms=5, repeats=5)
+    tseconds = {}
+    if fallback:
+        tseconds = {t.key: torch_seconds(t.compute, threads) for t in part.tasks}
+    cands = _candidates(part, recs, fallback, tseconds, threads)
+    plan, chosen = _choose(part, cands, layout, opts, time_limit_s)
+    planner = _Planner(part, tgt.mcpu, opts)
+    for step, cand in zip(part.steps, chosen):
+        if isinstance(step, TaskStep):
+            planner.task(step, cand)
+        else:
+            planner.glue(step)
+    outputs = planner.outputs()
+    best = best_per_task(recs, str(tgt), threads)
+    estimated = sum(t.weight * best[t.key].median for t in part.tasks if t.key in best)
+    if fallback:
+        estimated += sum(t.weight * tseconds[t.key] for t in part.tasks if t.key not in best)
+    net = CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
+                          estimated, tseconds, planner.value_of)
+    if verbose:
+        print(f"compiled {len(planner.steps)} steps "
+              f"({sum(s.kind == 'kernel' for s in planner.steps)} kernels, "
+              f"{sum(s.kind == 'transform' for s in planner.steps)} transforms, "
+              f"{sum(s.kind == 'torch' for s in planner.steps)} torch); layout plan "
+              f"{plan.cost * 1e3:.3f} ms by {plan.solver} in {plan.seconds:.2f} s")
+    if check:
+        check_network(net, model, inputs, atol)
+    return net
+
+
+def _records(records, target: str, threads: int) -> list[Record]:
+    if isinstance(records, str):
+        import os
+        if not os.path.exists(records):
+            raise CompileError(f"records file {records!r} does not exist")
+        loaded = load_records(records).records
+    else:
+        loaded = list(records)
+    return [r for r in loaded if r.target == target and r.threads == threads]
+
+
+def _candidates(part: Partition, recs: list[Record], fallback: str | None,
+                tseconds: dict[str, float], threads: int) -> list[list[Candidate]]:
+    """Per step (in order): what may run it."""
+    out = []
+    missing = []
+    for step in part.steps:
+        if isinstance(step, GlueStep):
+            out.append([Candidate(NCHW, NCHW, 0.0)])
+            continue
+        task = part.task(step.key)
+        tuned = [] if unsupported_reason(task.compute) else \
+            [c for c in candidates_from_records(task, recs, threads) if _bindable(part, step, c)]
+        if tuned:
+            fastest = min(c.seconds for c in tuned)
+            tuned = sorted((c for c in tuned if c.seconds <= SLACK * fastest),
+                           key=lambda c: c.seconds)[:KEEP]
+        if fallback:
+            tuned = [c for c in tuned if c.seconds <= tseconds[step.key]]
+            tuned.append(Candidate(NCHW, NCHW, tseconds[step.key], TORCH))
+        elif not tuned:
+            missing.append(f"{task.compute.describe()} (task {task.key}, layer {step.layer})")
+        out.append(tuned)
+    if missing:
+        raise CompileError(f"no usable record at {threads} thread(s) for {len(missing)} "
+                           "task(s): " + "; ".join(missing[:5])
+                           + ("; ..." if len(missing) > 5 else "")
+                           + ". Tune them, or pass fallback='torch' to run PyTorch's kernels")
+    return out
+
+
+def _bindable(part: Partition, step: TaskStep, cand: Candidate) -> bool:
+    """Whether the planner can feed this kernel its data operands: a per-channel or
+    residual operand that is an activation must be laid out as the kernel reads it."""
+    c = part.task(step.key).compute
+    if c.op in ROW_OPS:
+        return True
+    con = contraction(c)
+    for arg, kind in zip(step.args[len(c.inputs):], operand_kinds(c)):
+        if arg in part.graph.params:
+            continue
+        if kind.kind == "channel" and \
+                math.prod(part.graph.shape_of(arg)) != con.channel_len(cand.config):
+            return False
+        if kind.kind == "output" and con.buffer_sizes(cand.config)["out"] != c.output.numel:
+            return False
+    return True
+
+
+def _choose(part: Partition, cands: list[list[Candidate]], layout: str,
+            opts: MeasureOptions, time_limit_s: float) -> tuple[LayoutPlan, list[Candidate]]:
+    def transform(shape, a, b):
+        return fastest_transform(tuple(shape), a, b, opts)[0]
+
+    def solve(per_step: list[list[Candidate]]):
+        by_node = {}
+        for s, cs in zip(part.steps, per_step):
+            by_node[s.node if isinstance(s, GlueStep) else id(s)] = cs
+        problem, node_cands = layout_problem(
+            part, lambda s: by_node[s.name if hasattr(s, "op") else id(s)], transform)
+        plan = solve_ilp(problem, time_limit_s)
+        n0 = len(part.graph.inputs)
+        return plan, [node_cands[n0 + i][plan.choice[n0 + i]] for i in range(len(part.steps))]
+
+    if layout == "ilp":
+        return solve(cands)
+    best = None
+    for family in _families(cands):
+        per = [[c for c in cs if _base(c.in_layout) == family and c.out_layout == family]
+               or cs for cs in cands]
+        plan, chosen = solve(per)
+        if best is None or plan.cost < best[0].cost:
+            best = (plan, chosen)
+    return best
+
+
+def _base(label: str) -> str:
+    return label.partition("/")[0]
+
+
+def _families(cands: list[list[Candidate]]) -> list[str]:
+    seen = {}
+    for cs in cands:
+        for c in cs:
+            if _base(c.in_layout) == c.out_layout:
+                seen[c.out_layout] = True
+    return list(seen) or [NCHW]
+
+
+def check_network(net: CompiledNetwork, model, inputs, atol: float) -> None:
+    """net(x) against model(x); on a mismatch, name the first step that diverges."""
+    with torch.no_grad():
+        want = model(*inputs)
+        got = net(*inputs)
+    wants = want if isinstance(want, (tuple, list)) else (want,)
+    gots = got if isinstance(got, tuple) else (got,)
+    err = max((g - w).abs().max().item() for g, w in zip(gots, wants))
+    if err <= atol and all(torch.isfinite(g).all() for g in gots):
+        return
+    raise CompileError(f"compiled network differs from the model: max abs error {err:.3g} "
+                       f"(limit {atol}); {first_divergence(net, inputs, atol)}")
+
+
+def first_divergence(net: CompiledNetwork, inputs, atol: float = 1e-3) -> str:
+    """Run the compiled steps one at a time next to the tasks' references and name the
+    first value that disagrees (buffers are reused, so each is compared when written)."""
+    graph = net.graph
+    env = dict(graph.params)
+    env.update({name: x for (name, _), x in zip(graph.inputs, inputs)})
+    computes = {t.key: t.compute for t in net.part.tasks}
+    nodes = graph.node_map()
+    with torch.no_grad():
+        for step in net.part.steps:
+            if isinstance(step, TaskStep):
+                env[step.output] = reference(computes[step.key], *(env[a] for a in step.args))
+            else:
+                env[step.node] = run_glue(nodes[step.node], env)
+        for x, view in zip(inputs, net._in_views):
+            view.copy_(x)
+        for s, (fn, args) in zip(net.steps, net._calls):
+            fn(*args)
+            if id(s) not in net.value_of:
+                continue
+            value, label = net.value_of[id(s)]
+            want, buf = env[value], s.writes[0]
+            flat = net._arrays[id(buf)][: buf.size]
+            got = torch.from_numpy(flat.copy()).view(want.shape) if label == NCHW \
+                else Layout.parse(label).unpack(flat, tuple(want.shape))
+            err = (got - want).abs().max().item()
+            if not err <= atol:
+                return f"first divergence at step {s.name} (value {value}, max abs error {err:.3g})"
+    return f"no single step diverges beyond {atol}; the error accumulates"
