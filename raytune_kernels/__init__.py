@@ -9,6 +9,7 @@ from .errors import (CaptureError, DynamicShapeError, RaytuneError, UnknownModel
                      UnknownTargetError, UnsupportedOpError)
 from .frontend import capture
 from .graph import Graph, Node
+from .network import CompiledNetwork, CompileError, compile_network
 from .partition import Partition, execute, partition
 from .target import Target, parse_target
 from .task import Compute, EpilogueOp, Task, TensorSpec
@@ -35,8 +36,8 @@ def tune_network(*args, **kwargs):
 
 tune_network.__doc__ = "Tune every task of a model; see raytune_kernels.driver.tune_network."
 
-__all__ = ["tune_network", 
-    "CaptureError", "Compute", "DynamicShapeError", "EpilogueOp", "Graph", "Node", "Partition",
+__all__ = [
+    "CaptureError", "CompileError", "CompiledNetwork", "compile_network", "tune_network", "Compute", "DynamicShapeError", "EpilogueOp", "Graph", "Node", "Partition",
     "RaytuneError", "Target", "Task", "TensorSpec", "UnknownModelError", "UnknownTargetError",
     "UnsupportedOpError", "capture", "execute", "extract_tasks", "parse_target", "partition",
 ]

@@ -51,6 +51,35 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0 if result.best else 1
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import parse_target, zoo
+    from .network import compile_network
+    from .timing import TimingOptions, median, time_fn
+
+    parse_target(args.target)
+    if not os.path.exists(args.records):
+        print(f"raytune-kernels: error: records file {args.records!r} does not exist",
+              file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    model, inputs = zoo.load(args.model)
+    net = compile_network(model, inputs, args.records, target=args.target,
+                          fallback=args.fallback, threads=args.threads,
+                          layout="uniform" if args.uniform else "ilp", verbose=True)
+    ours = net.benchmark()
+    opts = TimingOptions(warmup=3, min_repeat_ms=200, repeats=7)
+    with torch.no_grad():
+        eager = median(time_fn(lambda: model(*inputs), opts))
+    print(f"checked against the model (max abs error <= 1e-3)\n"
+          f"ours {ours * 1e3:.3f} ms, PyTorch eager {eager * 1e3:.3f} ms "
+          f"({eager / ours:.2f}x), {args.threads} thread(s)")
+    prof = net.profile(png=args.png) if (args.profile or args.png) else None
+    print(net.fidelity(ours, prof))
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from .plot import plot_records
 
@@ -95,6 +124,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1,
                    help="threads per candidate (each measurer owns that many cores)")
     p.set_defaults(func=cmd_tune)
+    p = sub.add_parser("compile", help="compile a model from its records, check it and "
+                                       "time it against PyTorch")
+    p.add_argument("model", help="zoo name or path/to/file.py:factory")
+    p.add_argument("--records", required=True, help="records file (JSON lines)")
+    p.add_argument("--target", default="llvm")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads, as the records were measured with (default 1)")
+    p.add_argument("--fallback", choices=["torch"], default=None,
+                   help="run PyTorch's kernel where no tuned kernel is faster")
+    p.add_argument("--uniform", action="store_true",
+                   help="one layout for the whole network instead of the ILP's choice")
+    p.add_argument("--profile", action="store_true", help="print the per-layer table")
+    p.add_argument("--png", default=None, help="save the per-layer bar chart here")
+    p.set_defaults(func=cmd_compile)
     p = sub.add_parser("plot", help="draw tuning curves from a records file (PNG)")
     p.add_argument("file", help="a records file (JSON lines)")
     p.add_argument("-o", "--output", default="curve.png")

@@ -124,9 +124,13 @@ def _build(problem: LayoutProblem, relax: bool, with_vars: bool = False):
     cat = "Continuous" if relax else "Binary"
     x = [[pulp.LpVariable(f"x_{i}_{k}", 0, 1, cat) for k in range(len(c))]
          for i, c in enumerate(problem.node_cost)]
-    terms = [c * v for costs, xs in zip(problem.node_cost, x) for c, v in zip(costs, xs)]
+    terms = [c * v for costs, xs in zip(problem.node_cost, x) for c, v in zip(costs, xs)
+             if math.isfinite(c)]
     for i, xs in enumerate(x):
         prob += pulp.lpSum(xs) == 1, f"one_{i}"
+        for k, c in enumerate(problem.node_cost[i]):
+            if math.isinf(c):  # a candidate that cannot run is excluded, not priced
+                prob += xs[k] == 0, f"never_{i}_{k}"
     for e, ((p, q), m) in enumerate(zip(problem.edges, problem.edge_cost)):
         if not any(v for row in m for v in row):
             continue  # a free edge needs no pair variables
@@ -139,6 +143,11 @@ def _build(problem: LayoutProblem, relax: bool, with_vars: bool = False):
         for b in range(len(m[0])):
             prob += pulp.lpSum(y[a][b] for a in range(len(m))) == pulp.lpSum(
                 x[q][c] for c in range(len(x[q])) if dst[c] == b), f"in_{e}_{b}"
-        terms += [m[a][b] * y[a][b] for a in range(len(m)) for b in range(len(m[0])) if m[a][b]]
+        for a in range(len(m)):
+            for b in range(len(m[0])):
+                if math.isinf(m[a][b]):  # no transform between these layouts
+                    prob += y[a][b] == 0, f"never_{e}_{a}_{b}"
+                elif m[a][b]:
+                    terms.append(m[a][b] * y[a][b])
     prob += pulp.lpSum(terms)
     return (prob, x) if with_vars else prob

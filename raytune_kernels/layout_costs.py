@@ -12,7 +12,7 @@ from .codegen.build import LoadedKernel, build
 from .codegen.kernel import aligned
 from .codegen.llvm_ir import render
 from .codegen.space import Config
-from .codegen.transform import Layout, transform_nest, transform_space
+from .codegen.transform import Layout, blocks, transform_nest, transform_space
 from .layout_graph import Candidate
 from .measure import MeasureOptions
 from .records import Record
@@ -20,6 +20,7 @@ from .task import Task
 from .timing import median, time_fn
 
 PLAIN = "NCHW"
+PARALLEL_FLOATS = 32 * 1024  # transforms of tensors this large run their outer loop parallel
 
 
 def layouts_of(task: Task, cfg: Config) -> tuple[str, str]:
@@ -70,7 +71,8 @@ def fastest_transform(shape: tuple[int, ...], src: str, dst: str,
         s, d = Layout.parse(src), Layout.parse(dst)
         s.check(shape[1])
         d.check(shape[1])
-    except ValueError:
+        blocks(shape[1], s, d)
+    except ValueError:  # a layout that cannot hold the tensor, or blocks that do not nest
         return math.inf, None
     x = torch.randn(shape, generator=torch.Generator().manual_seed(opts.seed))
     timed = [(_time_one(shape, s, d, cfg, x, opts), cfg) for cfg in _few_configs(shape)]
@@ -78,12 +80,14 @@ def fastest_transform(shape: tuple[int, ...], src: str, dst: str,
 
 
 def _few_configs(shape: tuple[int, ...]) -> list[Config]:
-    """Transforms are copies: the tile width barely matters once it is a few columns, the
-    parallel loop does. Two configs of the space, not all fourteen, keep a network's
-    hundreds of edge timings to seconds."""
+    """Transforms are copies: the tile width barely matters once it is a few columns, and
+    the parallel loop pays off only on tensors past a few L1s. One config of the space,
+    picked by those two facts, keeps a network's hundreds of edge timings (each a build) to
+    a minute rather than several."""
     space = transform_space(shape, "NCHW", "NCHW")
     widths = sorted({c["tile_w"] for c in space}, key=lambda t: (abs(t - 8), -t))
-    return [c for c in space if c["tile_w"] == widths[0]]
+    parallel = math.prod(shape) >= PARALLEL_FLOATS
+    return [c for c in space if c["tile_w"] == widths[0] and c["parallel"] == parallel]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -42,8 +42,8 @@ from .target import parse_target
 from .timing import TimingOptions, median, time_fn
 
 TORCH = "torch"  # the config of a candidate that runs PyTorch's kernel
-KEEP = 6  # candidates kept per step (the fastest, within SLACK of the best)
-SLACK = 1.5
+KEEP = 4  # candidates kept per step (the fastest, within SLACK of the best)
+SLACK = 1.3
 
 
 class CompileError(RaytuneError):
@@ -118,6 +118,10 @@ class _Planner:
         shape = self.graph.shape_of(name)
         dst = Layout.parse(label)
         seconds, cfg = fastest_transform(tuple(shape), src_label, label, self.opts)
+        via = via_layout(src_label, label)
+        if cfg is None and via:  # blocks that do not divide: through their common block
+            src_buf, src_label = self.value(name, via), via
+            seconds, cfg = fastest_transform(tuple(shape), via, label, self.opts)
         if cfg is None:
             raise CompileError(f"no transform of {name} {tuple(shape)} from {src_label} to "
                                f"{label}")
@@ -224,6 +228,27 @@ class _Planner:
             self.kernels[(key, cfg)] = (LoadedKernel(built.library, nest.name,
                                                      len(nest.buffers)), nest)
         return self.kernels[(key, cfg)]
+
+
+def via_layout(src: str, dst: str) -> str | None:
+    """The layout a transform between two channel blocks neither of which divides the
+    other goes through: their common block (NCHW48c -> NCHW16c -> NCHW32c)."""
+    a, b = Layout.parse(src).block, Layout.parse(dst).block
+    if not a or not b or a % b == 0 or b % a == 0:
+        return None
+    g = math.gcd(a, b)
+    return "NCHW" if g == 1 else f"NCHW{g}c"
+
+
+def transform_cost(shape, src: str, dst: str, opts: MeasureOptions) -> float:
+    """Measured seconds to bring a value from `src` to `dst`, through their common block
+    when there is no direct transform."""
+    seconds = fastest_transform(tuple(shape), src, dst, opts)[0]
+    via = via_layout(src, dst)
+    if math.isinf(seconds) and via:
+        seconds = (fastest_transform(tuple(shape), src, via, opts)[0]
+                   + fastest_transform(tuple(shape), via, dst, opts)[0])
+    return seconds
 
 
 def operand_names(compute, cfg: Config) -> list[str]:
@@ -604,7 +629,7 @@ def _bindable(part: Partition, step: TaskStep, cand: Candidate) -> bool:
 def _choose(part: Partition, cands: list[list[Candidate]], layout: str,
             opts: MeasureOptions, time_limit_s: float) -> tuple[LayoutPlan, list[Candidate]]:
     def transform(shape, a, b):
-        return fastest_transform(tuple(shape), a, b, opts)[0]
+        return transform_cost(shape, a, b, opts)
 
     def solve(per_step: list[list[Candidate]]):
         by_node = {}

@@ -1,3 +1,4 @@
+import math
 import random
 
 import pytest
@@ -48,6 +49,25 @@ def test_ilp_equals_dp_on_chains(seed):
     ilp, dp = solve_ilp(problem), solve_dp(problem)
     assert ilp.cost == pytest.approx(dp.cost, rel=1e-9, abs=1e-9)
     assert dp.cost == pytest.approx(problem.cost(dp.choice))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_impossible_transforms_and_candidates_are_excluded_not_priced(seed):
+    """inf marks a transform that does not exist or a kernel that cannot run: the ILP never
+    picks it and still finds brute force's optimum over what can run."""
+    rng = random.Random(seed)
+    base = random_problem(rng, rng.randint(3, 7), False)
+    mats = tuple(tuple(tuple(math.inf if (a != b and rng.random() < 0.3) else v
+                             for b, v in enumerate(row)) for a, row in enumerate(m))
+                 for m in base.edge_cost)
+    costs = tuple(tuple(math.inf if (k and rng.random() < 0.2) else c for k, c in enumerate(cs))
+                  for cs in base.node_cost)
+    problem = LayoutProblem(base.nodes, costs, base.edges, mats)
+    brute = solve_brute(problem)
+    if math.isinf(brute.cost):
+        return  # nothing feasible: brute force cannot compare
+    ilp = solve_ilp(problem)
+    assert ilp.cost == pytest.approx(brute.cost, rel=1e-9) and math.isfinite(ilp.cost)
 
 
 def test_dp_refuses_non_chains():

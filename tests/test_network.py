@@ -156,3 +156,36 @@ def test_profile_table_chart_and_fidelity(net, tmp_path, capsys):
     assert text.startswith("estimated") and "measured" in text
     far = net.fidelity(net.estimated_s * 2, prof)
     assert "steps timed alone" in far
+
+
+def test_compile_command_checks_and_times_against_torch(small, tmp_path, capsys):
+    from raytune_kernels.cli import main
+    from raytune_kernels.records import RecordWriter
+
+    model, inputs, records = small
+    path = tmp_path / "small.py"
+    path.write_text("import torch\nfrom tests.test_network import Small\n"
+                    "def make():\n    torch.manual_seed(0)\n"
+                    "    return Small().eval(), (torch.randn(1, 3, 16, 16),)\n")
+    rec = str(tmp_path / "r.jsonl")
+    with RecordWriter(rec) as w:
+        w.write_batch(records)
+    # a fresh Small(): batch norm keeps default statistics, same tasks except the folded conv1
+    code = main(["compile", f"{path}:make", "--records", rec, "--fallback", "torch",
+                 "--profile"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "checked against the model" in out and "PyTorch eager" in out
+    assert "end to end" in out and out.strip().splitlines()[-1].startswith(("estimated", "steps"))
+    assert main(["compile", f"{path}:make", "--records", str(tmp_path / "none.jsonl")]) == 2
+
+
+def test_blocks_that_do_not_nest_go_through_their_common_block():
+    from raytune_kernels.layout_costs import fastest_transform
+    from raytune_kernels.network import transform_cost, via_layout
+
+    assert via_layout("NCHW48c", "NCHW32c/p1x1") == "NCHW16c"
+    assert via_layout("NCHW16c", "NCHW32c") is None and via_layout("NHWC", "NCHW8c") is None
+    shape = (1, 96, 6, 6)
+    assert fastest_transform(shape, "NCHW48c", "NCHW32c", QUICK)[1] is None
+    assert 0 < transform_cost(shape, "NCHW48c", "NCHW32c/p1x1", QUICK) < 1e-2
