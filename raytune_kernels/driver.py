@@ -101,7 +101,8 @@ def _run(ray, tasks, target, mcpu, records, history, trials, batch, seed, thread
     from .progress import ProgressView
 
     opts = TuneOptions(trials=trials, batch=batch, seed=seed, threads=threads)
-    mopts = MeasureOptions(threads=threads, min_repeat_ms=10, repeats=3, timeout_s=30)
+    mopts = MeasureOptions(threads=threads, min_repeat_ms=10, repeats=3, timeout_s=30,
+                           cold_weights=opts.cold_weights)
     actor = TaskSchedulerActor.remote([t.to_json() for t in tasks], target, cpu_info(mcpu).name,
                                       cpu_info(mcpu), records, [r.to_json() for r in history],
                                       opts, num_measurers, num_builders, mopts, mcpu)

@@ -634,7 +634,10 @@ def _records(records, target: str, threads: int) -> list[Record]:
         loaded = load_records(records).records
     else:
         loaded = list(records)
-    return [r for r in loaded if r.target == target and r.threads == threads]
+    mine = [r for r in loaded if r.target == target and r.threads == threads]
+    cold = {r.task_key for r in mine if r.cold_weights}
+    # a task timed with cold weights is compared only with cold timings of itself
+    return [r for r in mine if r.cold_weights or r.task_key not in cold]
 
 
 def _candidates(part: Partition, recs: list[Record], fallback: str | None,

@@ -47,6 +47,7 @@ class Record:
     versions: dict = field(default_factory=dict)
     schema: int = SCHEMA
     threads: int = 1  # threads the kernel ran with: part of what the time means
+    cold_weights: bool = False  # timed with its weights out of cache, as in a network
 
     @property
     def ok(self) -> bool:
@@ -64,7 +65,8 @@ class Record:
                 "device": self.device, "config": self.config, "times": list(self.times),
                 "error_kind": self.error_kind, "error_msg": self.error_msg,
                 "build_s": self.build_s, "run_s": self.run_s, "timestamp": self.timestamp,
-                "versions": self.versions, "threads": self.threads}
+                "versions": self.versions, "threads": self.threads,
+                "cold_weights": self.cold_weights}
 
     @classmethod
     def from_json(cls, d: object) -> "Record":
@@ -81,7 +83,7 @@ class Record:
                    d.get("error_kind"), str(d.get("error_msg", "")), float(d.get("build_s", 0)),
                    float(d.get("run_s", 0)), float(d.get("timestamp", 0)),
                    dict(d.get("versions", {})), int(d.get("schema", SCHEMA)),
-                   _threads(d.get("threads", 1)))
+                   _threads(d.get("threads", 1)), bool(d.get("cold_weights", False)))
 
 
 def _threads(value: object) -> int:
@@ -198,8 +200,8 @@ def distill(src: str, dst: str, k: int = 1) -> int:
 
 
 def record_of(task_key: str, target: str, device: str, config: dict, result,
-              threads: int = 1) -> Record:
+              threads: int = 1, cold_weights: bool = False) -> Record:
     """A Record from a MeasureResult (anything with times/error_kind/error_msg/build_s/run_s)."""
     return Record(task_key, target, device, config, tuple(result.times), result.error_kind,
                   result.error_msg, result.build_s, result.run_s, time.time(), versions(),
-                  threads=threads)
+                  threads=threads, cold_weights=cold_weights)

@@ -63,6 +63,7 @@ class TuneOptions:
     batch: int = 8
     seed: int = 0
     threads: int = 1  # threads every candidate runs with; records at other counts are ignored
+    cold_weights: bool = True  # weights out of cache while timed (see MeasureOptions)
     scheduler: SchedulerOptions = SchedulerOptions()
     search: SearchOptions = SearchOptions()
 
@@ -111,8 +112,8 @@ class Tuner:
         self.scheduler = TaskScheduler(tasks, opts.seed, opts.scheduler)
         self.records: list[Record] = []
         self.round, self.start = 0, time.perf_counter()
-        self._resume([r for r in history
-                      if r.target == target and r.threads == opts.threads])
+        self._resume([r for r in history if r.target == target and r.threads == opts.threads
+                      and r.cold_weights == opts.cold_weights])
 
     def _resume(self, history: list[Record]) -> None:
         index = {t.key: i for i, t in enumerate(self.tasks)}
@@ -144,8 +145,8 @@ class Tuner:
 
     def _run_round(self, i: int, task: Task, cfgs: list[Config]) -> RoundSummary:
         results = self.measure([(task, c) for c in cfgs])
-        new = [record_of(task.key, self.target, self.device, c.to_json(), r, self.opts.threads)
-               for c, r in zip(cfgs, results)]
+        new = [record_of(task.key, self.target, self.device, c.to_json(), r, self.opts.threads,
+                         self.opts.cold_weights) for c, r in zip(cfgs, results)]
         if self.writer is not None:
             self.writer.write_batch(new)
         self.records += new

@@ -76,3 +76,35 @@ def test_cache_flush_between_repeats(dense_task, monkeypatch):
     result = measure_built(dense_task.compute, cfg, built.library, opts)
     assert result.ok and len(result.times) == 3 and len(flushes) == 3
     assert measure._llc_bytes() >= 2 << 20
+
+
+def test_cold_weights_rotate_identical_copies(dense_task, monkeypatch):
+    from raytune_kernels.codegen.kernel import prepare
+    from raytune_kernels.codegen.schedules import lower, unpack
+    from raytune_kernels.measure import random_operands, weight_copies
+
+    compute = dense_task.compute
+    cfg = space_for(compute, cpu_info()).sample(random.Random(0))
+    built = build_for(compute, cfg)
+    prep = prepare(compute, cfg, lower(compute, cfg), built.library,
+                   random_operands(compute), 1)
+    prep.run()
+    want = unpack(compute, cfg, prep.buffers["out"]).clone()
+    weights = prep.buffers["b"].nbytes
+    assert weight_copies(compute, prep, cache_bytes=5 * weights) == 5
+    assert weight_copies(compute, prep, cache_bytes=1) == 2
+    prep.rotate("b", 3)
+    seen = set()
+    for _ in range(6):
+        prep.buffers["out"][:] = 0
+        prep.cold_run()
+        seen.add(prep._rotation[prep._turn][0][prep.order.index("b")].value)
+        assert torch.equal(unpack(compute, cfg, prep.buffers["out"]), want)
+    assert len(seen) == 3  # three distinct weight copies, each read in turn
+
+    opts = MeasureOptions(threads=1, min_repeat_ms=2, repeats=3, cold_weights=True)
+    calls = []
+    real = type(prep).cold_run
+    monkeypatch.setattr(type(prep), "cold_run", lambda self: (calls.append(1), real(self)))
+    result = measure_built(compute, cfg, built.library, opts)
+    assert result.ok and calls  # timed through the rotation

@@ -48,9 +48,27 @@ class PreparedRun:
     def __post_init__(self) -> None:
         self._args = [ctypes.c_void_p(self.buffers[n].ctypes.data) for n in self.order]
         self._args.append(ctypes.c_int32(self.threads))
+        self._rotation: list[list] = []
+        self._turn = 0
 
     def run(self) -> None:
         self.kernel.fn(*self._args)
+
+    def rotate(self, name: str, copies: int) -> None:
+        """From now on, cold_run() reads buffer `name` from one of `copies` identical
+        copies in turn, so each call finds it out of cache, as a network's weights are when
+        their layer's turn comes (timing one copy in a loop keeps it in cache)."""
+        i = self.order.index(name)
+        self._rotation = []
+        for _ in range(copies):
+            copy = aligned(self.buffers[name])
+            args = list(self._args)
+            args[i] = ctypes.c_void_p(copy.ctypes.data)
+            self._rotation.append((args, copy))
+
+    def cold_run(self) -> None:
+        self._turn = (self._turn + 1) % len(self._rotation)
+        self.kernel.fn(*self._rotation[self._turn][0])
 
 
 def prepare(compute: Compute, cfg: Config, nest: LoopNest, library: bytes, operands,
