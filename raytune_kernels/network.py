@@ -62,6 +62,11 @@ class Buf:
     layout: Layout | None = None
     border: float = 0.0
     pinned: bool = False  # graph inputs and outputs: never handed to another value
+    alias: "Buf | None" = None  # a view of another buffer's first `size` floats (a reshape)
+
+    @property
+    def root(self) -> "Buf":
+        return self.alias.root if self.alias is not None else self
 
     @property
     def bordered(self) -> bool:
@@ -103,6 +108,7 @@ class _Planner:
         self.kernels: dict[tuple[str, Config], tuple[LoadedKernel, object]] = {}
         self.inputs: list[Buf] = []
         self.value_of: dict[int, tuple[str, str]] = {}  # step -> (value, layout) it completes
+        self.aliases: list[Buf] = []
         for name, shape in self.graph.inputs:
             buf = Buf(math.prod(shape), tuple(shape), pinned=True)
             self.inputs.append(buf)
@@ -187,9 +193,12 @@ class _Planner:
         self.steps.append(Step(step.layer, "kernel", (step.layer,), reads, [out],
                                cand.seconds, step.key, kernel, operands=operands))
         if internal:  # dense with N padded to the vector block: keep the first N columns
+            rows, n = compute.output.numel // out_shape[-1], out_shape[-1]
+            if rows == 1:  # one row: its first N floats are the output, no copy
+                self.aliases.append(Buf(compute.output.numel, out_shape, alias=out))
+                self.produced[step.output] = (self.aliases[-1], NCHW)
+                return
             final = Buf(compute.output.numel, out_shape)
-            rows = compute.output.numel // out_shape[-1]
-            n = out_shape[-1]
             self._torch(f"{step.layer} (narrow)", "glue", (step.layer,), [out], final,
                         lambda t: t.view(rows, -1)[:, :n].reshape(out_shape), 0.0, None)
             out = final
@@ -199,6 +208,10 @@ class _Planner:
         node = self.graph.node_map()[step.node]
         args = [self.plain(v) for v in node.inputs]
         shape = tuple(self.graph.shape_of(node.name))
+        if node.op == "reshape" and isinstance(args[0], Buf):  # a view: no copy, no call
+            self.aliases.append(Buf(math.prod(shape), shape, alias=args[0]))
+            self.produced[node.name] = (self.aliases[-1], NCHW)
+            return
         out = Buf(math.prod(shape), shape)
         fn = lambda *xs, _n=node: run_glue(_n, dict(zip(_n.inputs, xs)))  # noqa: E731
         self._torch(node.name, "glue", (node.layer,), args, out, fn, 0.0, None)
@@ -268,20 +281,22 @@ def _torch_fn(compute) -> Callable:
 
 # ------------------------------------------------------------------------ buffer planning
 
-def allocate(steps: list[Step], pinned: Iterable[Buf]) -> dict[int, np.ndarray]:
-    """An aligned array per buffer. A buffer goes back to a pool after its last reader and
-    is reused by a later value: plain buffers by size (best fit), bordered ones only by the
-    same geometry and border value."""
+def allocate(steps: list[Step], pinned: Iterable[Buf], aliases: Iterable[Buf] = ()
+             ) -> dict[int, np.ndarray]:
+    """An aligned array per buffer. A buffer goes back to a pool after its last reader (or
+    its views' last reader) and is reused by a later value: plain buffers by size (best
+    fit), bordered ones only by the same geometry and border value."""
     last: dict[int, int] = {}
     for i, s in enumerate(steps):
         for b in s.reads + s.writes:
-            last[id(b)] = i
-    keep = {id(b) for b in pinned}
+            last[id(b.root)] = i
+    keep = {id(b.root) for b in pinned}
     arrays: dict[int, np.ndarray] = {}
     free_plain: list[np.ndarray] = []
     free_bordered: dict[tuple, list[np.ndarray]] = {}
     for b in pinned:
-        arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
+        if b.alias is None:
+            arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
     for i, s in enumerate(steps):
         for b in s.writes:
             if id(b) in arrays:
@@ -297,12 +312,14 @@ def allocate(steps: list[Step], pinned: Iterable[Buf]) -> dict[int, np.ndarray]:
                     arrays[id(b)] = free_plain.pop(best)
                 else:
                     arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
-        for b in {id(x): x for x in s.reads + s.writes}.values():
+        for b in {id(x.root): x.root for x in s.reads + s.writes}.values():
             if last[id(b)] == i and id(b) not in keep:
                 if b.bordered:
                     free_bordered.setdefault(_geometry(b), []).append(arrays[id(b)])
                 else:
                     free_plain.append(arrays[id(b)])
+    for b in list(aliases) + list(pinned):
+        arrays[id(b)] = arrays[id(b.root)]
     return arrays
 
 
@@ -396,13 +413,14 @@ class CompiledNetwork:
 
     def __init__(self, part: Partition, steps: list[Step], inputs: list[Buf],
                  outputs: list[Buf], threads: int, plan: LayoutPlan | None, estimated_s: float,
-                 torch_seconds: dict[str, float], value_of: dict[int, tuple[str, str]]):
+                 torch_seconds: dict[str, float], value_of: dict[int, tuple[str, str]],
+                 aliases: list[Buf] = ()):
         self.part, self.graph, self.steps, self.threads = part, part.graph, steps, threads
         self.value_of = value_of
         self.plan, self.estimated_s = plan, estimated_s
         self.torch_seconds = torch_seconds
         self._in, self._out = inputs, outputs
-        self._arrays = allocate(steps, inputs + outputs)
+        self._arrays = allocate(steps, inputs + outputs, aliases)
         self._in_views = [self.view(b) for b in inputs]
         self._out_views = [self.view(b) for b in outputs]
         self._calls = [self._bind(s) for s in steps]
@@ -614,7 +632,7 @@ def compile_network(model: torch.nn.Module,
     if fallback:
         estimated += sum(t.weight * tseconds[t.key] for t in part.tasks if t.key not in best)
     net = CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
-                          estimated, tseconds, planner.value_of)
+                          estimated, tseconds, planner.value_of, planner.aliases)
     if verbose:
         print(f"compiled {len(planner.steps)} steps "
               f"({sum(s.kind == 'kernel' for s in planner.steps)} kernels, "
