@@ -17,12 +17,21 @@ def _pin(cores: tuple[int, ...]) -> None:
         os.sched_setaffinity(0, cores)
 
 
+def _node_cores(index: int, count: int) -> tuple[int, ...]:
+    """Core block `index` of `count` cores among the cores this node gives us."""
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return tuple(mine[index * count:(index + 1) * count])
+
+
 @ray.remote
 class BuilderActor:
     """Renders and compiles candidates; returns library bytes or the build error."""
 
     def __init__(self, cores: tuple[int, ...] = ()):
         _pin(cores)
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
     def build(self, compute: dict, config: dict, mcpu: str | None) -> BuildResult:
         return build_for(Compute.from_json(compute), Config.from_json(config), mcpu)
@@ -33,15 +42,22 @@ class MeasurerActor:
     """Owns a set of cores (affinity set in its own process) and measures one candidate at
     a time on them. A candidate that crashes the process kills this actor; Ray restarts it."""
 
-    def __init__(self, cores: tuple[int, ...], opts: MeasureOptions):
+    def __init__(self, cores: tuple[int, ...] | None, opts: MeasureOptions,
+                 block: tuple[int, int] = (0, 1)):
+        """Pinned to `cores`, or (on a cluster node) to core block `block` = (index,
+        count) of the cores that node gives its processes."""
+        cores = _node_cores(*block) if cores is None else cores
         _pin(cores)
         import torch
 
         torch.set_num_threads(max(1, len(cores)))
-        self.opts = opts
+        self.opts, self.cores = opts, cores
 
     def ready(self) -> int:
         return os.getpid()
+
+    def where(self) -> tuple[str, tuple[int, ...]]:
+        return ray.get_runtime_context().get_node_id(), self.cores
 
     def measure(self, compute: dict, config: dict, library: bytes, build_s: float) -> dict:
         result = measure_built(Compute.from_json(compute), Config.from_json(config), library,

@@ -6,6 +6,13 @@ measurements alternate by batch instead, so that no build ever shares a core wit
 measurement in flight. A measurer killed by its candidate (segfault) is restarted by Ray
 and the trial recorded as `crashed`; a candidate that runs past its timeout gets its
 measurer killed and replaced by a fresh one (never reused) and is recorded as `timeout`.
+
+On a cluster (`MeasurePipeline.on_cluster`), actors are placed by raytune_kernels.placement:
+measurers pinned to core blocks (or one per GPU) on worker nodes, builders on the CPUs left.
+Before each batch the pipeline re-reads the live nodes: a node that joined gets its
+measurers and builders, a node that left is dropped. A measurer or build lost with its node
+is not a crash: the candidate is built or measured again elsewhere, so a lost node costs
+only its trials in flight, and only their time.
 """
 from __future__ import annotations
 
@@ -14,12 +21,13 @@ import time
 from dataclasses import dataclass
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayError
 
 from raytune_kernels.codegen.build import BuildResult
 from raytune_kernels.codegen.space import Config
 from raytune_kernels.measure import (BUILD_ERROR, CRASHED, TIMEOUT, MeasureOptions,
                                      MeasureResult)
+from raytune_kernels.placement import NodeInfo, PlacementError, phased, plan
 from raytune_kernels.task import Task
 
 from .measure_actors import BuilderActor, MeasurerActor
@@ -39,9 +47,25 @@ class PipelineStats:
 
 @dataclass
 class _Slot:
-    cores: tuple[int, ...]
+    cores: tuple[int, ...] | None  # None: the measurer picks core block `block` on its node
     actor: object = None
     busy_since: float = 0.0
+    node_id: str | None = None  # pinned to this node (cluster mode)
+    block: tuple[int, int] = (0, 1)
+
+
+def alive_nodes() -> list[NodeInfo]:
+    return [NodeInfo(n["NodeID"], int(n["Resources"].get("CPU", 0)),
+                     int(n["Resources"].get("GPU", 0)),
+                     "node:__internal_head__" in n["Resources"])
+            for n in ray.nodes() if n["Alive"]]
+
+
+def _on(node_id: str | None) -> dict:
+    if node_id is None:
+        return {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
 
 
 class MeasurePipeline:
@@ -67,18 +91,79 @@ class MeasurePipeline:
         share = len(spare) / n_builders
         self.builders = [BuilderActor.options(num_cpus=share).remote(builder_cores)
                          for _ in range(n_builders)]
+        self.builder_nodes: list[str | None] = [None] * n_builders
+        self.cluster, self._turn = False, 0
         for slot in self.slots:
             self._start(slot)
         ray.get([s.actor.ready.remote() for s in self.slots])
         self.stats = PipelineStats(measurers=num_measurers)
 
+    @classmethod
+    def on_cluster(cls, opts: MeasureOptions = MeasureOptions(), cores_per_measurer: int = 1,
+                   mcpu: str | None = None, device: str = "cpu",
+                   measurers_per_node: int | None = None) -> "MeasurePipeline":
+        """Measurers and builders on the nodes of the Ray cluster we are connected to,
+        placed by raytune_kernels.placement and kept up to date as nodes come and go."""
+        if device != "cpu":
+            raise PlacementError(f"no {device} measurer in this build (CPU targets only)")
+        self = cls.__new__(cls)
+        self.opts, self.mcpu, self.cluster, self._turn = opts, mcpu, True, 0
+        self.device, self.cores_per_measurer = device, cores_per_measurer
+        self.measurers_per_node = measurers_per_node
+        self.slots, self.builders, self.builder_nodes = [], [], []
+        self.nodes: set[str] = set()
+        self.stats = PipelineStats(measurers=0)
+        self.refresh()
+        return self
+
+    def refresh(self) -> None:
+        """Apply the placement to the nodes alive now: joiners get their actors, actors
+        of nodes that left are dropped (their in-flight work is redone elsewhere)."""
+        alive = alive_nodes()
+        ids = {n.node_id for n in alive}
+        self.slots = [s for s in self.slots if s.node_id in ids]
+        keep = [i for i, n in enumerate(self.builder_nodes) if n in ids]
+        self.builders = [self.builders[i] for i in keep]
+        self.builder_nodes = [self.builder_nodes[i] for i in keep]
+        roles = plan(alive, self.device, self.cores_per_measurer, self.measurers_per_node)
+        started = []
+        for r in roles:
+            if r.node_id in self.nodes:
+                continue
+            if r.kind == "measurer":
+                slot = _Slot(None, node_id=r.node_id, block=(r.index, r.cores))
+                self._start(slot)
+                self.slots.append(slot)
+                started.append(slot)
+            else:
+                self.builders.append(BuilderActor.options(num_cpus=r.cpus, **_on(r.node_id))
+                                     .remote())
+                self.builder_nodes.append(r.node_id)
+        for slot in started:
+            try:
+                ray.get(slot.actor.ready.remote(), timeout=120)
+            except RayError:  # its node left while the actor started
+                self.slots.remove(slot)
+        self.nodes = ids
+        self.phased = phased(roles)
+        self.stats.measurers = len(self.slots)
+
     def _start(self, slot: _Slot) -> None:
-        slot.actor = MeasurerActor.options(num_cpus=len(slot.cores)).remote(slot.cores, self.opts)
+        cpus = len(slot.cores) if slot.cores is not None else slot.block[1]
+        slot.actor = MeasurerActor.options(num_cpus=cpus, **_on(slot.node_id)).remote(
+            slot.cores, self.opts, slot.block)
+
+    def _build(self, item: tuple[Task, Config]):
+        self._turn += 1
+        builder = self.builders[self._turn % len(self.builders)]
+        task, cfg = item
+        return builder.build.remote(task.compute.to_json(), cfg.to_json(), self.mcpu)
 
     def run(self, items: list[tuple[Task, Config]]) -> list[MeasureResult]:
         start = time.perf_counter()
-        builds = [self.builders[i % len(self.builders)].build.remote(
-            t.compute.to_json(), c.to_json(), self.mcpu) for i, (t, c) in enumerate(items)]
+        if self.cluster:
+            self.refresh()
+        builds = [self._build(item) for item in items]
         if self.phased:
             ray.wait(builds, num_returns=len(builds))
         results = self._measure(items, builds)
@@ -90,13 +175,22 @@ class MeasurePipeline:
         """Measure libraries built elsewhere (e.g. injected faults) through the measurers."""
         return self._measure(items, [ray.put(b) for b in built])
 
+    def _rebuild(self, items, builds: list, i: int) -> None:
+        if self.cluster:
+            self.refresh()
+        builds[i] = self._build(items[i])
+        self._waiting[builds[i]] = i
+
     def _measure(self, items, builds: list) -> list[MeasureResult]:
         results: list[MeasureResult | None] = [None] * len(items)
         pending = list(range(len(items)))  # waiting for a build and a free measurer
         inflight: dict = {}  # ObjectRef -> (index, slot)
-        waiting_build = {b: i for i, b in enumerate(builds)}
+        waiting_build = self._waiting = {b: i for i, b in enumerate(builds)}
         ready: list[int] = []
+        self._ready = ready
         while pending or inflight:
+            if not self.slots:
+                self.refresh()  # every measurer was lost: take what the cluster has now
             done, _ = ray.wait(list(waiting_build), num_returns=len(waiting_build),
                                timeout=0) if waiting_build else ([], [])
             for ref in done:
@@ -114,7 +208,11 @@ class MeasurePipeline:
         ready.sort()
         while free and ready:
             i = ready.pop(0)
-            built: BuildResult = ray.get(builds[i])
+            try:
+                built: BuildResult = ray.get(builds[i])
+            except RayError:  # the build went down with its builder's node: build again
+                self._rebuild(items, builds, i)
+                continue
             pending.remove(i)
             if built.error:
                 results[i] = MeasureResult.error(BUILD_ERROR, built.error, built.seconds)
@@ -136,9 +234,14 @@ class MeasurePipeline:
             self.stats.measure_busy_s += time.perf_counter() - slot.busy_since
             try:
                 results[i] = MeasureResult.from_json(ray.get(ref))
-            except RayActorError as exc:  # the candidate took the process down
+            except RayActorError as exc:
+                if self._node_lost(slot):  # not the candidate's fault: measure it elsewhere
+                    self.slots.remove(slot)
+                    self._ready.append(i)
+                    self.stats.measurers = len(self.slots)
+                    return
                 results[i] = MeasureResult.error(CRASHED, _first_line(exc), build_s)
-                self._await_restart(slot)
+                self._await_restart(slot)  # the candidate took the process down
             return
         for ref, (i, slot, build_s) in list(inflight.items()):
             if time.perf_counter() - slot.busy_since >= self.opts.timeout_s:
@@ -148,6 +251,22 @@ class MeasurePipeline:
                     TIMEOUT, f"ran past {self.opts.timeout_s:.0f} s; measurer replaced", build_s)
                 ray.kill(slot.actor, no_restart=True)  # a timed-out actor is never reused
                 self._start(slot)
+
+    def _node_lost(self, slot: _Slot, limit_s: float = 20.0) -> bool:
+        """Whether a dead measurer died with its node (rather than by its candidate): the
+        node leaves the live list, or the actor comes back on it (then it was a crash)."""
+        if not self.cluster:
+            return False
+        end = time.perf_counter() + limit_s
+        while time.perf_counter() < end:
+            if slot.node_id not in {n.node_id for n in alive_nodes()}:
+                return True
+            try:
+                ray.get(slot.actor.ready.remote(), timeout=1.0)
+                return False
+            except (RayActorError, ray.exceptions.GetTimeoutError):
+                time.sleep(0.2)
+        return True  # neither back nor reported dead within the limit: treat it as lost
 
     def _await_restart(self, slot: _Slot, limit_s: float = 60.0) -> None:
         """Ray restarts a crashed measurer; calls made while it restarts would fail, so the

@@ -19,6 +19,10 @@ from raytune_kernels.task import Task
 from raytune_kernels.tuner import RoundSummary, TuneOptions, Tuner
 
 
+# The scheduler, search and cost model live on the head node (measurers on the workers).
+ON_HEAD = {"resources": {"node:__internal_head__": 0.001}}
+
+
 @ray.remote(num_cpus=0)
 class CostModelActor:
     def __init__(self, tasks: list[dict], cpu: CpuInfo):
@@ -62,10 +66,10 @@ class RaySearchPool:
     def __init__(self, tasks: list[Task], cpu: CpuInfo, seed: int, opts: SearchOptions,
                  num_search: int = 2):
         groups = [tasks[i::num_search] for i in range(min(num_search, len(tasks)))]
-        self.actors = [SearchActor.remote([t.to_json() for t in g], cpu, seed, opts)
-                       for g in groups]
+        self.actors = [SearchActor.options(**ON_HEAD).remote([t.to_json() for t in g], cpu,
+                                                             seed, opts) for g in groups]
         self.owner = {t.key: a for g, a in zip(groups, self.actors) for t in g}
-        self.model = CostModelActor.remote([t.to_json() for t in tasks], cpu)
+        self.model = CostModelActor.options(**ON_HEAD).remote([t.to_json() for t in tasks], cpu)
         self._exhausted: set[str] = set()
 
     def propose(self, key: str, n: int) -> list[Config]:
@@ -91,12 +95,17 @@ class TaskSchedulerActor:
 
     def __init__(self, tasks: list[dict], target: str, device: str, cpu: CpuInfo,
                  records: str | None, history: list[dict], opts: TuneOptions,
-                 num_measurers: int, num_builders: int | None, measure_opts, mcpu):
+                 num_measurers: int | None, num_builders: int | None, measure_opts, mcpu,
+                 cluster: bool = False):
         from .pipeline import MeasurePipeline
 
         task_list = [Task.from_json(t) for t in tasks]
-        self.pipeline = MeasurePipeline(num_measurers, num_builders, measure_opts,
-                                        cores_per_measurer=measure_opts.threads, mcpu=mcpu)
+        if cluster:  # measurers and builders on every node, placed by the rules
+            self.pipeline = MeasurePipeline.on_cluster(
+                measure_opts, measure_opts.threads, mcpu, measurers_per_node=num_measurers)
+        else:
+            self.pipeline = MeasurePipeline(num_measurers or 1, num_builders, measure_opts,
+                                            cores_per_measurer=measure_opts.threads, mcpu=mcpu)
         self.writer = RecordWriter(records) if records else None
         pool = RaySearchPool(task_list, cpu, opts.seed, opts.search)
         self.tuner = Tuner(task_list, target, device, self.pipeline.run, pool, self.writer,
@@ -109,6 +118,10 @@ class TaskSchedulerActor:
 
     def step(self) -> RoundSummary | None:
         return self.tuner.step()
+
+    def pipeline_stats(self) -> dict:
+        return {"measurers": len(self.pipeline.slots), "nodes": len(
+            getattr(self.pipeline, "nodes", ())) or 1}
 
     def result(self):
         if self.writer:

@@ -51,7 +51,7 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
     history = load_records(records).records if (records and resume) else []
     ray = _start_ray(address)
     return _run(ray, tasks, str(tgt), tgt.mcpu, records, history, trials, batch, seed,
-                threads, num_measurers or 1, num_builders, verbose)
+                threads, num_measurers, num_builders, verbose)
 
 
 def _tunable(tasks):
@@ -103,9 +103,13 @@ def _run(ray, tasks, target, mcpu, records, history, trials, batch, seed, thread
     opts = TuneOptions(trials=trials, batch=batch, seed=seed, threads=threads)
     mopts = MeasureOptions(threads=threads, min_repeat_ms=10, repeats=3, timeout_s=30,
                            cold_weights=opts.cold_weights)
-    actor = TaskSchedulerActor.remote([t.to_json() for t in tasks], target, cpu_info(mcpu).name,
-                                      cpu_info(mcpu), records, [r.to_json() for r in history],
-                                      opts, num_measurers, num_builders, mopts, mcpu)
+    from actors.tuning_actors import ON_HEAD
+
+    cluster = len([n for n in ray.nodes() if n["Alive"]]) > 1
+    actor = TaskSchedulerActor.options(**ON_HEAD).remote(
+        [t.to_json() for t in tasks], target, cpu_info(mcpu).name, cpu_info(mcpu), records,
+        [r.to_json() for r in history], opts, num_measurers, num_builders, mopts, mcpu,
+        cluster)
     try:
         view = ProgressView(trials) if verbose else None
         if view:
