@@ -1,17 +1,18 @@
-"""Measuring throughput of the Ray pipeline on a real task: trials per second with 1 and 2
-measurers (each owning one core), and the fraction of time measurers sat idle.
+"""Scaling of the Ray measuring pipeline on a real task: trials per second with 1, 2, 4, ...
+measurers (each owning one core, as many as this machine has cores for), the scaling
+efficiency (rate / (n x rate with one)), and the fraction of time measurers sat idle.
 
-    python bench/throughput.py [--trials 24] [--builders N]
+    python bench/scaling.py [--trials 24] [--builders N]
 
-With 1 measurer, builders work on the other core while it measures; with 2 measurers
-every core measures, so builds and measurements alternate by batch (a build never shares
-a core with a measurement). PyTorch is not involved: this measures our pipeline only.
-Last line of stdout: one JSON object.
+Builders use the cores no measurer owns; when every core measures, builds and measurements
+alternate by batch (a build never shares a core with a measurement). PyTorch is not
+involved: this measures our pipeline only. Last line of stdout: one JSON object.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -39,10 +40,13 @@ def main() -> None:
     space = space_for(task.compute, cpu_info())
     rng = random.Random(0)
     configs = [space.sample(rng) for _ in range(args.trials)]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    cores = len(os.sched_getaffinity(0))
+    ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
     opts = MeasureOptions(threads=1, min_repeat_ms=10, repeats=3, timeout_s=30)
     rates, idle = {}, {}
-    for n in (1, 2):
+    counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n < cores] + [cores]
+    for n in counts:
         pipe = MeasurePipeline(num_measurers=n, num_builders=args.builders or None, opts=opts)
         start = time.perf_counter()
         ok = 0
@@ -57,8 +61,10 @@ def main() -> None:
               f"{'phased' if pipe.phased else 'overlapped'} builds", file=sys.stderr)
         pipe.shutdown()
     ray.shutdown()
-    print(json.dumps({"trials_per_s": rates, "idle_fraction": idle, "task": task.key,
-                      "cpu": cpu_info().name, "torch": torch.__version__}))
+    efficiency = {k: round(v / (int(k) * rates["1"]), 3) for k, v in rates.items()}
+    print(json.dumps({"trials_per_s": rates, "efficiency": efficiency, "idle_fraction": idle,
+                      "cores": cores, "task": task.key, "cpu": cpu_info().name,
+                      "torch": torch.__version__}))
 
 
 if __name__ == "__main__":
