@@ -27,7 +27,7 @@ from raytune_kernels.codegen.build import BuildResult
 from raytune_kernels.codegen.space import Config
 from raytune_kernels.measure import (BUILD_ERROR, CRASHED, TIMEOUT, MeasureOptions,
                                      MeasureResult)
-from raytune_kernels.placement import NodeInfo, PlacementError, phased, plan
+from raytune_kernels.placement import NodeInfo, phased, plan
 from raytune_kernels.task import Task
 
 from .measure_actors import BuilderActor, MeasurerActor
@@ -101,13 +101,15 @@ class MeasurePipeline:
     @classmethod
     def on_cluster(cls, opts: MeasureOptions = MeasureOptions(), cores_per_measurer: int = 1,
                    mcpu: str | None = None, device: str = "cpu",
-                   measurers_per_node: int | None = None) -> "MeasurePipeline":
+                   measurers_per_node: int | None = None, arch: str | None = None
+                   ) -> "MeasurePipeline":
         """Measurers and builders on the nodes of the Ray cluster we are connected to,
-        placed by raytune_kernels.placement and kept up to date as nodes come and go."""
-        if device != "cpu":
-            raise PlacementError(f"no {device} measurer in this build (CPU targets only)")
+        placed by raytune_kernels.placement and kept up to date as nodes come and go.
+        device="gpu": one GPU measurer per GPU, CUDA builders (NVRTC) for `arch`, or for
+        the first measurer's GPU when not given."""
         self = cls.__new__(cls)
         self.opts, self.mcpu, self.cluster, self._turn = opts, mcpu, True, 0
+        self.arch = arch
         self.device, self.cores_per_measurer = device, cores_per_measurer
         self.measurers_per_node = measurers_per_node
         self.slots, self.builders, self.builder_nodes = [], [], []
@@ -136,8 +138,10 @@ class MeasurePipeline:
                 self.slots.append(slot)
                 started.append(slot)
             else:
-                self.builders.append(BuilderActor.options(num_cpus=r.cpus, **_on(r.node_id))
-                                     .remote())
+                kind = BuilderActor
+                if self.device == "gpu":
+                    from .cuda_builder import CudaBuilderActor as kind
+                self.builders.append(kind.options(num_cpus=r.cpus, **_on(r.node_id)).remote())
                 self.builder_nodes.append(r.node_id)
         for slot in started:
             try:
@@ -149,6 +153,11 @@ class MeasurePipeline:
         self.stats.measurers = len(self.slots)
 
     def _start(self, slot: _Slot) -> None:
+        if getattr(self, "device", "cpu") == "gpu":  # one per GPU, with a CPU to drive it
+            from .gpu_measure import GpuMeasurerActor
+            slot.actor = GpuMeasurerActor.options(num_gpus=1, num_cpus=1,
+                                                  **_on(slot.node_id)).remote(self.opts)
+            return
         cpus = len(slot.cores) if slot.cores is not None else slot.block[1]
         slot.actor = MeasurerActor.options(num_cpus=cpus, **_on(slot.node_id)).remote(
             slot.cores, self.opts, slot.block)
@@ -157,7 +166,12 @@ class MeasurePipeline:
         self._turn += 1
         builder = self.builders[self._turn % len(self.builders)]
         task, cfg = item
-        return builder.build.remote(task.compute.to_json(), cfg.to_json(), self.mcpu)
+        target = self.mcpu
+        if getattr(self, "device", "cpu") == "gpu":
+            if self.arch is None:
+                self.arch = ray.get(self.slots[0].actor.arch.remote())
+            target = self.arch
+        return builder.build.remote(task.compute.to_json(), cfg.to_json(), target)
 
     def run(self, items: list[tuple[Task, Config]]) -> list[MeasureResult]:
         start = time.perf_counter()

@@ -59,6 +59,16 @@ def main(cluster_box):
     out["lost"] = lost.node_id
     p.shutdown()
 
+    # GPU target: measurers only where GPUs are (a node with a logical GPU stands in)
+    gnode = cluster.add_node(num_cpus=2, num_gpus=1, **small)
+    cluster.wait_for_nodes()
+    g = MeasurePipeline.on_cluster(opts, device="gpu", arch="sm_80")
+    out["gpu_measurers"] = [s.node_id for s in g.slots]
+    out["gpu_node"] = gnode.node_id
+    out["gpu_builders"] = len(g.builders)
+    g.shutdown()
+    cluster.remove_node(gnode)
+
     # a tuning run that loses a node, then a restarted driver that resumes its records
     path = sys.argv[1]
     net = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
@@ -114,6 +124,11 @@ def test_measurers_and_builders_run_on_workers_not_the_head(run):
     assert sorted(run["measurers"]) == sorted(run["workers"])  # one per 2-CPU worker
     assert sorted(run["builders"]) == sorted(run["workers"])  # on the CPU left
     assert run["head"] not in run["measurers"] + run["builders"]
+
+
+def test_gpu_measurers_only_on_the_node_with_a_gpu(run):
+    assert run["gpu_measurers"] == [run["gpu_node"]]
+    assert run["gpu_builders"] >= 3  # CUDA builds on the CPUs of every worker
 
 
 def test_a_node_that_joins_gets_a_measurer(run):
