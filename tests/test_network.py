@@ -190,3 +190,14 @@ def test_blocks_that_do_not_nest_go_through_their_common_block():
     shape = (1, 96, 6, 6)
     assert fastest_transform(shape, "NCHW48c", "NCHW32c", QUICK)[1] is None
     assert 0 < transform_cost(shape, "NCHW48c", "NCHW32c/p1x1", QUICK) < 1e-2
+
+
+def test_a_transformer_layer_compiles_with_row_kernels_and_glue(zoo_models):
+    """Dense, batched matmul, softmax and layer norm kernels, with permutes run as glue."""
+    model, inputs = zoo_models["bert_layer"]
+    net = compile_network(model, inputs, measured_records(model, inputs, per_task=2))
+    kinds = {s.kind for s in net.steps}
+    assert kinds == {"kernel", "glue"}
+    x = torch.randn_like(inputs[0])
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
