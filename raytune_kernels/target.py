@@ -1,6 +1,10 @@
-"""Target strings: "llvm" (the host CPU), "llvm -mcpu=NAME", "cuda"."""
+"""Target strings: "llvm" (the host CPU), "llvm -mcpu=NAME", "cuda", "cuda -arch=sm_XY".
+
+A cuda target without -arch means the measuring GPU's own arch (GpuMeasurerActor.arch).
+"""
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -13,9 +17,11 @@ KINDS = ("llvm", "cuda")
 class Target:
     kind: str
     mcpu: str | None = None
+    arch: str | None = None  # cuda only: the NVRTC arch, e.g. "sm_90"
 
     def __str__(self) -> str:
-        return self.kind + (f" -mcpu={self.mcpu}" if self.mcpu else "")
+        return (self.kind + (f" -mcpu={self.mcpu}" if self.mcpu else "")
+                + (f" -arch={self.arch}" if self.arch else ""))
 
 
 def parse_target(text: "str | Target") -> Target:
@@ -25,11 +31,13 @@ def parse_target(text: "str | Target") -> Target:
     parts = shlex.split(text or "")
     if not parts or parts[0] not in KINDS:
         raise UnknownTargetError(f"unknown target {text!r}: expected one of "
-                                 "'llvm', 'llvm -mcpu=NAME', 'cuda'")
-    kind, mcpu = parts[0], None
+                                 "'llvm', 'llvm -mcpu=NAME', 'cuda', 'cuda -arch=sm_XY'")
+    kind, mcpu, arch = parts[0], None, None
     for opt in parts[1:]:
         if kind == "llvm" and opt.startswith("-mcpu=") and len(opt) > len("-mcpu="):
             mcpu = opt[len("-mcpu="):]
+        elif kind == "cuda" and re.fullmatch(r"-arch=sm_[0-9]{2,3}[a-z]?", opt):
+            arch = opt[len("-arch="):]
         else:
             raise UnknownTargetError(f"unknown option {opt!r} in target {text!r}")
-    return Target(kind, mcpu)
+    return Target(kind, mcpu, arch)

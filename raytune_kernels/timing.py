@@ -22,16 +22,23 @@ def time_fn(fn: Callable[[], object], opts: TimingOptions = TimingOptions(),
     (a cache flush), outside the timed region."""
     for _ in range(opts.warmup):
         fn()
-    number, elapsed = 1, _run(fn, 1)
+    return time_runs(lambda number: _run(fn, number), opts, between)
+
+
+def time_runs(run: Callable[[int], float], opts: TimingOptions = TimingOptions(),
+              between: Callable[[], object] | None = None) -> list[float]:
+    """The protocol after warm-up, for any clock: run(number) makes `number` calls and
+    returns the seconds they took (wall time on a CPU, CUDA events on a GPU)."""
+    number, elapsed = 1, run(1)
     while elapsed * 1e3 < opts.min_repeat_ms:  # grow `number` until one repeat is long enough
         grow = opts.min_repeat_ms / max(elapsed * 1e3, 1e-3)
         number = max(number + 1, int(number * min(grow * 1.2, 16)))
-        elapsed = _run(fn, number)
+        elapsed = run(number)
     times = []
     for _ in range(opts.repeats):
         if between is not None:
             between()
-        times.append(_run(fn, number) / number)
+        times.append(run(number) / number)
     return times
 
 

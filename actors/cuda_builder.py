@@ -1,0 +1,21 @@
+"""CUDA builder actor: renders and compiles candidates with NVRTC on a CPU worker (NVRTC
+needs the CUDA libraries, not a GPU). Returns cubin/PTX bytes or the error, as data."""
+from __future__ import annotations
+
+import os
+
+import ray
+
+from raytune_kernels.codegen.cuda_build import CudaBuildResult, build_cuda
+from raytune_kernels.codegen.space import Config
+from raytune_kernels.task import Compute
+
+
+@ray.remote
+class CudaBuilderActor:
+    def __init__(self, cores: tuple[int, ...] = ()):
+        if cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cores)
+
+    def build(self, compute: dict, config: dict, arch: str) -> CudaBuildResult:
+        return build_cuda(Compute.from_json(compute), Config.from_json(config), arch)
