@@ -614,11 +614,12 @@ def compile_network(model: torch.nn.Module,
     recs = _records(records, str(tgt), threads)
     graph = capture(model, inputs)
     part = partition(graph)
-    opts = MeasureOptions(threads=threads, min_repeat_ms=5, repeats=5)
+    cold = any(r.cold_weights for r in recs)  # transforms timed as the kernels were
+    opts = MeasureOptions(threads=threads, min_repeat_ms=5, repeats=5, cold_weights=cold)
     tseconds = {}
     if fallback:
         tseconds = {t.key: torch_seconds(t.compute, threads) for t in part.tasks}
-    cands = _candidates(part, recs, fallback, tseconds, threads)
+    cands = _candidates(part, recs, fallback, tseconds, threads, family_of=_base)
     plan, chosen = _choose(part, cands, layout, opts, time_limit_s)
     planner = _Planner(part, tgt.mcpu, opts)
     for step, cand in zip(part.steps, chosen):
@@ -659,8 +660,12 @@ def _records(records, target: str, threads: int) -> list[Record]:
 
 
 def _candidates(part: Partition, recs: list[Record], fallback: str | None,
-                tseconds: dict[str, float], threads: int) -> list[list[Candidate]]:
-    """Per step (in order): what may run it."""
+                tseconds: dict[str, float], threads: int,
+                family_of: Callable | None = None) -> list[list[Candidate]]:
+    """Per step (in order): what may run it. The fastest few are kept (within SLACK of the
+    best); with `family_of`, the fastest few of every layout family reading and writing
+    that family are kept as well: a kernel that needs no transform around it can beat a
+    faster one that does, and the uniform baseline chooses among exactly those."""
     out = []
     missing = []
     for step in part.steps:
@@ -671,9 +676,7 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
         tuned = [] if unsupported_reason(task.compute) else \
             [c for c in candidates_from_records(task, recs, threads) if _bindable(part, step, c)]
         if tuned:
-            fastest = min(c.seconds for c in tuned)
-            tuned = sorted((c for c in tuned if c.seconds <= SLACK * fastest),
-                           key=lambda c: c.seconds)[:KEEP]
+            tuned = _prune(tuned, family_of)
         if fallback:
             tuned = [c for c in tuned if c.seconds <= tseconds[step.key]]
             tuned.append(Candidate(NCHW, NCHW, tseconds[step.key], TORCH))
@@ -686,6 +689,17 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
                            + ("; ..." if len(missing) > 5 else "")
                            + ". Tune them, or pass fallback='torch' to run PyTorch's kernels")
     return out
+
+
+def _prune(cands: list[Candidate], family_of: Callable | None) -> list[Candidate]:
+    fastest = min(c.seconds for c in cands)
+    ranked = sorted(cands, key=lambda c: c.seconds)
+    keep = [c for c in ranked if c.seconds <= SLACK * fastest][:KEEP]
+    if family_of is not None:
+        for fam in {family_of(c.in_layout) for c in ranked}:
+            same = [c for c in ranked if family_of(c.in_layout) == fam == c.out_layout]
+            keep += [c for c in same[:KEEP] if c not in keep]
+    return keep
 
 
 def _bindable(part: Partition, step: TaskStep, cand: Candidate) -> bool:
