@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 import ray
-from ray.exceptions import RayActorError, RayError
+from ray.exceptions import RayError
 
 from raytune_kernels.codegen.build import BuildResult
 from raytune_kernels.codegen.space import Config
@@ -248,7 +248,8 @@ class MeasurePipeline:
             self.stats.measure_busy_s += time.perf_counter() - slot.busy_since
             try:
                 results[i] = MeasureResult.from_json(ray.get(ref))
-            except RayActorError as exc:
+            except RayError as exc:  # the measurer died (RayActorError), or cannot come
+                # back where it was pinned because its node is gone (ActorUnschedulableError)
                 if self._node_lost(slot):  # not the candidate's fault: measure it elsewhere
                     self.slots.remove(slot)
                     self._ready.append(i)
@@ -278,7 +279,7 @@ class MeasurePipeline:
             try:
                 ray.get(slot.actor.ready.remote(), timeout=1.0)
                 return False
-            except (RayActorError, ray.exceptions.GetTimeoutError):
+            except RayError:  # dead, restarting, unschedulable, or not answering yet
                 time.sleep(0.2)
         return True  # neither back nor reported dead within the limit: treat it as lost
 
@@ -290,7 +291,7 @@ class MeasurePipeline:
             try:
                 ray.get(slot.actor.ready.remote(), timeout=limit_s)
                 return
-            except RayActorError:
+            except RayError:
                 time.sleep(0.1)
         ray.kill(slot.actor, no_restart=True)
         self._start(slot)

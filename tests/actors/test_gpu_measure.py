@@ -20,7 +20,7 @@ def fake_measure(compute, cfg, binary, opts, build_s=0.0) -> MeasureResult:
 
 
 def test_a_poisoned_measurer_reports_crashed_then_restarts(ray_session):
-    import cloudpickle
+    from ray import cloudpickle
 
     from actors.gpu_measure import GpuMeasurerActor
     import tests.actors.test_gpu_measure as me
