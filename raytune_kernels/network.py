@@ -90,12 +90,6 @@ class Step:
     fn: Callable | None = None  # torch steps: plain tensors in -> tensor out
 
 
-@dataclass
-class Choice:
-    step: TaskStep | GlueStep
-    candidate: Candidate
-
-
 class _Planner:
     """Turns chosen candidates into steps over buffers, adding transforms where a reader
     wants a value in another layout than its producer wrote."""
