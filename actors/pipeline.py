@@ -38,6 +38,7 @@ class PipelineStats:
     measure_busy_s: float = 0.0  # summed over measurers
     wall_s: float = 0.0
     measurers: int = 1
+    redone: int = 0  # builds and measurements lost with a node and done again elsewhere
 
     @property
     def idle_fraction(self) -> float:
@@ -194,6 +195,7 @@ class MeasurePipeline:
             self.refresh()
         builds[i] = self._build(items[i])
         self._waiting[builds[i]] = i
+        self.stats.redone += 1
 
     def _measure(self, items, builds: list) -> list[MeasureResult]:
         results: list[MeasureResult | None] = [None] * len(items)
@@ -201,7 +203,7 @@ class MeasurePipeline:
         inflight: dict = {}  # ObjectRef -> (index, slot)
         waiting_build = self._waiting = {b: i for i, b in enumerate(builds)}
         ready: list[int] = []
-        self._ready = ready
+        self._ready, self._pending = ready, pending
         while pending or inflight:
             if not self.slots:
                 self.refresh()  # every measurer was lost: take what the cluster has now
@@ -252,7 +254,9 @@ class MeasurePipeline:
                 # back where it was pinned because its node is gone (ActorUnschedulableError)
                 if self._node_lost(slot):  # not the candidate's fault: measure it elsewhere
                     self.slots.remove(slot)
+                    self._pending.append(i)  # built already: back in line for a measurer
                     self._ready.append(i)
+                    self.stats.redone += 1
                     self.stats.measurers = len(self.slots)
                     return
                 results[i] = MeasureResult.error(CRASHED, _first_line(exc), build_s)

@@ -57,6 +57,7 @@ def main(cluster_box):
     out["second"] = [r.error_kind for r in second]
     out["after_loss"] = sorted({s.node_id for s in p.slots})
     out["lost"] = lost.node_id
+    out["redone"] = p.stats.redone  # how many were caught in flight (timing decides)
     p.shutdown()
 
     # GPU target: measurers only where GPUs are (a node with a logical GPU stands in)
