@@ -38,8 +38,10 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
 
     tgt = parse_target(target)
     if tgt.kind != "llvm":
-        raise UnknownTargetError(f"target {target!r}: only 'llvm' targets can be tuned in "
-                                 "this build (the CUDA backend is not built yet)")
+        raise UnknownTargetError(
+            f"target {target!r}: only 'llvm' targets can be tuned in this build (CUDA "
+            "kernels render and compile with NVRTC, but the tuner does not drive GPU "
+            "measurers yet)")
     if records:
         RecordWriter(records).close()  # an unwritable path fails here, before any work
     if address:

@@ -598,7 +598,8 @@ def compile_network(model: torch.nn.Module,
     With `check`, the output is compared with model(x) (max abs error <= atol)."""
     tgt = parse_target(target)
     if tgt.kind != "llvm":
-        raise CompileError(f"target {target!r}: only 'llvm' targets compile in this build")
+        raise CompileError(f"target {target!r}: only 'llvm' targets compile into a network "
+                           "in this build (there is no GPU network executor yet)")
     if fallback not in (None, TORCH):
         raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
     if layout not in ("ilp", "uniform"):

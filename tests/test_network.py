@@ -201,3 +201,15 @@ def test_a_transformer_layer_compiles_with_row_kernels_and_glue(zoo_models):
     x = torch.randn_like(inputs[0])
     with torch.no_grad():
         assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_targets_and_options_are_checked_before_any_work(small):
+    model, inputs, records = small
+    with pytest.raises(rk.UnknownTargetError):
+        compile_network(model, inputs, records, target="rocm")
+    with pytest.raises(CompileError, match="only 'llvm' targets"):
+        compile_network(model, inputs, records, target="cuda")
+    with pytest.raises(CompileError, match="fallback must be None or 'torch'"):
+        compile_network(model, inputs, records, fallback="onnx")
+    with pytest.raises(CompileError, match="layout must be 'ilp' or 'uniform'"):
+        compile_network(model, inputs, records, layout="nhwc")
