@@ -115,7 +115,7 @@ def _time_one(shape, src: Layout, dst: Layout, cfg: Config, x: torch.Tensor, opt
     # In a network the source was just written (cached) but the destination was last
     # touched an inference ago: write into rotating destinations, as the kernels' weights
     # rotate (warm destinations made transforms look 2-5x cheaper than in the network).
-    outs = [out] + [aligned(out) for _ in range(_copies(out.nbytes) - 1)]
+    outs = [out] + [aligned(out) for _ in range(cold_copies(out.nbytes) - 1)]
     ptrs = [(inp.ctypes.data, o.ctypes.data) for o in outs]
     turn = [0]
 
@@ -125,6 +125,8 @@ def _time_one(shape, src: Layout, dst: Layout, cfg: Config, x: torch.Tensor, opt
     return median(time_fn(run, opts.timing()))
 
 
-def _copies(nbytes: int) -> int:
+def cold_copies(nbytes: int) -> int:
+    """Copies of a buffer of `nbytes` that together cover twice the last-level cache
+    (2 to 256): cycling through them keeps each out of cache when its turn comes."""
     from .measure import _llc_bytes
     return max(2, min(256, -(-_llc_bytes() // max(nbytes, 1))))

@@ -33,7 +33,8 @@ from .codegen.transform import Layout
 from .errors import RaytuneError
 from .frontend import capture
 from .layout import LayoutPlan, solve_ilp
-from .layout_costs import candidates_from_records, fastest_transform, transform_kernel
+from .layout_costs import (candidates_from_records, cold_copies, fastest_transform,
+                           transform_kernel)
 from .layout_graph import NCHW, Candidate, layout_problem
 from .measure import MeasureOptions, random_operands
 from .partition import GlueStep, Partition, TaskStep, partition, run_glue
@@ -569,14 +570,26 @@ class CompiledNetwork:
 
 
 def torch_seconds(compute, threads: int, opts: TimingOptions =
-                  TimingOptions(warmup=2, min_repeat_ms=10, repeats=5)) -> float:
-    """PyTorch's median time for one task (its reference, eager, NCHW) on random operands."""
+                  TimingOptions(warmup=2, min_repeat_ms=10, repeats=5),
+                  cold_weights: bool = False) -> float:
+    """PyTorch's median time for one task (its reference, eager, NCHW) on random operands;
+    with `cold_weights`, its conv/dense weights rotate through copies as our kernels' do
+    when timed, so the two are compared under the same protocol."""
     ops = random_operands(compute)
+    sets = [ops]
+    if cold_weights and compute.op in ("conv2d", "dense"):
+        sets = [[ops[0], ops[1].clone(), *ops[2:]]
+                for _ in range(cold_copies(ops[1].numel() * 4))]
+    turn = [0]
+
+    def run() -> None:
+        turn[0] = (turn[0] + 1) % len(sets)
+        reference(compute, *sets[turn[0]])
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.no_grad():
-            return median(time_fn(lambda: reference(compute, *ops), opts))
+            return median(time_fn(run, opts))
     finally:
         torch.set_num_threads(prev)
 
@@ -609,11 +622,12 @@ def compile_network(model: torch.nn.Module,
     recs = _records(records, str(tgt), threads)
     graph = capture(model, inputs)
     part = partition(graph)
-    cold = any(r.cold_weights for r in recs)  # transforms timed as the kernels were
+    cold = any(r.cold_weights for r in recs)  # transforms and torch timed as kernels were
     opts = MeasureOptions(threads=threads, min_repeat_ms=5, repeats=5, cold_weights=cold)
     tseconds = {}
     if fallback:
-        tseconds = {t.key: torch_seconds(t.compute, threads) for t in part.tasks}
+        tseconds = {t.key: torch_seconds(t.compute, threads, cold_weights=cold)
+                    for t in part.tasks}
     cands = _candidates(part, recs, fallback, tseconds, threads, family_of=_base)
     plan, chosen = _choose(part, cands, layout, opts, time_limit_s)
     planner = _Planner(part, tgt.mcpu, opts)
