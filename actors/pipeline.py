@@ -253,7 +253,8 @@ class MeasurePipeline:
             except RayError as exc:  # the measurer died (RayActorError), or cannot come
                 # back where it was pinned because its node is gone (ActorUnschedulableError)
                 if self._node_lost(slot):  # not the candidate's fault: measure it elsewhere
-                    self.slots.remove(slot)
+                    if slot in self.slots:  # a refresh may have dropped it already
+                        self.slots.remove(slot)
                     self._pending.append(i)  # built already: back in line for a measurer
                     self._ready.append(i)
                     self.stats.redone += 1
