@@ -14,7 +14,7 @@ from .codegen.llvm_ir import render
 from .codegen.space import Config
 from .codegen.transform import Layout, blocks, transform_nest, transform_space
 from .layout_graph import Candidate
-from .measure import MeasureOptions
+from .measure import MeasureOptions, cold_copies
 from .records import Record
 from .task import Task
 from .timing import median, time_fn
@@ -124,9 +124,3 @@ def _time_one(shape, src: Layout, dst: Layout, cfg: Config, x: torch.Tensor, opt
         kernel(list(ptrs[turn[0]]), opts.threads)
     return median(time_fn(run, opts.timing()))
 
-
-def cold_copies(nbytes: int) -> int:
-    """Copies of a buffer of `nbytes` that together cover twice the last-level cache
-    (2 to 256): cycling through them keeps each out of cache when its turn comes."""
-    from .measure import _llc_bytes
-    return max(2, min(256, -(-_llc_bytes() // max(nbytes, 1))))

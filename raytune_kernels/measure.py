@@ -145,14 +145,18 @@ def measure_built(compute: Compute, cfg: Config, library: bytes, opts: MeasureOp
     return MeasureResult(tuple(times), None, "", build_s, time.perf_counter() - start)
 
 
+def cold_copies(nbytes: int, cache_bytes: int | None = None) -> int:
+    """Copies of a buffer of `nbytes` that together cover twice the last-level cache, at
+    most 256 (tiny buffers then come from L3, not L1 or L2), at least 2: cycling through
+    them keeps each out of cache when its turn comes."""
+    return max(2, min(256, -(-(cache_bytes or _llc_bytes()) // max(nbytes, 1))))
+
+
 def weight_copies(compute: Compute, prep, cache_bytes: int | None = None) -> int:
-    """How many copies of the weights make each call read them from memory: enough to
-    cover twice the last-level cache, at most 256 (tiny weights then come from L3, not L1
-    or L2). 0 for kernels without a weight operand."""
+    """cold_copies of a kernel's weights; 0 for kernels without a weight operand."""
     if compute.op not in ("conv2d", "dense") or "b" not in prep.buffers:
         return 0
-    size = prep.buffers["b"].nbytes
-    return max(2, min(256, -(-(cache_bytes or _llc_bytes()) // size)))
+    return cold_copies(prep.buffers["b"].nbytes, cache_bytes)
 
 
 def check_output(got: torch.Tensor, expected: torch.Tensor, opts: MeasureOptions):

@@ -33,11 +33,10 @@ from .codegen.transform import Layout
 from .errors import RaytuneError
 from .frontend import capture
 from .layout import LayoutPlan, solve_ilp
-from .layout_costs import (candidates_from_records, cold_copies, fastest_transform,
-                           transform_kernel)
+from .layout_costs import candidates_from_records, fastest_transform, transform_kernel
 from .layout_graph import NCHW, Candidate, layout_problem
-from .measure import MeasureOptions, random_operands
-from .partition import GlueStep, Partition, TaskStep, partition, run_glue
+from .measure import MeasureOptions, cold_copies, random_operands
+from .partition import GlueStep, Partition, TaskStep, partition, run_glue, run_steps
 from .records import Record, best_per_task, load_records
 from .reference import reference
 from .target import parse_target
@@ -408,12 +407,11 @@ class CompiledNetwork:
 
     def __init__(self, part: Partition, steps: list[Step], inputs: list[Buf],
                  outputs: list[Buf], threads: int, plan: LayoutPlan | None, estimated_s: float,
-                 torch_seconds: dict[str, float], value_of: dict[int, tuple[str, str]],
+                 value_of: dict[int, tuple[str, str]],
                  aliases: list[Buf] = ()):
         self.part, self.graph, self.steps, self.threads = part, part.graph, steps, threads
         self.value_of = value_of
         self.plan, self.estimated_s = plan, estimated_s
-        self.torch_seconds = torch_seconds
         self._in, self._out = inputs, outputs
         self._arrays = allocate(steps, inputs + outputs, aliases)
         self._in_views = [self.view(b) for b in inputs]
@@ -508,30 +506,20 @@ class CompiledNetwork:
     def _clock_torch(self, xs, runs: int) -> tuple[dict[str, float], float]:
         """The graph's tasks and glue run by PyTorch (each task's reference: the anchor op
         then its epilogue ops, eager) in order, each clocked; named as our steps are."""
-        graph, part = self.graph, self.part
-        computes = {t.key: t.compute for t in part.tasks}
-        nodes = graph.node_map()
-        clock = time.perf_counter
         laps: dict[str, list[float]] = {}
+        last = [0.0]
+
+        def lap(name: str, keep: bool) -> None:
+            now = time.perf_counter()
+            if keep:
+                laps.setdefault(name, []).append(now - last[0])
+            last[0] = time.perf_counter()
         prev = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
-            for r in range(runs + 3):
-                env = dict(graph.params)
-                env.update({name: x for (name, _), x in zip(graph.inputs, xs)})
-                t = clock()
-                for step in part.steps:
-                    if isinstance(step, TaskStep):
-                        env[step.output] = reference(computes[step.key],
-                                                     *(env[a] for a in step.args))
-                        name = step.layer
-                    else:
-                        env[step.node] = run_glue(nodes[step.node], env)
-                        name = step.node
-                    now = clock()
-                    if r >= 3:
-                        laps.setdefault(name, []).append(now - t)
-                    t = now
+            for r in range(runs + 3):  # the first runs warm up
+                last[0] = time.perf_counter()
+                run_steps(self.part, xs, lambda name, keep=r >= 3: lap(name, keep))
         finally:
             torch.set_num_threads(prev)
         per = {k: median(v) for k, v in laps.items()}
@@ -642,7 +630,7 @@ def compile_network(model: torch.nn.Module,
     if fallback:
         estimated += sum(t.weight * tseconds[t.key] for t in part.tasks if t.key not in best)
     net = CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
-                          estimated, tseconds, planner.value_of, planner.aliases)
+                          estimated, planner.value_of, planner.aliases)
     if verbose:
         print(f"compiled {len(planner.steps)} steps "
               f"({sum(s.kind == 'kernel' for s in planner.steps)} kernels, "
@@ -786,17 +774,8 @@ def check_network(net: CompiledNetwork, model, inputs, atol: float) -> None:
 def first_divergence(net: CompiledNetwork, inputs, atol: float = 1e-3) -> str:
     """Run the compiled steps one at a time next to the tasks' references and name the
     first value that disagrees (buffers are reused, so each is compared when written)."""
-    graph = net.graph
-    env = dict(graph.params)
-    env.update({name: x for (name, _), x in zip(graph.inputs, inputs)})
-    computes = {t.key: t.compute for t in net.part.tasks}
-    nodes = graph.node_map()
+    env = run_steps(net.part, inputs)
     with torch.no_grad():
-        for step in net.part.steps:
-            if isinstance(step, TaskStep):
-                env[step.output] = reference(computes[step.key], *(env[a] for a in step.args))
-            else:
-                env[step.node] = run_glue(nodes[step.node], env)
         for x, view in zip(inputs, net._in_views):
             view.copy_(x)
         for s, (fn, args) in zip(net.steps, net._calls):

@@ -10,7 +10,7 @@ movement (reshape, permute, concat) runs between tasks as glue.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -169,6 +169,14 @@ def partition(graph: Graph) -> Partition:
 
 def execute(part: Partition, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run the partitioned graph step by step through the tasks' reference implementations."""
+    env = run_steps(part, inputs)
+    return [env[v] for v in part.graph.outputs]
+
+
+def run_steps(part: Partition, inputs: Sequence[torch.Tensor],
+              after: Callable[[str], object] | None = None) -> dict[str, torch.Tensor]:
+    """Every value of the graph, computed step by step by the references; `after(name)`
+    runs after each step (its layer for a task, its node for glue), e.g. to clock it."""
     graph = part.graph
     env: dict[str, torch.Tensor] = dict(graph.params)
     env.update({name: x for (name, _), x in zip(graph.inputs, inputs)})
@@ -178,9 +186,13 @@ def execute(part: Partition, inputs: Sequence[torch.Tensor]) -> list[torch.Tenso
         for step in part.steps:
             if isinstance(step, TaskStep):
                 env[step.output] = reference(computes[step.key], *(env[a] for a in step.args))
+                name = step.layer
             else:
                 env[step.node] = run_glue(nodes[step.node], env)
-    return [env[v] for v in graph.outputs]
+                name = step.node
+            if after is not None:
+                after(name)
+    return env
 
 
 def run_glue(n: Node, env: dict[str, torch.Tensor]) -> torch.Tensor:
