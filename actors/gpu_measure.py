@@ -18,7 +18,7 @@ import ray
 
 from raytune_kernels.codegen.space import Config
 from raytune_kernels.measure import CRASHED, MeasureOptions, MeasureResult
-from raytune_kernels.measure_gpu import device_arch, measure_built_gpu
+from raytune_kernels.measure_gpu import device_arch, device_name, measure_built_gpu
 from raytune_kernels.task import Compute
 
 EXIT_GRACE_S = 0.5
@@ -45,6 +45,11 @@ class GpuMeasurerActor:
         """The arch builders must target for this measurer's GPU, e.g. "sm_90"."""
         self._refuse_if_poisoned()
         return device_arch()
+
+    def name(self) -> str:
+        """This measurer's GPU, e.g. "NVIDIA H100 80GB HBM3" (records name their device)."""
+        self._refuse_if_poisoned()
+        return device_name()
 
     def measure(self, compute: dict, config: dict, binary: bytes, build_s: float) -> dict:
         self._refuse_if_poisoned()

@@ -167,12 +167,18 @@ class MeasurePipeline:
         self._turn += 1
         builder = self.builders[self._turn % len(self.builders)]
         task, cfg = item
-        target = self.mcpu
-        if getattr(self, "device", "cpu") == "gpu":
-            if self.arch is None:
-                self.arch = ray.get(self.slots[0].actor.arch.remote())
-            target = self.arch
+        target = self.gpu_arch() if getattr(self, "device", "cpu") == "gpu" else self.mcpu
         return builder.build.remote(task.compute.to_json(), cfg.to_json(), target)
+
+    def gpu_arch(self) -> str:
+        """The arch CUDA builders target: the one asked for, else the first measurer's GPU."""
+        if self.arch is None:
+            self.arch = ray.get(self.slots[0].actor.arch.remote())
+        return self.arch
+
+    def gpu_name(self) -> str:
+        """The first GPU measurer's device name (what records name as their device)."""
+        return ray.get(self.slots[0].actor.name.remote())
 
     def run(self, items: list[tuple[Task, Config]]) -> list[MeasureResult]:
         start = time.perf_counter()

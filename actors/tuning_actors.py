@@ -10,11 +10,13 @@ from __future__ import annotations
 import ray
 
 from raytune_kernels.codegen.build import CpuInfo
-from raytune_kernels.codegen.schedules import space_for
+from raytune_kernels.codegen.gpu import GpuInfo, gpu_info
+from raytune_kernels.codegen.schedules import space_on
 from raytune_kernels.codegen.space import Config
 from raytune_kernels.cost_model import CostModel, training_set
 from raytune_kernels.records import Record, RecordWriter
 from raytune_kernels.search import EvolutionarySearch, SearchOptions
+from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Task
 from raytune_kernels.tuner import RoundSummary, TuneOptions, Tuner
 
@@ -25,26 +27,30 @@ ON_HEAD = {"resources": {"node:__internal_head__": 0.001}}
 
 @ray.remote(num_cpus=0)
 class CostModelActor:
-    def __init__(self, tasks: list[dict], cpu: CpuInfo):
+    """`device` (a CpuInfo for llvm, a GpuInfo for cuda) picks the features."""
+
+    def __init__(self, tasks: list[dict], device: CpuInfo | GpuInfo):
         self.tasks = {t["key"]: Task.from_json(t) for t in tasks}
-        self.cpu, self.model, self.records, self.features = cpu, CostModel(), [], {}
+        self.device, self.model, self.records, self.features = device, CostModel(), [], {}
 
     def learn(self, records: list[dict]) -> bytes | None:
         self.records += [Record.from_json(r) for r in records]
-        self.model.fit(training_set(self.tasks, self.records, self.cpu, self.features))
+        self.model.fit(training_set(self.tasks, self.records, self.device, self.features))
         return self.model.save()
 
 
 @ray.remote(num_cpus=0)
 class SearchActor:
-    """Evolutionary searches for a group of tasks, predicting with a local booster copy."""
+    """Evolutionary searches for a group of tasks, predicting with a local booster copy.
+    `device` (a CpuInfo for llvm, a GpuInfo for cuda) picks the spaces and features."""
 
-    def __init__(self, tasks: list[dict], cpu: CpuInfo, seed: int, opts: SearchOptions):
+    def __init__(self, tasks: list[dict], device: CpuInfo | GpuInfo, seed: int,
+                 opts: SearchOptions):
         self.searches = {}
         for d in tasks:
             t = Task.from_json(d)
-            self.searches[t.key] = EvolutionarySearch(t, space_for(t.compute, cpu), cpu, seed,
-                                                      opts)
+            self.searches[t.key] = EvolutionarySearch(t, space_on(t.compute, device), device,
+                                                      seed, opts)
         self.model = CostModel()
 
     def refresh(self, booster: bytes | None) -> None:
@@ -63,13 +69,14 @@ class SearchActor:
 class RaySearchPool:
     """The SearchPool of the core Tuner, backed by search actors and the cost model actor."""
 
-    def __init__(self, tasks: list[Task], cpu: CpuInfo, seed: int, opts: SearchOptions,
-                 num_search: int = 2):
+    def __init__(self, tasks: list[Task], device: CpuInfo | GpuInfo, seed: int,
+                 opts: SearchOptions, num_search: int = 2):
         groups = [tasks[i::num_search] for i in range(min(num_search, len(tasks)))]
-        self.actors = [SearchActor.options(**ON_HEAD).remote([t.to_json() for t in g], cpu,
+        self.actors = [SearchActor.options(**ON_HEAD).remote([t.to_json() for t in g], device,
                                                              seed, opts) for g in groups]
         self.owner = {t.key: a for g, a in zip(groups, self.actors) for t in g}
-        self.model = CostModelActor.options(**ON_HEAD).remote([t.to_json() for t in tasks], cpu)
+        self.model = CostModelActor.options(**ON_HEAD).remote([t.to_json() for t in tasks],
+                                                              device)
         self._exhausted: set[str] = set()
 
     def propose(self, key: str, n: int) -> list[Config]:
@@ -93,21 +100,21 @@ class TaskSchedulerActor:
     """Runs the Tuner: owns the budget, the scheduler, the measuring pipeline and the
     records writer (the single writer)."""
 
-    def __init__(self, tasks: list[dict], target: str, device: str, cpu: CpuInfo,
-                 records: str | None, history: list[dict], opts: TuneOptions,
-                 num_measurers: int | None, num_builders: int | None, measure_opts, mcpu,
-                 cluster: bool = False):
-        from .pipeline import MeasurePipeline
-
+    def __init__(self, tasks: list[dict], target: str, device: str | None,
+                 cpu: CpuInfo | None, records: str | None, history: list[dict],
+                 opts: TuneOptions, num_measurers: int | None, num_builders: int | None,
+                 measure_opts, mcpu, cluster: bool = False):
+        """`device` and `cpu` name and describe the CPU of an llvm target. A cuda target
+        passes None for both: the measuring GPU tells its name and arch, and the records'
+        target gains the arch ("cuda" -> "cuda -arch=sm_90")."""
         task_list = [Task.from_json(t) for t in tasks]
-        if cluster:  # measurers and builders on every node, placed by the rules
-            self.pipeline = MeasurePipeline.on_cluster(
-                measure_opts, measure_opts.threads, mcpu, measurers_per_node=num_measurers)
+        if parse_target(target).kind == "cuda":
+            self.pipeline, target, device, info = _gpu_pipeline(target, measure_opts)
         else:
-            self.pipeline = MeasurePipeline(num_measurers or 1, num_builders, measure_opts,
-                                            cores_per_measurer=measure_opts.threads, mcpu=mcpu)
+            self.pipeline, info = _cpu_pipeline(measure_opts, mcpu, num_measurers,
+                                                num_builders, cluster), cpu
         self.writer = RecordWriter(records) if records else None
-        pool = RaySearchPool(task_list, cpu, opts.seed, opts.search)
+        pool = RaySearchPool(task_list, info, opts.seed, opts.search)
         self.tuner = Tuner(task_list, target, device, self.pipeline.run, pool, self.writer,
                            [Record.from_json(r) for r in history], opts)
 
@@ -128,3 +135,27 @@ class TaskSchedulerActor:
             self.writer.close()
         self.pipeline.shutdown()
         return self.tuner.result()
+
+
+def _cpu_pipeline(measure_opts, mcpu, num_measurers, num_builders, cluster: bool):
+    """CPU measurers owning `threads` cores each: on every node of a cluster, placed by
+    the rules, or on this machine's cores."""
+    from .pipeline import MeasurePipeline
+
+    if cluster:
+        return MeasurePipeline.on_cluster(measure_opts, measure_opts.threads, mcpu,
+                                          measurers_per_node=num_measurers)
+    return MeasurePipeline(num_measurers or 1, num_builders, measure_opts,
+                           cores_per_measurer=measure_opts.threads, mcpu=mcpu)
+
+
+def _gpu_pipeline(target: str, measure_opts):
+    """One measurer per GPU and NVRTC builders on the CPUs left, placed by the same rules
+    on one machine as on a cluster. Returns the pipeline, the target with the arch built
+    for, the measuring GPU's name and its figures for the cost model."""
+    from .pipeline import MeasurePipeline
+
+    pipeline = MeasurePipeline.on_cluster(measure_opts, device="gpu",
+                                          arch=parse_target(target).arch)
+    arch = pipeline.gpu_arch()
+    return pipeline, str(Target("cuda", arch=arch)), pipeline.gpu_name(), gpu_info(arch)

@@ -112,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tasks)
     p = sub.add_parser("tune", help="tune a model's tasks on a local Ray or a cluster")
     p.add_argument("model", help="zoo name or path/to/file.py:factory")
-    p.add_argument("--target", default="llvm")
+    p.add_argument("--target", default="llvm",
+                   help="llvm, 'llvm -mcpu=NAME', cuda (the GPU's own arch) or "
+                        "'cuda -arch=sm_XY'")
     p.add_argument("--trials", type=int, default=200, help="measurement budget (all tasks)")
     p.add_argument("--records", default=None, help="records file (JSON lines), resumed")
     p.add_argument("--no-resume", action="store_true", help="ignore what --records holds")

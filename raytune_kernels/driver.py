@@ -9,11 +9,11 @@ from typing import Sequence
 import torch
 
 from .codegen.build import cpu_info
-from .codegen.schedules import unsupported_reason
-from .errors import RaytuneError, UnknownTargetError
+from .codegen.schedules import cuda_unsupported_reason, unsupported_reason
+from .errors import RaytuneError
 from .measure import MeasureOptions
 from .records import RecordWriter, load_records
-from .target import parse_target
+from .target import Target, parse_target
 from .tuner import TuneOptions, TuningResult
 
 
@@ -29,7 +29,10 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
                  ) -> TuningResult:
     """Tune every task of `model` for `target` with a budget of `trials` measurements.
 
-    Each candidate runs with `threads` threads on a measurer that owns that many cores.
+    On "llvm", each candidate runs with `threads` threads on a measurer that owns that
+    many cores. On "cuda", every GPU of the cluster gets one measurer and the CPUs left
+    build with NVRTC, for the target's -arch or else the measuring GPU's own (records then
+    carry "cuda -arch=sm_XY"); a cluster without a GPU fails before any work.
     Starts a local Ray when none is running, or joins `address`. With `resume`, the
     measurements already in `records` count toward the budget and are never repeated,
     and the cost model starts trained on them. Returns the best record per task and the
@@ -37,33 +40,64 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
     from . import extract_tasks
 
     tgt = parse_target(target)
-    if tgt.kind != "llvm":
-        raise UnknownTargetError(
-            f"target {target!r}: only 'llvm' targets can be tuned in this build (CUDA "
-            "kernels render and compile with NVRTC, but the tuner does not drive GPU "
-            "measurers yet)")
-    if records:
-        RecordWriter(records).close()  # an unwritable path fails here, before any work
     if address:
         check_reachable(address)
-    elif threads < 1 or (num_measurers or 1) * threads > len(os.sched_getaffinity(0)):
-        raise TuneError(f"{num_measurers or 1} measurer(s) x {threads} thread(s) need more "
-                        f"cores than this machine gives us ({len(os.sched_getaffinity(0))})")
-    tasks = _tunable(extract_tasks(model, example_inputs, tgt))
+    if tgt.kind == "cuda":
+        _check_cuda(tgt, address, threads, num_measurers)
+    if records:
+        RecordWriter(records).close()  # an unwritable path fails here, before any work
+    if not address and tgt.kind == "llvm":
+        _check_cores(threads, num_measurers)
+    tasks = _tunable(extract_tasks(model, example_inputs, tgt), tgt)
     history = load_records(records).records if (records and resume) else []
     ray = _start_ray(address)
-    return _run(ray, tasks, str(tgt), tgt.mcpu, records, history, trials, batch, seed,
+    return _run(ray, tasks, tgt, records, history, trials, batch, seed,
                 threads, num_measurers, num_builders, verbose)
 
 
-def _tunable(tasks):
-    skipped = [(t, unsupported_reason(t.compute)) for t in tasks]
-    skipped = [(t, r) for t, r in skipped if r]
+def _check_cores(threads: int, num_measurers: int | None) -> None:
+    """CPU measurers own `threads` cores each: this machine must have them all."""
+    if threads < 1 or (num_measurers or 1) * threads > len(os.sched_getaffinity(0)):
+        raise TuneError(f"{num_measurers or 1} measurer(s) x {threads} thread(s) need more "
+                        f"cores than this machine gives us ({len(os.sched_getaffinity(0))})")
+
+
+def _check_cuda(tgt: Target, address: str | None, threads: int,
+                num_measurers: int | None) -> None:
+    """What a cuda target needs, checked before any work (and before a records file is
+    created): options that mean something on a GPU, a GPU in the cluster, NVRTC here."""
+    if threads != 1 or num_measurers is not None:
+        raise TuneError(f"target {str(tgt)!r}: threads and num_measurers are CPU options; "
+                        "a cuda target measures on every GPU of the cluster, one "
+                        "candidate at a time each")
+    require_gpu(_start_ray(address), str(tgt))
+    if not address:  # on a cluster the builders' nodes compile, not this one
+        from .codegen.cuda_build import nvrtc_unavailable
+
+        reason = nvrtc_unavailable()
+        if reason:
+            raise TuneError(f"target {str(tgt)!r} compiles with NVRTC, which is not "
+                            f"usable here: {reason}")
+
+
+def require_gpu(ray, target: str) -> None:
+    """A cuda target measures on GPUs: fail when the Ray cluster has none."""
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if gpus < 1:
+        raise TuneError(f"target {target!r} needs a GPU to measure on, and the Ray cluster "
+                        f"has none (its resources list {gpus:g} GPU); tune for 'llvm' "
+                        "here, or join a cluster with GPU nodes (address=...)")
+
+
+def _tunable(tasks, tgt: Target):
+    reason_of = cuda_unsupported_reason if tgt.kind == "cuda" else unsupported_reason
+    reasons = [reason_of(t.compute) for t in tasks]
+    skipped = [(t, r) for t, r in zip(tasks, reasons) if r]
     if skipped:
-        warnings.warn("not tuned (no kernel for them yet): " +
+        warnings.warn(f"not tuned for {tgt.kind} (no kernel for them yet): " +
                       "; ".join(f"{t.compute.describe()} ({r})" for t, r in skipped),
                       stacklevel=3)
-    return [t for t in tasks if not unsupported_reason(t.compute)]
+    return [t for t, r in zip(tasks, reasons) if not r]
 
 
 def check_reachable(address: str, timeout_s: float = 3.0) -> None:
@@ -96,21 +130,21 @@ def _start_ray(address: str | None):
     return ray
 
 
-def _run(ray, tasks, target, mcpu, records, history, trials, batch, seed, threads,
+def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads,
          num_measurers, num_builders, verbose) -> TuningResult:
-    from actors.tuning_actors import TaskSchedulerActor
+    from actors.tuning_actors import ON_HEAD, TaskSchedulerActor
 
     from .progress import ProgressView
 
     opts = TuneOptions(trials=trials, batch=batch, seed=seed, threads=threads)
+    # on a GPU, "cold" is an L2 flushed before every repeat (measure_gpu)
     mopts = MeasureOptions(threads=threads, min_repeat_ms=10, repeats=3, timeout_s=30,
-                           cold_weights=opts.cold_weights)
-    from actors.tuning_actors import ON_HEAD
-
+                           cold_weights=opts.cold_weights, flush_cache=tgt.kind == "cuda")
     cluster = len([n for n in ray.nodes() if n["Alive"]]) > 1
+    cpu = cpu_info(tgt.mcpu) if tgt.kind == "llvm" else None  # a GPU describes itself
     actor = TaskSchedulerActor.options(**ON_HEAD).remote(
-        [t.to_json() for t in tasks], target, cpu_info(mcpu).name, cpu_info(mcpu), records,
-        [r.to_json() for r in history], opts, num_measurers, num_builders, mopts, mcpu,
+        [t.to_json() for t in tasks], str(tgt), cpu and cpu.name, cpu, records,
+        [r.to_json() for r in history], opts, num_measurers, num_builders, mopts, tgt.mcpu,
         cluster)
     try:
         view = ProgressView(trials) if verbose else None

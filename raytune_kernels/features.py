@@ -15,9 +15,11 @@ import os
 import numpy as np
 
 from .codegen.build import CpuInfo
+from .codegen.gpu import GpuInfo
 from .codegen.loopnest import PARALLEL, UNROLL, For, LoopNest, Reduce, UpdateTile
 from .codegen.schedules import lower
 from .codegen.space import Config
+from .features_cuda import featurize_cuda
 from .task import Compute
 
 OPS = ("conv2d", "dense", "matmul", "max_pool2d", "avg_pool2d", "softmax", "layer_norm",
@@ -85,9 +87,14 @@ def _tile_bytes(cfg: Config, rows: int, cols: int, vecs: int, lanes: int) -> flo
     return 4.0 * cb * (rows * cols + vecs * lanes)
 
 
-def featurize(compute: Compute, cfg: Config, cpu: CpuInfo) -> list[float]:
-    return featurize_nest(compute, cfg, lower(compute, cfg), cpu)
+def featurize(compute: Compute, cfg: Config, device: CpuInfo | GpuInfo) -> list[float]:
+    """Features of a config on the device it is tuned for: the loop nest's on a CPU
+    (target llvm), the rendered CUDA kernel's on a GPU (target cuda)."""
+    if isinstance(device, GpuInfo):
+        return featurize_cuda(compute, cfg, device)
+    return featurize_nest(compute, cfg, lower(compute, cfg), device)
 
 
-def feature_matrix(compute: Compute, cfgs: list[Config], cpu: CpuInfo) -> np.ndarray:
-    return np.asarray([featurize(compute, c, cpu) for c in cfgs], dtype=np.float32)
+def feature_matrix(compute: Compute, cfgs: list[Config], device: CpuInfo | GpuInfo
+                   ) -> np.ndarray:
+    return np.asarray([featurize(compute, c, device) for c in cfgs], dtype=np.float32)

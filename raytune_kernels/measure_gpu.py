@@ -57,6 +57,12 @@ def device_arch(device: int = 0) -> str:
     return f"sm_{_cupy().cuda.Device(device).compute_capability}"
 
 
+def device_name(device: int = 0) -> str:
+    """The product name of a device, e.g. "NVIDIA H100 80GB HBM3"."""
+    name = _cupy().cuda.runtime.getDeviceProperties(device)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def is_sticky(exc: BaseException) -> bool:
     """Whether a CUDA error leaves the context unusable (the process must end)."""
     status = getattr(exc, "status", None)

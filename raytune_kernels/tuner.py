@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from .codegen.build import CpuInfo
-from .codegen.schedules import space_for
+from .codegen.gpu import GpuInfo
+from .codegen.schedules import space_on
 from .codegen.space import Config
 from .cost_model import CostModel, training_set
 from .measure import MeasureResult
@@ -34,14 +35,16 @@ class SearchPool(Protocol):
 
 
 class LocalSearchPool:
-    """One evolutionary search per task and one cost model, all in this process."""
+    """One evolutionary search per task and one cost model, all in this process. `device`
+    is what the target tunes for: a CpuInfo (llvm) or a GpuInfo (cuda); it picks the
+    schedule space and the cost model's features."""
 
-    def __init__(self, tasks: list[Task], cpu: CpuInfo, seed: int = 0,
+    def __init__(self, tasks: list[Task], device: CpuInfo | GpuInfo, seed: int = 0,
                  opts: SearchOptions = SearchOptions()):
         self.tasks = {t.key: t for t in tasks}
-        self.cpu, self.model, self.records, self.features = cpu, CostModel(), [], {}
-        self.searches = {t.key: EvolutionarySearch(t, space_for(t.compute, cpu), cpu, seed, opts)
-                         for t in tasks}
+        self.device, self.model, self.records, self.features = device, CostModel(), [], {}
+        self.searches = {t.key: EvolutionarySearch(t, space_on(t.compute, device), device, seed,
+                                                   opts) for t in tasks}
 
     def propose(self, key: str, n: int) -> list[Config]:
         return self.searches[key].propose(n, self.model)
@@ -51,7 +54,7 @@ class LocalSearchPool:
 
     def learn(self, records: list[Record]) -> None:
         self.records += records
-        self.model.fit(training_set(self.tasks, self.records, self.cpu, self.features))
+        self.model.fit(training_set(self.tasks, self.records, self.device, self.features))
 
     def exhausted(self, key: str) -> bool:
         return self.searches[key].exhausted

@@ -111,3 +111,13 @@ def space_for_target(compute: Compute, target) -> Space | UnionSpace:
     tgt = parse_target(target)
     return cuda_space_for(compute) if tgt.kind == "cuda" else space_for(compute,
                                                                         cpu_info(tgt.mcpu))
+
+
+def space_on(compute: Compute, device) -> Space | UnionSpace:
+    """The schedule space of a compute on a device description: a CpuInfo (target llvm)
+    or a codegen.gpu.GpuInfo (target cuda), as the cost model's features dispatch too."""
+    from .gpu import GpuInfo
+
+    if isinstance(device, GpuInfo):
+        return cuda_space_for(compute)
+    return space_for(compute, device)

@@ -1,0 +1,121 @@
+"""tune_network on target cuda: without a GPU in the Ray cluster it fails before any work
+(here, and through the command line); the search and cost-model actors tune cuda tasks
+against NVRTC builds timed by the fake; on a machine with a GPU, a tiny model is tuned end
+to end through the real GPU measurer and NVRTC builders (skipped elsewhere)."""
+import collections
+import textwrap
+
+import pytest
+import torch
+
+import raytune_kernels as rk
+from raytune_kernels.cli import main
+from raytune_kernels.driver import TuneError
+from raytune_kernels.codegen.cuda_build import nvrtc_unavailable
+from raytune_kernels.codegen.gpu import gpu_info
+from raytune_kernels.records import load_records
+from raytune_kernels.search import SearchOptions
+from raytune_kernels.tuner import TuneOptions, Tuner
+
+from ..test_tuner_cuda import NvrtcThenFake
+from .test_tune import Tiny
+
+
+class TinyGpu(torch.nn.Module):
+    """Tiny, with every task a CUDA kernel (Tiny's 16-wide fc has no GEMM tiling)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = torch.nn.Linear(32 * 8 * 8, 64)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def _no_gpu(ray) -> None:
+    if ray.cluster_resources().get("GPU", 0):
+        pytest.skip("this Ray cluster has a GPU")
+
+
+def test_cuda_without_a_gpu_fails_before_any_work(ray_session, tmp_path):
+    _no_gpu(ray_session)
+    path = tmp_path / "r.jsonl"
+    with pytest.raises(TuneError, match="'cuda -arch=sm_90' needs a GPU .* has none"):
+        rk.tune_network(Tiny().eval(), (torch.randn(1, 16, 8, 8),), target="cuda -arch=sm_90",
+                        records=str(path), trials=4, verbose=False)
+    assert not path.exists()
+
+
+def test_the_command_line_names_the_missing_gpu(ray_session, tmp_path, capsys):
+    _no_gpu(ray_session)
+    factory = tmp_path / "tiny.py"
+    factory.write_text(textwrap.dedent("""
+        import torch
+        def make():
+            return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()), (torch.randn(2, 8),)
+    """))
+    records = tmp_path / "r.jsonl"
+    assert main(["tune", f"{factory}:make", "--target", "cuda", "--trials", "4",
+                 "--records", str(records)]) == 2
+    assert "target 'cuda' needs a GPU" in capsys.readouterr().err
+    assert not records.exists()
+
+
+def test_cpu_options_are_refused_for_cuda(tmp_path):
+    model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
+    for kwargs in ({"threads": 2}, {"num_measurers": 2}):
+        with pytest.raises(TuneError, match="CPU options"):
+            rk.tune_network(model, (x,), target="cuda", records=str(tmp_path / "r.jsonl"),
+                            **kwargs)
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_tasks_without_a_cuda_kernel_are_left_out_with_a_warning():
+    from raytune_kernels.driver import _tunable
+
+    tasks = rk.extract_tasks(Tiny().eval(), (torch.randn(1, 16, 8, 8),), target="cuda")
+    with pytest.warns(UserWarning, match="not tuned for cuda .*dense 1x2048 -> 1x16"):
+        kept = _tunable(tasks, rk.parse_target("cuda"))
+    assert [t.compute.op for t in kept] == ["conv2d"]
+    assert len(_tunable(tasks, rk.parse_target("llvm"))) == 2  # both lower for the CPU
+
+
+@pytest.mark.skipif(nvrtc_unavailable() is not None, reason="NVRTC unavailable")
+def test_search_and_cost_model_actors_tune_cuda_tasks(ray_session):
+    """The SearchPool the scheduler actor uses, on the sm_90 space and features."""
+    from actors.tuning_actors import RaySearchPool
+
+    tasks = rk.extract_tasks(TinyGpu().eval(), (torch.randn(1, 16, 8, 8),), target="cuda")
+    measure = NvrtcThenFake()
+    pool = RaySearchPool(tasks, gpu_info("sm_90"), 0, SearchOptions(population=32,
+                                                                     generations=2))
+    tuner = Tuner(tasks, "cuda -arch=sm_90", "fake H100", measure, pool,
+                  opts=TuneOptions(trials=20, batch=4))
+    result = tuner.run()
+    assert [b.error for b in measure.builds if b.error] == [] and len(measure.builds) == 20
+    seen = collections.Counter((r.task_key, r.config_key()) for r in tuner.records)
+    assert max(seen.values()) == 1 and set(result.best) == {t.key for t in tasks}
+    assert ray_session.get(pool.model.learn.remote([])) is not None  # a trained booster
+    for actor in pool.actors + [pool.model]:
+        ray_session.kill(actor)
+
+
+def test_tune_a_tiny_model_on_the_gpu(ray_session, tmp_path):
+    pytest.importorskip("cupy")
+    from raytune_kernels import measure_gpu
+
+    if not ray_session.cluster_resources().get("GPU", 0) or measure_gpu.gpu_count() == 0:
+        pytest.skip("no CUDA GPU in this Ray cluster")
+    model, x = TinyGpu().eval(), torch.randn(1, 16, 8, 8)
+    path = str(tmp_path / "tiny_cuda.jsonl")
+    result = rk.tune_network(model, (x,), target="cuda", trials=8, records=path, batch=4,
+                             verbose=False)
+    tasks = rk.extract_tasks(model, (x,), target="cuda")
+    records = load_records(path).records
+    assert len(records) == 8 and result.trials == 8
+    assert {r.target for r in records} == {f"cuda -arch={measure_gpu.device_arch()}"}
+    assert {r.device for r in records} == {measure_gpu.device_name()}
+    assert set(result.best) == {t.key for t in tasks}  # every task has a valid kernel
+    expected = sum(t.weight * result.best[t.key].median for t in tasks)
+    assert result.estimated_latency_s == pytest.approx(expected)
