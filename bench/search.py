@@ -35,7 +35,11 @@ TASKS = ("conv2d 1x64x56x56 -> 64ch k3x3 s1 +bias+relu",
 
 
 class RandomPool(LocalSearchPool):
-    """The same searches, never given a model: every proposal is a random sample."""
+    """The same searches, never guided: every proposal is a random sample (no cost model,
+    no analytic estimate)."""
+
+    def propose(self, key: str, n: int):
+        return self.searches[key].sample(n)
 
     def learn(self, records) -> None:
         return None

@@ -12,7 +12,7 @@ from raytune_kernels.cost_model import CostModel
 from raytune_kernels.fake import FakeMeasurer
 from raytune_kernels.records import RecordWriter, load_records
 from raytune_kernels.scheduler import TaskScheduler
-from raytune_kernels.search import EvolutionarySearch
+from raytune_kernels.search import EvolutionarySearch, SearchOptions
 from raytune_kernels.task import Compute, Task, TensorSpec
 from raytune_kernels.tuner import LocalSearchPool, TuneOptions, Tuner
 
@@ -30,10 +30,14 @@ def fake_measure(fake):
 
 
 def tune(tasks, trials, path=None, history=(), seed=0, batch=8):
+    """Tune against the fake. Its timings follow no machine, so the search runs on the
+    cost model alone, without the analytic estimate of cycles (tests/test_estimate.py)."""
     fake = FakeMeasurer()
     writer = RecordWriter(path) if path else None
-    tuner = Tuner(tasks, "llvm", "test", fake_measure(fake), LocalSearchPool(tasks, CPU, seed),
-                  writer, list(history), TuneOptions(trials=trials, batch=batch, seed=seed))
+    opts = SearchOptions(estimate_trials=0)
+    tuner = Tuner(tasks, "llvm", "test", fake_measure(fake),
+                  LocalSearchPool(tasks, CPU, seed, opts), writer, list(history),
+                  TuneOptions(trials=trials, batch=batch, seed=seed, search=opts))
     result = tuner.run()
     if writer:
         writer.close()
