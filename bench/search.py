@@ -3,8 +3,8 @@
     python bench/search.py [--trials 128] [--seeds 3]
 
 For 3 ResNet-18 conv tasks and each seed, the task is tuned alone twice: by the tuner
-(evolutionary search ranked by the XGBoost cost model) and by random sampling of the same
-space, `trials` measurements each (built in 2 processes, measured here on 1 thread).
+(evolutionary search ranked by the XGBoost cost model blended with the analytic cycle
+estimate) and by random sampling of the same space, `trials` measurements each (built in 2 processes, measured here on 1 thread).
 trials_to_95: trials until a strategy's best reaches 95% of the best throughput either
 strategy found for that task and seed (mean over tasks and seeds); final_ratio: mean of
 random best time / model best time. No PyTorch baseline: this compares search strategies.
