@@ -176,6 +176,10 @@ class MeasurePipeline:
             self.arch = ray.get(self.slots[0].actor.arch.remote())
         return self.arch
 
+    def gpu_archs(self) -> list[str]:
+        """The arch of every GPU measurer's device (a cluster may mix GPU generations)."""
+        return ray.get([slot.actor.arch.remote() for slot in self.slots])
+
     def gpu_name(self) -> str:
         """The first GPU measurer's device name (what records name as their device)."""
         return ray.get(self.slots[0].actor.name.remote())

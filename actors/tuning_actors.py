@@ -10,7 +10,8 @@ from __future__ import annotations
 import ray
 
 from raytune_kernels.codegen.build import CpuInfo
-from raytune_kernels.codegen.gpu import GpuInfo, gpu_info
+from raytune_kernels.codegen.gpu import ArchMismatchError, GpuInfo, check_measurable, \
+    gpu_info
 from raytune_kernels.codegen.schedules import space_on
 from raytune_kernels.codegen.space import Config
 from raytune_kernels.cost_model import CostModel, training_set
@@ -108,8 +109,14 @@ class TaskSchedulerActor:
         passes None for both: the measuring GPU tells its name and arch, and the records'
         target gains the arch ("cuda" -> "cuda -arch=sm_90")."""
         task_list = [Task.from_json(t) for t in tasks]
+        self.problem: Exception | None = None
         if parse_target(target).kind == "cuda":
             self.pipeline, target, device, info = _gpu_pipeline(target, measure_opts)
+            try:
+                check_measurable(self.pipeline.gpu_arch(), self.pipeline.gpu_archs())
+            except ArchMismatchError as exc:  # raised to the driver by the first call
+                self.problem = exc
+                return
         else:
             self.pipeline, info = _cpu_pipeline(measure_opts, mcpu, num_measurers,
                                                 num_builders, cluster), cpu
@@ -119,6 +126,9 @@ class TaskSchedulerActor:
                            [Record.from_json(r) for r in history], opts)
 
     def initial(self) -> RoundSummary:
+        """The table before any round; raises what made the run impossible, if anything."""
+        if self.problem:
+            raise self.problem
         t = self.tuner
         return RoundSummary(0, -1, t.rows(), t.scheduler.objective(), t.spent, t.opts.trials,
                             0.0, 0, {})

@@ -89,6 +89,19 @@ def require_gpu(ray, target: str) -> None:
                         "here, or join a cluster with GPU nodes (address=...)")
 
 
+def _initial(ray, actor):
+    """The scheduler actor's first table; a problem it found while setting up (a GPU the
+    cubins cannot load on) is raised here as itself, not as Ray's wrapper."""
+    from ray.exceptions import RayTaskError
+
+    try:
+        return ray.get(actor.initial.remote())
+    except RayTaskError as exc:
+        if isinstance(exc.cause, RaytuneError):
+            raise exc.cause from None
+        raise
+
+
 def _tunable(tasks, tgt: Target):
     reason_of = cuda_unsupported_reason if tgt.kind == "cuda" else unsupported_reason
     reasons = [reason_of(t.compute) for t in tasks]
@@ -147,10 +160,11 @@ def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads
         [r.to_json() for r in history], opts, num_measurers, num_builders, mopts, tgt.mcpu,
         cluster)
     try:
+        first = _initial(ray, actor)
         view = ProgressView(trials) if verbose else None
         if view:
             view.__enter__()
-            view.update(ray.get(actor.initial.remote()))
+            view.update(first)
         while (summary := ray.get(actor.step.remote())) is not None:
             if view:
                 view.update(summary)

@@ -49,3 +49,33 @@ def gpu_info(arch: str) -> GpuInfo:
         raise UnknownTargetError(f"cuda arch {arch} is older than the oldest supported "
                                  f"(sm_{min(ARCHS)})")
     return GpuInfo(arch, *ARCHS[max(known)])
+
+
+class ArchMismatchError(UnknownTargetError):
+    """Cubins built for one arch cannot load on the GPU that would measure them."""
+
+
+def _cc(arch: str) -> tuple[int, int, bool]:
+    m = re.fullmatch(r"sm_([0-9]+)([0-9])(a?)", arch or "")
+    if not m:
+        raise UnknownTargetError(f"bad cuda arch {arch!r}: expected sm_XY, e.g. sm_80")
+    return int(m.group(1)), int(m.group(2)), bool(m.group(3))
+
+
+def cubin_loads_on(built: str, device: str) -> bool:
+    """Whether a cubin built for `built` runs on a GPU of arch `device`: cubins are
+    binary-compatible within a major version on devices of the same or a later minor one;
+    arch-specific builds (sm_90a) only on exactly their arch."""
+    (bmaj, bmin, bspecific), (dmaj, dmin, _) = _cc(built), _cc(device)
+    if bspecific:
+        return (bmaj, bmin) == (dmaj, dmin)
+    return bmaj == dmaj and dmin >= bmin
+
+
+def check_measurable(built: str, devices: list[str]) -> None:
+    """Refuse a run whose every candidate would fail to load on some measuring GPU."""
+    bad = sorted({d for d in devices if not cubin_loads_on(built, d)})
+    if bad:
+        raise ArchMismatchError(
+            f"target asks for {built} cubins, which do not load on the measuring GPU(s) of "
+            f"arch {', '.join(bad)}; give -arch={bad[0]} or no -arch (the GPU's own)")

@@ -119,3 +119,21 @@ def test_tune_a_tiny_model_on_the_gpu(ray_session, tmp_path):
     assert set(result.best) == {t.key for t in tasks}  # every task has a valid kernel
     expected = sum(t.weight * result.best[t.key].median for t in tasks)
     assert result.estimated_latency_s == pytest.approx(expected)
+
+
+def test_a_setup_problem_in_the_scheduler_actor_reaches_the_driver_as_itself(ray_session):
+    """What the scheduler actor finds while setting up (cubins that will not load on the
+    measuring GPU) is raised by tune_network as that error, not as Ray's wrapper."""
+    from raytune_kernels.codegen.gpu import ArchMismatchError, check_measurable
+    from raytune_kernels.driver import _initial
+
+    @ray_session.remote(num_cpus=0)
+    class Refuses:
+        def initial(self):
+            check_measurable("sm_80", ["sm_90"])
+
+    actor = Refuses.remote()
+    with pytest.raises(ArchMismatchError, match="do not load") as info:
+        _initial(ray_session, actor)
+    assert type(info.value) is ArchMismatchError
+    ray_session.kill(actor)
