@@ -596,11 +596,17 @@ def compile_network(model: torch.nn.Module,
     for the whole network (the best of them), the baseline the ILP must beat. A task without
     records is an error, or with fallback="torch" runs PyTorch's kernel; with it, any step
     whose best kernel is slower than PyTorch's measured time for it runs PyTorch's too.
-    With `check`, the output is compared with model(x) (max abs error <= atol)."""
+    With `check`, the output is compared with model(x) (max abs error <= atol).
+    A "cuda" target returns a network_cuda.GpuNetwork (the same calls, run on the GPU)."""
     tgt = parse_target(target)
+    if tgt.kind == "cuda":  # its own planner and executor (network_cuda.py); threads,
+        # layout and time_limit_s are options of the CPU path only
+        from .network_cuda import compile_network_cuda
+
+        return compile_network_cuda(model, example_inputs, records, tgt, fallback=fallback,
+                                    check=check, atol=atol, verbose=verbose)
     if tgt.kind != "llvm":
-        raise CompileError(f"target {target!r}: only 'llvm' targets compile into a network "
-                           "in this build (there is no GPU network executor yet)")
+        raise CompileError(f"target {target!r}: no network compiler for this target kind")
     if fallback not in (None, TORCH):
         raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
     if layout not in ("ilp", "uniform"):
