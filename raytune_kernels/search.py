@@ -24,7 +24,7 @@ from .codegen.space import Config
 from .codegen.schedules import lower
 from .cost_model import CostModel
 from .estimate import cycles
-from .features import feature_matrix
+from .features import feature_matrix, featurize_nest
 from .task import Task
 
 
@@ -138,11 +138,18 @@ class EvolutionarySearch:
     def _score(self, cfgs: list[Config], model: CostModel, scores: dict) -> None:
         """(model score, fewer estimated cycles is higher) of every config not scored yet."""
         new = [c for c in dict.fromkeys(cfgs) if c not in scores]
-        if new:
-            predicted = model.predict(feature_matrix(self.task.compute, new, self.cpu))
-            for c, s in zip(new, predicted):
-                scores[c] = (float(s),
-                             -cycles(lower(self.task.compute, c)) if self._estimating else 0.0)
+        if not new:
+            return
+        compute = self.task.compute
+        if self._estimating:  # one lowering per config serves the features and the estimate
+            nests = [lower(compute, c) for c in new]
+            x = np.asarray([featurize_nest(compute, c, n, self.cpu) for c, n in zip(new, nests)],
+                           dtype=np.float32)
+            estimates = [-cycles(n) for n in nests]
+        else:
+            x, estimates = feature_matrix(compute, new, self.cpu), [0.0] * len(new)
+        for c, s, e in zip(new, model.predict(x), estimates):
+            scores[c] = (float(s), e)
 
 
 def _fractional_ranks(values: list[float]) -> np.ndarray:
