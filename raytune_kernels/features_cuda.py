@@ -78,9 +78,11 @@ def _thread_work(compute: Compute, cfg: Config, kernel: CudaKernel) -> list[floa
 
 
 def _knobs(cfg: Config) -> list[float]:
-    """Every family's size knobs (log2, 0 where the family has none), interleave, unroll."""
+    """Every family's size knobs (log2, 0 where the family has none), interleave, unroll,
+    and whether activations are NHWC."""
     return ([_log(cfg.get(k, 1)) for k in SIZE_KNOBS]
-            + [float(bool(cfg.get("interleave", False))), float(cfg.get("unroll", 0))])
+            + [float(bool(cfg.get("interleave", False))), float(cfg.get("unroll", 0)),
+               float(cfg.get("layout") == "NHWC")])
 
 
 def _traffic(compute: Compute, kernel: CudaKernel) -> list[float]:

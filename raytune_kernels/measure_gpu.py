@@ -15,14 +15,14 @@ CuPy and the GPU are touched only inside functions, so this module imports witho
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 import time
 
 import torch
 
-from .codegen.cuda_kernel import CudaKernel, cuda_pack, cuda_unpack
+from .codegen.cuda_kernel import CudaKernel
+from .codegen.cuda_render import cuda_pack, cuda_unpack
 from .codegen.cuda_render import render_cuda
 from .codegen.space import Config
 from .measure import CRASHED, RUNTIME_ERROR, MeasureOptions, MeasureResult, check_output, \
@@ -30,6 +30,7 @@ from .measure import CRASHED, RUNTIME_ERROR, MeasureOptions, MeasureResult, chec
 from .reference import reference
 from .task import Compute
 from .timing import time_runs
+from .torch_gpu import torch_gpu_mode
 
 # CUDA errors after which the context is corrupt (the same codes in the driver and runtime
 # APIs): launch timeout, device assert, stack error, illegal instruction, misaligned
@@ -84,23 +85,12 @@ class LoadedKernel:
         self.fn = self.module.get_function(name)
 
 
-@contextlib.contextmanager
-def _true_float32():
-    """TF32 off for torch's reference (cuDNN allows it for convs by default)."""
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
 def gpu_reference(compute: Compute, operands: list[torch.Tensor]) -> torch.Tensor:
     """reference() on the GPU when torch can use it, else on the CPU; a CPU tensor."""
     with torch.no_grad():
         if not torch.cuda.is_available():
             return reference(compute, *operands)
-        with _true_float32():
+        with torch_gpu_mode(benchmark=False):
             return reference(compute, *(x.cuda() for x in operands)).cpu()
 
 
@@ -165,10 +155,10 @@ def measure_built_gpu(compute: Compute, cfg: Config, binary: bytes, opts: Measur
         expected = gpu_reference(compute, ops)
         with cp.cuda.Device(device):
             kernel = render_cuda(compute, cfg)
-            launch = Launch(kernel, LoadedKernel(binary, kernel.name), cuda_pack(compute, ops))
+            launch = Launch(kernel, LoadedKernel(binary, kernel.name), cuda_pack(compute, ops, cfg))
             launch()
             cp.cuda.Device(device).synchronize()
-            got = cuda_unpack(compute, launch.output())
+            got = cuda_unpack(compute, launch.output(), cfg)
     except Exception as exc:  # a broken candidate is data, not a crash of the measurer
         return failed(exc)
     verdict = check_output(got, expected, opts)

@@ -105,6 +105,56 @@ class ConvGemm:
 
 
 @dataclass(frozen=True)
+class ConvGemmNHWC(ConvGemm):
+    """Conv2d on NHWC activations: the implicit GEMM turned around, so that the store
+    and the gathered operand walk channels, the contiguous axis of NHWC.
+
+    Rows are output pixels, columns the group's output channels, and the reduction runs
+    over (kh, kw, input channel), channel fastest: A is gathered from the input (a run of
+    a pixel's channels is contiguous), B is the weight packed [K][kh][kw][C/g] (KRSC, by
+    cuda_pack and the network planner), and C[pixel][channel] is stored NHWC."""
+
+    a_contig, b_contig = "k", "k"
+
+    m = property(lambda self: self.oh * self.ow)
+    n = property(lambda self: self.k_out // self.groups)
+
+    a_vec = property(lambda self: (self.c // self.groups) % 4 == 0)
+    b_vec = property(lambda self: self.k % 4 == 0)
+    out_vec = property(lambda self: self.n % 4 == 0)
+
+    def prologue(self) -> list[str]:
+        cg = self.c // self.groups
+        return [f"const int nimg = z / {self.groups}, grp = z % {self.groups};",
+                f"const float* __restrict__ xb = in0 + nimg * {self.h * self.w * self.c} "
+                f"+ grp * {cg};",
+                f"const float* __restrict__ wb = in1 + grp * {self.n * self.k};",
+                f"const int obase = nimg * {self.m * self.k_out} + grp * {self.n};"]
+
+    def a(self, k: str, x: str) -> Ref:
+        if self.pointwise:
+            return Ref((), "", f"xb + ({x}) * {self.c} + {k}")
+        cg = self.c // self.groups
+        (sh, sw), (ph, pw), (dh, dw) = self.stride, self.pad, self.dil
+        lines = (f"const int tap = {k} / {cg}, cin = {k} % {cg};",
+                 f"const int ih = {x} / {self.ow} * {sh} - {ph} + tap / {self.kw} * {dh};",
+                 f"const int iw = {x} % {self.ow} * {sw} - {pw} + tap % {self.kw} * {dw};")
+        pred = "" if self.pad == (0, 0) else \
+            f"(unsigned)ih < {self.h}u && (unsigned)iw < {self.w}u"
+        return Ref(lines, pred, f"xb + (ih * {self.w} + iw) * {self.c} + cin")
+
+    def b(self, k: str, x: str) -> Ref:
+        return Ref((), "", f"wb + ({x}) * {self.k} + {k}")
+
+    def out(self, i: str, j: str) -> str:
+        return f"obase + ({i}) * {self.k_out} + ({j})"
+
+    def coords(self, i: str, j: str) -> dict[int, str]:
+        return {0: "nimg", 1: f"grp * {self.n} + ({j})", 2: f"({i}) / {self.ow}",
+                3: f"({i}) % {self.ow}"}
+
+
+@dataclass(frozen=True)
 class DenseGemm:
     """y[M, N] = x[M, K] @ w[N, K]^T; M is every leading axis of x flattened."""
 
@@ -188,11 +238,12 @@ class MatmulGemm:
         return {rank - 2: f"({i})", rank - 1: f"({j})"}
 
 
-def gemm_view(c: Compute):
+def gemm_view(c: Compute, layout: str = "NCHW"):
     """The GEMM view of a conv2d (other than one input channel per group), dense or
-    matmul compute; None for other ops."""
+    matmul compute, with a conv's activations in `layout` (NCHW or NHWC); None for other
+    ops."""
     if c.op == "conv2d":
-        return ConvGemm.from_compute(c)
+        return (ConvGemmNHWC if layout == "NHWC" else ConvGemm).from_compute(c)
     if c.op == "dense":
         return DenseGemm.from_compute(c)
     if c.op == "matmul":

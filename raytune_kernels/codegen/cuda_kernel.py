@@ -1,18 +1,15 @@
-"""A rendered CUDA kernel as plain data, and the host side of its buffers.
+"""A rendered CUDA kernel as plain data: source, launch geometry and buffers.
 
-Buffers keep torch's contiguous layouts (NCHW activations, [K][C/g][kh][kw] weights,
-row-major matrices), in reference operand order: the anchor's inputs `in0..`, then each
-epilogue operand `e0..`, then `out`. So packing is flattening and unpacking is a reshape:
-no layout transform sits between a CUDA kernel and the torch tensors around it, and every
-kernel takes only pointers (every shape is a compile-time constant in its source).
+Buffers come in reference operand order: the anchor's inputs `in0..`, then each epilogue
+operand `e0..`, then `out`; every kernel takes only pointers (every shape is a
+compile-time constant in its source). A buffer holds torch's contiguous layout of its
+tensor, or its NHWC permutation where the config's `layout` says so
+(cuda_render.operand_layouts, cuda_pack and cuda_unpack are the host side).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import numpy as np
-import torch
 
 from ..task import Compute
 from .cuda_epilogue import CudaLoweringError, operand_specs
@@ -88,27 +85,3 @@ def check_grid(grid: tuple[int, int, int], what: str) -> tuple[int, int, int]:
     if grid[0] > MAX_INDEX or max(grid[1:]) > MAX_GRID_YZ:
         raise CudaLoweringError(f"{what}: grid {grid} exceeds CUDA's limits")
     return grid
-
-
-def cuda_pack(compute: Compute, operands) -> list[np.ndarray]:
-    """Reference-order torch operands -> flat float32 arrays in buffer order (out zeroed)."""
-    specs = list(compute.inputs) + [s for _, s in operand_specs(compute)]
-    if len(operands) != len(specs):
-        raise ValueError(f"{compute.describe()} takes {len(specs)} operands, "
-                         f"got {len(operands)}")
-    flat = []
-    for i, (x, spec) in enumerate(zip(operands, specs)):
-        if tuple(x.shape) != tuple(spec.shape):
-            raise ValueError(f"operand {i} of {compute.describe()} has shape "
-                             f"{tuple(x.shape)}, expected {spec.shape}")
-        flat.append(np.ascontiguousarray(x.detach().cpu().numpy(), np.float32).ravel())
-    flat.append(np.zeros(compute.output.numel, np.float32))
-    return flat
-
-
-def cuda_unpack(compute: Compute, flat) -> torch.Tensor:
-    """The output buffer (numpy array or CPU/GPU torch tensor) in the reference's shape."""
-    t = flat if isinstance(flat, torch.Tensor) else torch.from_numpy(np.asarray(flat).copy())
-    if t.numel() != compute.output.numel:
-        raise ValueError(f"output of {t.numel()} elements for {compute.output.shape}")
-    return t.reshape(compute.output.shape)

@@ -1,12 +1,15 @@
 """Sliding-window kernels in CUDA C: depthwise conv (one input channel per group, any
-channel multiplier), max / average pooling and adaptive average pooling, on NCHW.
+channel multiplier), max / average pooling and adaptive average pooling.
 
 One thread computes `tw` neighbouring outputs of a row (a register tile: each input row
 it reads serves every one of them), threads are numbered along the output row so a warp's
 loads are neighbouring addresses, and a 1-D grid covers (image, channel, row, column
 group). Taps outside the input are skipped: zero padding for conv and sums, -inf for max.
 Average pooling divides by torch's own count (padding included or not, ceil-mode windows
-clipped). Knobs: threads per block, `tw`, and whether the loop over kw is unrolled.
+clipped). Knobs: threads per block, `tw`, whether the loop over kw is unrolled, and the
+activations' layout: NCHW, or NHWC where threads are numbered along channels instead (a
+warp reads 32 neighbouring channels of one pixel, contiguous in NHWC). The depthwise
+weight keeps torch's [K][1][kh][kw] in both (it is small and stays in cache).
 """
 from __future__ import annotations
 
@@ -72,19 +75,29 @@ def window_space(win: Window) -> Space:
     tws = tuple(t for t in (1, 2, 4, 8) if t <= win.ow)
     unroll = (False, True) if win.kind != "adaptive" and win.kw > 1 else (False,)
     return Space(("threads", "tw"), tuple((t, tw) for t in (64, 128, 256, 512) for tw in tws),
-                 (("unroll", unroll),))
+                 (("unroll", unroll), ("layout", LAYOUTS)))
+
+
+LAYOUTS = ("NCHW", "NHWC")
+
+
+def _strides(win: Window, layout: str) -> tuple[int, int]:
+    """(elements between neighbouring pixels of a channel, between rows) of the input."""
+    return (1, win.w) if layout == "NCHW" else (win.c, win.w * win.c)
 
 
 def _taps(win: Window, cfg: Config) -> list[str]:
     """Loops over the window, updating acc[t] for each of the thread's tw outputs."""
     (sh, sw), (ph, pw), (dh, dw) = win.stride, win.pad, win.dil
     tw = cfg["tw"]
-    update = {"depthwise": "acc[t] = fmaf(xr[iw], wv, acc[t]);",
-              "max": "acc[t] = fmaxf(acc[t], xr[iw]);"}.get(win.kind, "acc[t] += xr[iw];")
+    cs, rs = _strides(win, cfg["layout"])
+    x = "xr[iw]" if cs == 1 else f"xr[iw * {cs}]"
+    update = {"depthwise": f"acc[t] = fmaf({x}, wv, acc[t]);",
+              "max": f"acc[t] = fmaxf(acc[t], {x});"}.get(win.kind, f"acc[t] += {x};")
     lines = [f"for (int kh = 0; kh < {win.kh}; ++kh) {{",
              f"const int ih = oh * {sh} - {ph} + kh * {dh};",
              f"if ((unsigned)ih >= {win.h}u) continue;",
-             f"const float* xr = xp + ih * {win.w};",
+             f"const float* xr = xp + ih * {rs};",
              "#pragma unroll" if cfg["unroll"] else "#pragma unroll 1",
              f"for (int kw = 0; kw < {win.kw}; ++kw) {{"]
     if win.kind == "depthwise":
@@ -107,7 +120,7 @@ def _avg_divisor(win: Window) -> list[str]:
                     f"(min(we, {win.w}) - max(ws, 0)));"]
 
 
-def _adaptive(win: Window) -> list[str]:
+def _adaptive(win: Window, layout: str) -> list[str]:
     """Adaptive average pooling: torch's start = floor(o * in / out), end = ceil."""
     return [f"const int hs = oh * {win.h} / {win.oh}, "
             f"he = ((oh + 1) * {win.h} + {win.oh - 1}) / {win.oh};",
@@ -115,22 +128,25 @@ def _adaptive(win: Window) -> list[str]:
             f"we = ((ow + 1) * {win.w} + {win.ow - 1}) / {win.ow};",
             "float s = 0.0f;",
             "for (int ih = hs; ih < he; ++ih)",
-            f"for (int iw = ws; iw < we; ++iw) s += xp[ih * {win.w} + iw];",
+            f"for (int iw = ws; iw < we; ++iw) s += xp[(ih * {win.w} + iw)"
+            f"{' * %d' % win.c if layout == 'NHWC' else ''}];",
             "v = s / (float)((he - hs) * (we - ws));"]
 
 
-def _finish(compute: Compute, win: Window) -> list[str]:
+def _finish(compute: Compute, win: Window, layout: str) -> list[str]:
     """Per output column: the pooled value, the epilogue, the store."""
+    o = (f"((nimg * {win.k} + ch) * {win.oh} + oh) * {win.ow} + ow" if layout == "NCHW" else
+         f"((nimg * {win.oh} + oh) * {win.ow} + ow) * {win.k} + ch")
     lines = ["#pragma unroll", "for (int t = 0; t < TW; ++t) {",
-             "const int ow = ow0 + t;", f"if (ow < {win.ow}) {{",
-             f"const int o = ((nimg * {win.k} + ch) * {win.oh} + oh) * {win.ow} + ow;"]
+             "const int ow = ow0 + t;", f"if (ow < {win.ow}) {{", f"const int o = {o};"]
     if win.kind == "adaptive":
-        lines += ["float v;"] + _adaptive(win)
+        lines += ["float v;"] + _adaptive(win, layout)
     elif win.kind == "avg":
         lines += _avg_divisor(win) + ["float v = acc[t] / div;"]
     else:
         lines.append("float v = acc[t];")
-    lines += epilogue_lines(compute, "v", operand_reads(compute, "o", {0: "nimg", 1: "ch"}))
+    coords = {0: "nimg", 1: "ch", 2: "oh", 3: "ow"}
+    lines += epilogue_lines(compute, "v", operand_reads(compute, "o", coords))
     return lines + ["out[o] = v;", "}", "}"]
 
 
@@ -140,16 +156,24 @@ def render_window(compute: Compute, win: Window, cfg: Config) -> CudaKernel:
     total = win.work(tw)
     init = flit(float("-inf")) if win.kind == "max" else "0.0f"
     cin = f"ch / {win.k // win.c}" if win.kind == "depthwise" else "ch"
+    layout = cfg["layout"]
     body = [f"constexpr int TW = {tw};",
             f"const int q = blockIdx.x * {threads} + threadIdx.x;",
-            f"if (q >= {total}) return;",
-            f"const int ow0 = q % {owt} * TW, oh = q / {owt} % {win.oh};",
-            f"const int ch = q / {owt * win.oh} % {win.k}, nimg = q / {owt * win.oh * win.k};",
-            f"const float* xp = in0 + (nimg * {win.c} + {cin}) * {win.h * win.w};"]
+            f"if (q >= {total}) return;"]
+    if layout == "NCHW":
+        body += [f"const int ow0 = q % {owt} * TW, oh = q / {owt} % {win.oh};",
+                 f"const int ch = q / {owt * win.oh} % {win.k}, "
+                 f"nimg = q / {owt * win.oh * win.k};",
+                 f"const float* xp = in0 + (nimg * {win.c} + {cin}) * {win.h * win.w};"]
+    else:  # channels fastest: a warp's threads read neighbouring addresses
+        body += [f"const int ch = q % {win.k}, ow0 = q / {win.k} % {owt} * TW;",
+                 f"const int oh = q / {win.k * owt} % {win.oh}, "
+                 f"nimg = q / {win.k * owt * win.oh};",
+                 f"const float* xp = in0 + nimg * {win.h * win.w * win.c} + {cin};"]
     if win.kind != "adaptive":
         body += ["float acc[TW];", "#pragma unroll",
                  f"for (int t = 0; t < TW; ++t) acc[t] = {init};"] + _taps(win, cfg)
-    body += _finish(compute, win)
+    body += _finish(compute, win, layout)
     source = kernel_source(compute, threads, body)
     grid = check_grid((math.ceil(total / threads), 1, 1), compute.describe())
     return CudaKernel(kernel_name(compute), source, grid, (threads, 1, 1), 0,
@@ -158,7 +182,7 @@ def render_window(compute: Compute, win: Window, cfg: Config) -> CudaKernel:
 
 def window_reason(c: Compute) -> str | None:
     if len(c.inputs[0].shape) != 4:
-        return f"{c.op} on a {len(c.inputs[0].shape)}-D input (NCHW only)"
+        return f"{c.op} on a {len(c.inputs[0].shape)}-D input (4-D only)"
     if c.op == "conv2d" and c.output.shape[1] % c.attr("groups"):
         return "output channels not a multiple of groups"
     return None

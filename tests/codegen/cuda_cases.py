@@ -75,6 +75,9 @@ CASES: dict[str, Compute] = {
                                      epilogue=(bias(), broadcast((1, 32, 1, 1)), unary("silu"))),
     "conv_grouped_affine_tanh": conv((1, 8, 8, 8), 16, 3, 1, 1, groups=2,
                                      epilogue=(affine(), unary("tanh"))),
+    "conv_spatial_broadcasts": conv((2, 8, 6, 5), 8, 3, 1, 1,  # every output coordinate
+                                    epilogue=(broadcast((1, 1, 6, 5)),
+                                              broadcast((2, 1, 1, 1), "add"))),
     "conv7x7_stem": conv((1, 3, 16, 16), 8, 7, 2, 3, epilogue=(bias(), unary("relu"))),
     "conv1x1_s2": conv((1, 12, 7, 7), 24, 1, 2, epilogue=(bias(), residual(), unary("relu"))),
     "depthwise_relu6": conv((1, 16, 10, 10), 16, 3, 1, 1, groups=16,

@@ -17,9 +17,10 @@ from raytune_kernels.codegen import cuda_emulate
 from raytune_kernels.codegen.cuda_build import (CudaBuildResult, build_cuda, compile_cuda,
                                                 nvrtc_unavailable, resource_problems)
 from raytune_kernels.codegen.cuda_gemm_views import gemm_view
-from raytune_kernels.codegen.cuda_kernel import cuda_pack, cuda_unpack
-from raytune_kernels.codegen.cuda_render import (CudaLoweringError, cuda_space_for,
-                                                 cuda_unsupported_reason, render_cuda)
+from raytune_kernels.codegen.cuda_render import (CudaLoweringError, cuda_pack, cuda_space_for,
+                                                 cuda_layouts, cuda_unpack,
+                                                 cuda_unsupported_reason, operand_layouts,
+                                                 render_cuda)
 from raytune_kernels.codegen.schedules import space_for_target
 from raytune_kernels.codegen.space import Config
 from raytune_kernels.measure import random_operands
@@ -60,7 +61,8 @@ def test_every_zoo_task_renders_for_cuda(zoo_tasks):
 
 
 def _gemm_cfg(**over):
-    knobs = dict(bm=32, bn=64, tm=4, tn=4, interleave=False, va=4, vb=1, bk=16, unroll=4)
+    knobs = dict(bm=32, bn=64, tm=4, tn=4, interleave=False, va=4, vb=1, bk=16, unroll=4,
+                 layout="NCHW")
     return Config.of(**{**knobs, **over})
 
 
@@ -80,9 +82,11 @@ def test_gemm_stages_reduction_tiles_in_shared_memory_and_fuses_the_epilogue():
 
 
 def test_vector_loads_only_where_aligned():
-    pointwise = cuda_space_for(CASES["conv1x1_channel_mul_silu"])  # HW = 64, C = 16
-    strided = cuda_space_for(CASES["conv1x1_s2"])  # gathered B, K = 12
-    odd = cuda_space_for(conv((1, 3, 9, 9), 8, 3, 1, 1))  # K = 27
+    def nchw(c):
+        return dict(cuda_space_for(c).parts)["NCHW"]
+    pointwise = nchw(CASES["conv1x1_channel_mul_silu"])  # HW = 64, C = 16
+    strided = nchw(CASES["conv1x1_s2"])  # gathered B, K = 12
+    odd = nchw(conv((1, 3, 9, 9), 8, 3, 1, 1))  # K = 27
     assert {c[5] for c in pointwise.coupled} == {1, 4} == {c[6] for c in pointwise.coupled}
     assert {c[6] for c in strided.coupled} == {1} and {c[5] for c in strided.coupled} == {1, 4}
     assert {c[5] for c in odd.coupled} == {1}
@@ -105,7 +109,8 @@ def test_gemm_space_rules_hold_for_every_point(zoo_tasks):
 
 
 def test_window_and_row_geometry():
-    k = render_cuda(CASES["maxpool3x3_s2"], Config.of(threads=64, tw=2, unroll=True))
+    k = render_cuda(CASES["maxpool3x3_s2"], Config.of(threads=64, tw=2, unroll=True,
+                                                      layout="NCHW"))
     assert k.grid == (math.ceil(8 * 5 * 3 / 64), 1, 1) and k.block == (64, 1, 1)
     assert "fmaxf(acc[t], xr[iw])" in k.source
     soft = render_cuda(CASES["softmax_axis1"], Config.of(threads=32, vec=1))
@@ -146,14 +151,14 @@ def test_unsupported_computes_say_why():
 
 def test_pack_checks_operands_and_unpack_restores_the_shape():
     c = CASES["dense_3d_residual"]
-    ops = random_operands(c)
-    flat = cuda_pack(c, ops)
+    ops, cfg = random_operands(c), cuda_space_for(c).sample(random.Random(0))
+    flat = cuda_pack(c, ops, cfg)
     assert [a.size for a in flat] == [160, 320, 20, 200, 200] and not flat[-1].any()
-    assert cuda_unpack(c, flat[3]).shape == (2, 5, 20)
+    assert cuda_unpack(c, flat[3], cfg).shape == (2, 5, 20)
     with pytest.raises(ValueError, match=r"operand 1 .* has shape \(16, 20\)"):
-        cuda_pack(c, [ops[0], ops[1].T, *ops[2:]])
+        cuda_pack(c, [ops[0], ops[1].T, *ops[2:]], cfg)
     with pytest.raises(ValueError, match="takes 4 operands, got 3"):
-        cuda_pack(c, ops[:3])
+        cuda_pack(c, ops[:3], cfg)
 
 
 def test_space_for_target_dispatches_on_the_target():
@@ -173,11 +178,11 @@ def _emulate_samples(names, per_case: int, seed: int):
         space = cuda_space_for(c)
         cfgs = list(space) if per_case == 0 else [space.sample(rng) for _ in range(per_case)]
         for cfg in cfgs:
-            runs.append((render_cuda(c, cfg), cuda_pack(c, ops)))
+            runs.append((render_cuda(c, cfg), cuda_pack(c, ops, cfg)))
             meta.append((name, cfg, expected))
     outs = cuda_emulate.emulate_many(runs)
     for (name, cfg, expected), out in zip(meta, outs):
-        got = cuda_unpack(CASES[name], out)
+        got = cuda_unpack(CASES[name], out, cfg)
         assert torch.isfinite(got).all(), (name, cfg, "unwritten or non-finite outputs")
         assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), \
             (name, cfg, (got - expected).abs().max().item())
@@ -203,6 +208,61 @@ def test_every_config_of_small_window_and_row_spaces_matches_the_reference():
     assert _emulate_samples(names, 0, seed=2) > 200
 
 
+def _layout_configs(c, layout: str, n: int, rng: random.Random) -> list[Config]:
+    """n sampled configs of a conv or window compute that read and write `layout`."""
+    space = cuda_space_for(c)
+    if hasattr(space, "parts"):  # GEMM convs: one space per layout
+        part = dict(space.parts)[layout]
+        return [Config(tuple(sorted(part.sample(rng).knobs + (("layout", layout),))))
+                for _ in range(n)]
+    return [Config(tuple(sorted((k, layout if k == "layout" else v)
+                                for k, v in space.sample(rng).knobs))) for _ in range(n)]
+
+
+@needs_cxx
+def test_nhwc_kernels_match_the_reference():
+    """Every conv (GEMM and depthwise) and pooling case, in NHWC: residuals read in NHWC,
+    per-channel and broadcast operands by their coordinates, the weight packed KRSC."""
+    names = [n for n in sorted(CASES) if CASES[n].op in ("conv2d", "max_pool2d",
+                                                         "avg_pool2d", "adaptive_avg_pool2d")]
+    runs, meta, rng = [], [], random.Random(3)
+    for name in names:
+        c = CASES[name]
+        ops = random_operands(c, 3)
+        with torch.no_grad():
+            expected = reference(c, *ops)
+        for cfg in _layout_configs(c, "NHWC", 3, rng):
+            runs.append((render_cuda(c, cfg), cuda_pack(c, ops, cfg)))
+            meta.append((name, cfg, expected))
+    assert len(names) >= 14
+    for (name, cfg, expected), out in zip(meta, cuda_emulate.emulate_many(runs)):
+        got = cuda_unpack(CASES[name], out, cfg)
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), \
+            (name, cfg, (got - expected).abs().max().item())
+
+
+def test_nhwc_layouts_of_operands_and_kernels():
+    c = CASES["conv_batch2_s2_residual"]  # 2x8x9x9 -> 16ch 3x3 s2, bias and residual
+    nhwc = _gemm_cfg(bm=32, bn=16, tm=2, tn=4, layout="NHWC")
+    assert operand_layouts(c, nhwc) == ["NHWC", "NHWC", "NCHW", "NHWC"]
+    assert operand_layouts(c, _gemm_cfg()) == ["NCHW"] * 4
+    assert cuda_layouts(c, nhwc) == ("NHWC", "NHWC")
+    src = render_cuda(c, nhwc).source
+    assert "xb + (ih * 9 + iw) * 8 + cin" in src  # a pixel's channels are contiguous
+    assert "wb + (x) * 72 + k" in src  # KRSC weight rows
+    assert "*reinterpret_cast<float4*>(out + o0)" in src  # stores along channels
+    dw = CASES["depthwise_relu6"]
+    dw_cfg = _layout_configs(dw, "NHWC", 1, random.Random(0))[0]
+    assert operand_layouts(dw, dw_cfg)[:2] == ["NHWC", "NCHW"]  # weight as torch has it
+    flat = cuda_pack(c, random_operands(c), nhwc)
+    x = random_operands(c)[0]
+    assert torch.equal(torch.from_numpy(cuda_pack(c, random_operands(c), nhwc)[0]),
+                       x.permute(0, 2, 3, 1).reshape(-1))
+    assert cuda_unpack(c, flat[0][:c.output.numel], nhwc).shape == c.output.shape
+    with pytest.raises(CudaLoweringError, match="layout='NCHWc' is not one of"):
+        render_cuda(c, _gemm_cfg(layout="NCHWc"))
+
+
 def _emulation_cost(c, kernel, cfg) -> int:
     """Thread-steps the emulator runs: threads launched, times the k loop's barriers."""
     steps = math.ceil(gemm_view(c).k / cfg["bk"]) if "bk" in dict(cfg.knobs) else 1
@@ -218,20 +278,20 @@ def test_zoo_tasks_at_full_size_match_the_reference(zoo_tasks):
     for i, t in enumerate(zoo_tasks):
         cfg = cuda_space_for(t.compute).sample(random.Random(i))
         kernel = render_cuda(t.compute, cfg)
-        costed.append((_emulation_cost(t.compute, kernel, cfg), i, t.compute, kernel))
+        costed.append((_emulation_cost(t.compute, kernel, cfg), i, t.compute, kernel, cfg))
     picked = []
     for op in sorted({c.op for _, _, c, _ in costed}):
         cheap = sorted(p for p in costed if p[2].op == op and p[0] <= 300_000)
         picked += cheap[:2]
-    assert {c.op for _, _, c, _ in picked} == {c.op for _, _, c, _ in costed}
+    assert {p[2].op for p in picked} == {p[2].op for p in costed}
     runs, expected = [], []
-    for _, i, c, kernel in picked:
+    for _, i, c, kernel, cfg in picked:
         ops = random_operands(c, i)
-        runs.append((kernel, cuda_pack(c, ops)))
+        runs.append((kernel, cuda_pack(c, ops, cfg)))
         with torch.no_grad():
             expected.append(reference(c, *ops))
-    for (_, _, c, _), out, want in zip(picked, cuda_emulate.emulate_many(runs), expected):
-        got = cuda_unpack(c, out)
+    for (_, _, c, _, cfg), out, want in zip(picked, cuda_emulate.emulate_many(runs), expected):
+        got = cuda_unpack(c, out, cfg)
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), \
             (c.describe(), (got - want).abs().max().item())
 
@@ -239,8 +299,9 @@ def test_zoo_tasks_at_full_size_match_the_reference(zoo_tasks):
 @needs_cxx
 def test_the_emulator_catches_out_of_bounds_and_unwritten_outputs():
     c = CASES["avgpool2x2"]
-    kernel = render_cuda(c, Config.of(threads=64, tw=1, unroll=False))
-    arrays = cuda_pack(c, random_operands(c))
+    cfg = Config.of(threads=64, tw=1, unroll=False, layout="NCHW")
+    kernel = render_cuda(c, cfg)
+    arrays = cuda_pack(c, random_operands(c), cfg)
     shifted = kernel.__class__(kernel.name, kernel.source.replace("out[o] = v;",
                                                                   "out[o + 1] = v;"),
                                kernel.grid, kernel.block, 0, kernel.buffers)
@@ -265,7 +326,7 @@ def test_shared_memory_kernels_are_free_of_data_races():
                       ("layer_norm_long_rows", Config.of(threads=64, vec=4))):
         c = CASES[name]  # rows of several warps: partials cross warps through shared memory
         cfg = cfg or cuda_space_for(c).sample(random.Random(5))
-        runs.append((render_cuda(c, cfg), cuda_pack(c, random_operands(c))))
+        runs.append((render_cuda(c, cfg), cuda_pack(c, random_operands(c), cfg)))
     cuda_emulate.emulate_many(runs, sanitizer="thread")
     gemm, arrays = runs[0]
     cut = gemm.source.rindex("__syncthreads();")
