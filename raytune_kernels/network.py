@@ -599,12 +599,13 @@ def compile_network(model: torch.nn.Module,
     With `check`, the output is compared with model(x) (max abs error <= atol).
     A "cuda" target returns a network_cuda.GpuNetwork (the same calls, run on the GPU)."""
     tgt = parse_target(target)
-    if tgt.kind == "cuda":  # its own planner and executor (network_cuda.py); threads,
-        # layout and time_limit_s are options of the CPU path only
+    if tgt.kind == "cuda":  # its own planner and executor (network_cuda.py); threads is
+        # an option of the CPU path only
         from .network_cuda import compile_network_cuda
 
         return compile_network_cuda(model, example_inputs, records, tgt, fallback=fallback,
-                                    check=check, atol=atol, verbose=verbose)
+                                    check=check, atol=atol, verbose=verbose, layout=layout,
+                                    time_limit_s=time_limit_s)
     if tgt.kind != "llvm":
         raise CompileError(f"target {target!r}: no network compiler for this target kind")
     if fallback not in (None, TORCH):
@@ -623,7 +624,8 @@ def compile_network(model: torch.nn.Module,
         tseconds = {t.key: torch_seconds(t.compute, threads, cold_weights=cold)
                     for t in part.tasks}
     cands = _candidates(part, recs, fallback, tseconds, threads, family_of=_base)
-    plan, chosen = _choose(part, cands, layout, opts, time_limit_s)
+    plan, chosen = _choose(part, cands, layout,
+                           lambda shape, a, b: transform_cost(shape, a, b, opts), time_limit_s)
     planner = _Planner(part, tgt.mcpu, opts)
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):
@@ -724,10 +726,10 @@ def _bindable(part: Partition, step: TaskStep, cand: Candidate) -> bool:
 
 
 def _choose(part: Partition, cands: list[list[Candidate]], layout: str,
-            opts: MeasureOptions, time_limit_s: float) -> tuple[LayoutPlan, list[Candidate]]:
-    def transform(shape, a, b):
-        return transform_cost(shape, a, b, opts)
-
+            transform: Callable[[tuple, str, str], float], time_limit_s: float
+            ) -> tuple[LayoutPlan, list[Candidate]]:
+    """The layout plan and each step's candidate: by the ILP over every candidate, or
+    ("uniform") the best plan that keeps one layout family wherever a step has it."""
     def solve(per_step: list[list[Candidate]]):
         by_node = {}
         for s, cs in zip(part.steps, per_step):

@@ -14,11 +14,13 @@ Two halves, kept apart so the first is tested without a GPU:
   plan order without explicit synchronisation. The tests run the same plan through a CPU
   emulator device (tests/gpu_emulator.py, cuda_emulate underneath).
 
-Layouts: every CUDA kernel today reads and writes torch's contiguous layout (NCHW for
-activations; codegen/cuda_kernel.py), so no transform is planned between two kernels. The
-planner still asks each kernel for its layouts and, where consecutive steps disagree,
-inserts a torch permute + contiguous copy on the device (`to_layout`): correct, but not a
-tuned transform kernel. The layout ILP of the CPU path is not applied to GPU graphs yet.
+Layouts: convolutions and windows are tuned in NCHW and in NHWC (the config's `layout`).
+The layout ILP of the CPU path (layout_graph + layout.solve_ilp) chooses each step's
+kernel among the best record of each layout, and torch's kernel where fallback="torch"
+and it is faster, against the cost of the transforms the choice implies; those costs are
+timed on the GPU by the device (a torch permute + contiguous copy, `to_layout`, under the
+records' protocol). Values whose two layouts hold the same memory order (one channel, or
+one pixel) are relabelled, not copied.
 """
 from __future__ import annotations
 
@@ -32,20 +34,26 @@ import torch
 
 from .codegen.cuda_build import compile_cuda, resource_problems
 from .codegen.cuda_kernel import CudaKernel
-from .codegen.cuda_render import cuda_unsupported_reason, render_cuda
+from .codegen.cuda_render import (cuda_layouts, cuda_unsupported_reason, operand_layouts,
+                                  render_cuda, to_buffer_layout)
 from .codegen.space import Config
 from .frontend import capture
-from .network import CompileError, CompiledNetwork, Profile, ProfileRow  # imports us lazily
+from .layout import LayoutPlan
+from .layout_graph import Candidate
+from .network import (CompileError, CompiledNetwork, Profile, ProfileRow,  # imports us lazily
+                      _choose)
 from .partition import GlueStep, Partition, TaskStep, partition, run_glue, run_steps
 from .records import Record, best_per_task, load_records
+from .measure import MeasureOptions, random_operands
 from .reference import reference
 from .target import Target, parse_target
 from .timing import TimingOptions, median, time_runs
+from .torch_gpu import time_torch_gpu, torch_gpu_mode
 
 NCHW, NHWC = "NCHW", "NHWC"
-KERNEL_LAYOUT = NCHW  # what every CUDA kernel reads and writes (cuda_kernel.py)
 ALIGN = 64  # floats: arena offsets on 256 bytes, as cudaMalloc aligns (float4 loads)
 TORCH = "torch"
+GPU_TIMING = MeasureOptions().timing()  # transforms and torch's kernels, timed as records
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -108,13 +116,20 @@ class GpuPlan:
     arena_floats: int
     value_of: dict[int, tuple[str, str]]  # id(step) -> (graph value, layout) it completes
     estimated_s: float = 0.0
+    layout_plan: LayoutPlan | None = None
 
     def summary(self) -> str:
         kinds = [s.kind for s in self.steps]
-        return (f"{len(self.steps)} steps on {self.arch} ("
+        lay = [s.out.layout for s in self.steps if s.kind == "kernel"]
+        text = (f"{len(self.steps)} steps on {self.arch} ("
                 + ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds)))
-                + f"); arena {self.arena_floats * 4 / 2**20:.2f} MiB, constants "
+                + f"; kernels writing {lay.count(NCHW)} NCHW, {lay.count(NHWC)} NHWC); "
+                f"arena {self.arena_floats * 4 / 2**20:.2f} MiB, constants "
                 f"{sum(c.nbytes for c in self.consts) / 2**20:.2f} MiB")
+        if self.layout_plan is not None:
+            p = self.layout_plan
+            text += f"; layout plan {p.cost * 1e3:.3f} ms by {p.solver} in {p.seconds:.2f} s"
+        return text
 
 
 def physical_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
@@ -141,20 +156,18 @@ def to_layout(x: torch.Tensor, src: str, dst: str) -> torch.Tensor:
                        "GPU path")
 
 
-def kernel_layouts(compute, kernel: CudaKernel) -> tuple[str, str]:
-    """(first input's layout, output layout) of a task's CUDA kernel: contiguous for all
-    of today's kernels; the one place to change when a kernel family learns another."""
-    return KERNEL_LAYOUT, KERNEL_LAYOUT
+def same_order(shape: tuple[int, ...], a: str, b: str) -> bool:
+    """Whether layouts a and b hold a value's elements in the same memory order (equal,
+    or a 4-D value with one channel or one pixel): then changing layout copies nothing."""
+    return a == b or (len(shape) == 4 and (shape[1] == 1 or shape[2] * shape[3] == 1))
 
 
 class _Planner:
-    def __init__(self, part: Partition, arch: str, best: dict[str, Record],
-                 layouts: Callable[..., tuple[str, str]] = kernel_layouts):
-        self.part, self.graph, self.arch, self.best = part, part.graph, arch, best
-        self.layouts = layouts
+    def __init__(self, part: Partition, arch: str):
+        self.part, self.graph, self.arch = part, part.graph, arch
         self.steps: list[GpuStep] = []
         self.consts: list[np.ndarray] = []
-        self.const_of: dict[str, Const] = {}
+        self.const_of: dict[tuple[str, str], Const] = {}
         self.produced: dict[str, tuple[GBuf, str]] = {}
         self.copies: dict[tuple[str, str], GBuf] = {}
         self.built: dict[tuple[str, Config], tuple[CudaKernel, bytes]] = {}
@@ -164,19 +177,26 @@ class _Planner:
         for (name, _), buf in zip(self.graph.inputs, self.inputs):
             self.produced[name] = (buf, NCHW)
 
-    def const(self, name: str) -> Const:
-        if name not in self.const_of:
-            p = self.graph.params[name].detach().cpu()
-            self.consts.append(np.ascontiguousarray(p.numpy()))
-            self.const_of[name] = Const(len(self.consts) - 1)
-        return self.const_of[name]
+    def const(self, name: str, layout: str = NCHW) -> Const:
+        """A parameter packed once per layout (a GEMM conv's NHWC weight is KRSC)."""
+        if (name, layout) not in self.const_of:
+            p = self.graph.params[name].detach().cpu().float()
+            packed = p if layout == NCHW else to_buffer_layout(p, layout, tuple(p.shape))
+            self.consts.append(np.ascontiguousarray(packed.numpy()))
+            self.const_of[(name, layout)] = Const(len(self.consts) - 1)
+        return self.const_of[(name, layout)]
 
     def value(self, name: str, layout: str) -> GBuf:
         """`name` stored in `layout`, through a (cached) torch transform when needed."""
         buf, have = self.produced[name]
         if have == layout:
             return buf
-        if (name, layout) not in self.copies:
+        if (name, layout) in self.copies:
+            return self.copies[(name, layout)]
+        if same_order(buf.shape, have, layout):  # the same bytes under another label
+            self.aliases.append(GBuf(buf.size, buf.shape, layout, alias=buf))
+            self.copies[(name, layout)] = self.aliases[-1]
+        else:
             physical_shape(buf.shape, layout)  # fails early for a layout we cannot store
             out = GBuf(buf.size, buf.shape, layout)
             fn = lambda x, a=have, b=layout: to_layout(x, a, b)  # noqa: E731
@@ -186,35 +206,37 @@ class _Planner:
         return self.copies[(name, layout)]
 
     def operand(self, name: str, layout: str = NCHW) -> "GBuf | Const":
-        return self.const(name) if name in self.graph.params else self.value(name, layout)
+        return self.const(name, layout) if name in self.graph.params else \
+            self.value(name, layout)
 
-    def task(self, step: TaskStep) -> None:
+    def task(self, step: TaskStep, cand: Candidate) -> None:
+        """Plan a task step as its chosen candidate: a config (a kernel) or TORCH."""
         compute = self.part.task(step.key).compute
-        rec = self.best.get(step.key)
-        if rec is None:  # fallback="torch" (missing records were refused before planning)
+        if cand.config == TORCH:  # fallback="torch": torch's kernel on the device tensors
             ops = [self.operand(a) for a in step.args]
             out = GBuf(compute.output.numel, compute.output.shape)
             fn = lambda *xs, c=compute: reference(c, *xs)  # noqa: E731
-            self._add(GpuStep(step.layer, TORCH, (step.layer,), ops, out, key=step.key, fn=fn),
-                      step.output)
+            self._add(GpuStep(step.layer, TORCH, (step.layer,), ops, out, cand.seconds,
+                              key=step.key, fn=fn), step.output)
             return
-        kernel, binary = self._build(step, compute, Config.from_json(rec.config))
-        in_layout, out_layout = self.layouts(compute, kernel)
+        cfg = cand.config
+        kernel, binary = self._build(step, compute, cfg)
+        out_layout = cuda_layouts(compute, cfg)[1]
         if len(step.args) != len(kernel.buffers) - 1:
             raise CompileError(f"{step.layer}: {len(step.args)} operands for the "
                                f"{len(kernel.buffers) - 1} input buffers of task "
                                f"{step.key}'s kernel")
         ops = []
-        for i, (arg, kb) in enumerate(zip(step.args, kernel.buffers)):
-            op = self.operand(arg, in_layout if i == 0 else NCHW)
+        for arg, kb, lay in zip(step.args, kernel.buffers, operand_layouts(compute, cfg)):
+            op = self.operand(arg, lay)
             size = self.consts[op.index].size if isinstance(op, Const) else op.size
             if size != kb.size:
                 raise CompileError(f"{step.layer}: operand {arg} holds {size} floats, kernel "
                                    f"buffer {kb.name} of task {step.key} reads {kb.size}")
             ops.append(op)
         out = GBuf(compute.output.numel, compute.output.shape, out_layout)
-        self._add(GpuStep(step.layer, "kernel", (step.layer,), ops, out, rec.median, step.key,
-                          kernel, binary), step.output)
+        self._add(GpuStep(step.layer, "kernel", (step.layer,), ops, out, cand.seconds,
+                          step.key, kernel, binary), step.output)
 
     def _build(self, step: TaskStep, compute, cfg: Config) -> tuple[CudaKernel, bytes]:
         """Render and NVRTC-build a (task, config) once; a config that no longer renders
@@ -296,27 +318,81 @@ def assign_offsets(steps: list[GpuStep], pinned: Iterable[GBuf],
     return top
 
 
-def plan_network(part: Partition, best: dict[str, Record], arch: str,
-                 layouts: Callable[..., tuple[str, str]] = kernel_layouts) -> GpuPlan:
-    """The plan of a partitioned graph from the chosen record of each task (a task absent
-    from `best` runs in torch); builds every kernel with NVRTC for `arch`."""
-    planner = _Planner(part, arch, best, layouts)
-    for step in part.steps:
+def plan_network(part: Partition, chosen: Sequence[Candidate | None], arch: str,
+                 estimated_s: float = 0.0, layout_plan: LayoutPlan | None = None) -> GpuPlan:
+    """The plan of a partitioned graph from each step's chosen candidate (a config, or
+    TORCH; None for glue steps); builds every kernel with NVRTC for `arch`."""
+    planner = _Planner(part, arch)
+    for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):
-            planner.task(step)
+            planner.task(step, cand)
         else:
             planner.glue(step)
     outputs = planner.outputs()
     arena = assign_offsets(planner.steps, planner.inputs + outputs, planner.aliases)
-    estimated = sum(t.weight * best[t.key].median for t in part.tasks if t.key in best)
     return GpuPlan(arch, part, planner.steps, planner.inputs, outputs, planner.consts,
-                   arena, planner.value_of, estimated)
+                   arena, planner.value_of, estimated_s, layout_plan)
+
+
+def step_candidates(part: Partition, records: list[Record],
+                    torch_s: dict[str, float] | None = None) -> list[list[Candidate]]:
+    """Per step: the best record of each (input, output) layout pair of its task, as
+    Candidates carrying their Config; with `torch_s` (fallback="torch"), torch's kernel
+    too at its measured time, and no record slower than it. Glue steps read and write
+    NCHW."""
+    best: dict[str, dict[tuple[str, str], Record]] = {}
+    computes = {t.key: t.compute for t in part.tasks}
+    for r in records:
+        if r.ok and r.task_key in computes:
+            try:
+                pair = cuda_layouts(computes[r.task_key], Config.from_json(r.config))
+            except (KeyError, TypeError, ValueError):
+                continue  # a config from another version: named when planned, if chosen
+            mine = best.setdefault(r.task_key, {})
+            if pair not in mine or r.median < mine[pair].median:
+                mine[pair] = r
+    out = []
+    for step in part.steps:
+        if isinstance(step, GlueStep):
+            out.append([Candidate(NCHW, NCHW, 0.0)])
+            continue
+        cands = [Candidate(a, b, r.median, Config.from_json(r.config))
+                 for (a, b), r in sorted(best.get(step.key, {}).items())]
+        if torch_s is not None:
+            cands = [c for c in cands if c.seconds <= torch_s[step.key]]
+            cands.append(Candidate(NCHW, NCHW, torch_s[step.key], TORCH))
+        out.append(cands)
+    return out
+
+
+def choose_layouts(part: Partition, cands: list[list[Candidate]], layout: str,
+                   transform_s: Callable[[tuple, str, str], float], time_limit_s: float
+                   ) -> tuple[LayoutPlan, list[Candidate | None]]:
+    """Each step's candidate: the layout ILP over all of them ("ilp"), or the best plan
+    that keeps one layout wherever a step has it ("uniform"). Transforms between layouts
+    of the same memory order cost nothing."""
+    def transform(shape, a, b):
+        return 0.0 if same_order(tuple(shape), a, b) else transform_s(tuple(shape), a, b)
+    plan, chosen = _choose(part, cands, layout, transform, time_limit_s)
+    return plan, [c if isinstance(s, TaskStep) else None for s, c in zip(part.steps, chosen)]
 
 
 # ------------------------------------------------------------------------ the execution
 
 class Device(Protocol):
-    """Memory and launches for a plan: the GPU (CupyDevice), or an emulator in tests."""
+    """Memory and launches for a plan: the GPU (CupyDevice), or an emulator in tests. The
+    class also times, before any plan exists, what the layout choice weighs."""
+
+    def __init__(self, plan: GpuPlan) -> None:
+        ...
+
+    @staticmethod
+    def transform_seconds(shape: tuple[int, ...], src: str, dst: str) -> float:
+        """Seconds to turn a value of logical `shape` from layout src into dst."""
+
+    @staticmethod
+    def torch_seconds(compute) -> float:
+        """Seconds of torch's kernel for a task on this device (fallback="torch")."""
 
     def tensor(self, buf: GBuf) -> torch.Tensor:
         """The buffer's `size` floats as a flat torch tensor sharing its memory."""
@@ -356,6 +432,16 @@ class CupyDevice:
         self._consts_cp = [cp.asarray(c.reshape(-1)) for c in self.consts]
         self._loaded: dict[bytes, object] = {}
         self._load = LoadedKernel
+
+    @staticmethod
+    def transform_seconds(shape: tuple[int, ...], src: str, dst: str) -> float:
+        x = torch.randn(physical_shape(shape, src), device="cuda")
+        return median(time_torch_gpu(lambda: to_layout(x, src, dst), GPU_TIMING, True))
+
+    @staticmethod
+    def torch_seconds(compute) -> float:
+        ops = [x.cuda() for x in random_operands(compute)]
+        return median(time_torch_gpu(lambda: reference(compute, *ops), GPU_TIMING, True))
 
     def tensor(self, buf: GBuf) -> torch.Tensor:
         return self.arena[buf.offset: buf.offset + buf.size]
@@ -413,7 +499,7 @@ class GpuNetwork:
             if tuple(x.shape) != tuple(view.shape):
                 raise ValueError(f"input {name}: shape {tuple(x.shape)}, compiled for "
                                  f"{tuple(view.shape)}")
-        with torch.no_grad(), _true_float32():
+        with torch.no_grad(), torch_gpu_mode():
             for x, view in zip(inputs, self._in_views):
                 view.copy_(x)
             self._run()
@@ -430,7 +516,7 @@ class GpuNetwork:
         GPU) around the launches alone: inputs are random and already on the device,
         warm-up, `number` grown to min_repeat_ms per repeat, the median of the repeats."""
         g = torch.Generator().manual_seed(0)
-        with torch.no_grad(), _true_float32():
+        with torch.no_grad(), torch_gpu_mode():
             for view in self._in_views:
                 view.copy_(torch.randn(view.shape, generator=g))
             for _ in range(opts.warmup):
@@ -447,7 +533,7 @@ class GpuNetwork:
         end_to_end = self.benchmark(TimingOptions(opts.warmup, opts.min_repeat_ms * 10,
                                                   opts.repeats))
         rows = []
-        with torch.no_grad(), _true_float32():
+        with torch.no_grad(), torch_gpu_mode():
             for s, call in zip(self.steps, self._calls):
                 alone = self._time(call, opts)
                 ref = self._torch_time(s, opts) if s.key is not None else None
@@ -476,17 +562,6 @@ class GpuNetwork:
     fidelity = CompiledNetwork.fidelity
 
 
-class _true_float32:
-    """TF32 off while torch steps run (the checks compare with true float32)."""
-
-    def __enter__(self):
-        self.old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-
-    def __exit__(self, *exc):
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.old
-
-
 def check_gpu_network(net: GpuNetwork, model, inputs, atol: float) -> None:
     """net(x) against model(x) on the CPU; on a mismatch, name the first step whose value
     diverges from the tasks' references."""
@@ -506,7 +581,7 @@ def first_gpu_divergence(net: GpuNetwork, inputs, atol: float = 1e-3) -> str:
     """Run the steps one at a time next to the references and name the first value that
     disagrees (arena ranges are reused, so each value is compared when written)."""
     env = run_steps(net.part, inputs)
-    with torch.no_grad(), _true_float32():
+    with torch.no_grad(), torch_gpu_mode():
         for x, view in zip(inputs, net._in_views):
             view.copy_(x)
         for s, call in zip(net.steps, net._calls):
@@ -561,21 +636,29 @@ def compile_network_cuda(model: torch.nn.Module,
                          example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
                          records: "str | Iterable[Record]", target: "str | Target" = "cuda",
                          fallback: str | None = None, check: bool = True, atol: float = 1e-3,
-                         verbose: bool = False,
-                         device: Callable[[GpuPlan], Device] | None = None) -> GpuNetwork:
-    """Compile `model` for a cuda target from the best record of each task for its arch.
+                         verbose: bool = False, layout: str = "ilp",
+                         time_limit_s: float = 20.0,
+                         device: "type[Device] | None" = None) -> GpuNetwork:
+    """Compile `model` for a cuda target from the records for its arch.
 
-    A task without a record is an error naming its layer, or with fallback="torch" runs
-    torch's kernel on the GPU tensors. With `check`, the output is compared with model(x)
-    (max abs error <= atol) and the first diverging step named. `device` makes the
-    executor of the plan (default: CupyDevice on GPU 0; tests pass an emulator)."""
+    Each step runs the best record of the layout the layout ILP gives it (layout="ilp"),
+    or of one layout for the whole network where it has one ("uniform"); transforms
+    between layouts are timed on the device. A task without a record is an error naming
+    its layer; with fallback="torch" it runs torch's kernel on the GPU tensors, and so
+    does any step where torch's kernel, timed on the device, is faster. With `check`,
+    the output is compared with model(x) (max abs error <= atol) and the first diverging
+    step named. `device` is the executor class (default: CupyDevice on the current GPU;
+    tests pass an emulator): it times transforms and torch's kernels, and runs the plan."""
     tgt = parse_target(target)
     if fallback not in (None, TORCH):
         raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
+    if layout not in ("ilp", "uniform"):
+        raise CompileError(f"layout must be 'ilp' or 'uniform', got {layout!r}")
     arch = _arch(tgt)
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) \
         else tuple(example_inputs)
-    best = best_per_task(cuda_records(records, arch, plain_ok=tgt.arch is None))
+    recs = cuda_records(records, arch, plain_ok=tgt.arch is None)
+    best = best_per_task(recs)
     part = partition(capture(model, inputs))
     missing = _missing(part, best)
     if missing and fallback is None:
@@ -584,7 +667,16 @@ def compile_network_cuda(model: torch.nn.Module,
                            + ". Tune them, or pass fallback='torch' to run PyTorch's kernels")
     if device is None:
         device = _gpu_device()
-    plan = plan_network(part, best, arch)
+    torch_s = None
+    if fallback:
+        torch_s = {t.key: device.torch_seconds(t.compute) for t in part.tasks}
+    cands = step_candidates(part, recs, torch_s)
+    layout_plan, chosen = choose_layouts(part, cands, layout, device.transform_seconds,
+                                         time_limit_s)
+    estimated = sum(t.weight * best[t.key].median for t in part.tasks if t.key in best)
+    if torch_s:
+        estimated += sum(t.weight * torch_s[t.key] for t in part.tasks if t.key not in best)
+    plan = plan_network(part, chosen, arch, estimated, layout_plan)
     net = GpuNetwork(plan, device(plan))
     if verbose:
         print("compiled " + plan.summary())
@@ -593,7 +685,7 @@ def compile_network_cuda(model: torch.nn.Module,
     return net
 
 
-def _gpu_device() -> Callable[[GpuPlan], Device]:
+def _gpu_device() -> "type[Device]":
     """CupyDevice, or an error saying what is missing to run on a GPU."""
     from .measure_gpu import gpu_count
 

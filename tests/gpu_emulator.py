@@ -19,6 +19,18 @@ class EmulatorDevice:
     copies its operands out (the emulator takes exact-size arrays, ASan guarding their
     ends) and its output back into the arena, as the kernel would have written it."""
 
+    # what the layout choice weighs, made up: tests set the figures a plan must weigh
+    transform_s = 5e-6
+    torch_s = 1e-3
+
+    @classmethod
+    def transform_seconds(cls, shape, src: str, dst: str) -> float:
+        return cls.transform_s
+
+    @classmethod
+    def torch_seconds(cls, compute) -> float:
+        return cls.torch_s
+
     def __init__(self, plan: GpuPlan):
         self.arena = torch.full((max(plan.arena_floats, 1),), float("nan"))
         self.consts = [torch.from_numpy(c.copy()) for c in plan.consts]

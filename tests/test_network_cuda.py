@@ -3,7 +3,10 @@ records, the plan (packed weights, arena offsets, launch order, torch steps) run
 the CPU CUDA emulator and compared with the model; and, where a GPU is visible, the same
 network run by cupy and benchmarked with CUDA events."""
 import dataclasses
+import math
 import random
+
+import numpy as np
 
 import pytest
 import torch
@@ -16,11 +19,9 @@ from raytune_kernels.measure import MeasureResult
 from raytune_kernels.network import CompileError
 from raytune_kernels.network_cuda import (ALIGN, NCHW, NHWC, GBuf, GpuNetwork, GpuStep,
                                           assign_offsets, check_gpu_network,
-                                          compile_network_cuda, cuda_records, plan_network,
+                                          compile_network_cuda, cuda_records, same_order,
                                           to_layout)
-from raytune_kernels.partition import partition
-from raytune_kernels.frontend import capture
-from raytune_kernels.records import best_per_task, record_of
+from raytune_kernels.records import record_of
 from raytune_kernels.timing import TimingOptions
 
 from .gpu_emulator import EmulatorDevice
@@ -45,21 +46,26 @@ def tiny():
     return model, (torch.randn(2, 16, 6, 6),)
 
 
-def cuda_records_for(model, inputs, arch=ARCH, skip=(), seed=0):
-    """One config per task that really builds for `arch`, recorded with a made-up time
-    (what is checked here is the network, not the speed)."""
+def cuda_records_for(model, inputs, arch=ARCH, skip=(), seed=0, layout="NCHW",
+                     times=None):
+    """One config per task that really builds for `arch`, in `layout` where the task has
+    layouts, recorded with a made-up time (what is checked here is the network, not the
+    speed): `times` maps an op to its seconds, 1e-5 otherwise."""
     rng, out = random.Random(seed), []
     for task in rk.extract_tasks(model, inputs, target="cuda"):
         if task.compute.op in skip:
             continue
         space = cuda_space_for(task.compute)
-        for _ in range(20):
+        for _ in range(200):
             cfg = space.sample(rng)
+            if cfg.get("layout", layout) != layout:
+                continue
             built = build_cuda(task.compute, cfg, arch)
             if built.error is None:
                 break
-        assert built.error is None, built.error
-        result = MeasureResult(times=(1e-5, 1.1e-5), build_s=built.seconds)
+        assert built.error is None and cfg.get("layout", layout) == layout, built.error
+        t = (times or {}).get(task.compute.op, 1e-5)
+        result = MeasureResult(times=(t, t * 1.1), build_s=built.seconds)
         out.append(record_of(task.key, f"cuda -arch={arch}", "emulated", cfg.to_json(),
                              result))
     return out
@@ -170,21 +176,97 @@ def test_fallback_torch_runs_the_missing_step_in_torch(case):
         compile_network_cuda(model, inputs, records, TARGET, fallback="onnx")
 
 
+def _steps(net):
+    return [(s.name, s.kind, s.out.layout) for s in net.steps]
+
+
 def test_layouts_that_disagree_get_a_transform(case):
     model, inputs, records = case
-    part = partition(capture(model, inputs))
-    best = best_per_task(records)
-    conv_nhwc = lambda c, k: (NHWC, NHWC) if c.op == "conv2d" else (NCHW, NCHW)  # noqa
-    plan = plan_network(part, best, ARCH, layouts=conv_nhwc)
-    assert [(s.name, s.kind) for s in plan.steps] == [
-        ("input_1: NCHW -> NHWC", "transform"), ("0", "kernel"),
-        ("_1: NHWC -> NCHW", "transform"), ("2", "kernel"), ("4", "kernel")]
-    assert plan.steps[1].out.layout == NHWC and plan.steps[2].reads == [plan.steps[1].out]
+    nhwc = cuda_records_for(model, inputs, layout=NHWC)
+    conv = rk.extract_tasks(model, inputs, target="cuda")[0].key
+    mixed = [r for r in nhwc if r.task_key == conv] + \
+        [r for r in records if r.task_key != conv]
+    net = compile_network_cuda(model, inputs, mixed, TARGET, device=EmulatorDevice)
+    assert _steps(net) == [
+        ("input_1: NCHW -> NHWC", "transform", NHWC), ("0", "kernel", NHWC),
+        ("_1: NHWC -> NCHW", "transform", NCHW), ("2", "kernel", NCHW),
+        ("4", "kernel", NCHW)]
+    assert net.steps[2].reads == [net.steps[1].out]
+    # the weight as the NHWC kernel reads it: [K][kh][kw][C]
+    w = dict(net.part.graph.params)[next(a for a in net.part.steps[0].args
+                                         if a in net.part.graph.params)]
+    assert any(c.shape == (32, 3, 3, 16) and np.array_equal(c, w.permute(0, 2, 3, 1).numpy())
+               for c in net.plan.consts)
     with pytest.raises(CompileError, match="2-D value from NCHW to NHWC"):
         to_layout(torch.zeros(2, 3), NCHW, NHWC)
     x = torch.randn(2, 3, 4, 5)
     assert torch.equal(to_layout(x, NCHW, NHWC), x.permute(0, 2, 3, 1))
     assert torch.equal(to_layout(to_layout(x, NCHW, NHWC), NHWC, NCHW), x)
+
+
+class CheapTransforms(EmulatorDevice):
+    transform_s = 1e-9  # per float: 1.2 us for the input, 0.6 us for the pooled value
+
+    @classmethod
+    def transform_seconds(cls, shape, src, dst):
+        return cls.transform_s * math.prod(shape)
+
+
+class DearTransforms(CheapTransforms):
+    transform_s = 1e-7  # per float: 115 us for the input
+
+
+@pytest.fixture(scope="module")
+def both_layouts(case):
+    """Records in both layouts: NHWC conv 4x faster than NCHW, pools about equal."""
+    model, inputs, _ = case
+    fast = {"conv2d": 1e-5, "max_pool2d": 1e-5}
+    slow = {"conv2d": 4e-5, "max_pool2d": 1.2e-5}
+    return (cuda_records_for(model, inputs, layout=NHWC, times=fast, seed=1)
+            + cuda_records_for(model, inputs, layout=NCHW, times=slow, seed=2))
+
+
+def test_the_layout_ilp_weighs_kernels_against_transforms(case, both_layouts):
+    model, inputs, _ = case
+    cheap = compile_network_cuda(model, inputs, both_layouts, TARGET, device=CheapTransforms)
+    assert _steps(cheap) == [  # NHWC from the input to the pool: transforms are cheap
+        ("input_1: NCHW -> NHWC", "transform", NHWC), ("0", "kernel", NHWC),
+        ("2", "kernel", NHWC), ("_2: NHWC -> NCHW", "transform", NCHW),
+        ("4", "kernel", NCHW)]
+    plan = cheap.plan.layout_plan
+    assert plan.cost == pytest.approx(1e-9 * (2 * 16 * 36 + 2 * 32 * 9) + 3 * 1.05e-5)
+    assert "kernels writing 1 NCHW, 2 NHWC" in cheap.plan.summary()
+    dear = compile_network_cuda(model, inputs, both_layouts, TARGET, device=DearTransforms)
+    assert _steps(dear) == [("0", "kernel", NCHW), ("2", "kernel", NCHW),
+                            ("4", "kernel", NCHW)]  # 115 us to transform beats 30 us saved
+    assert dear.plan.layout_plan.cost == pytest.approx(1.05 * (4e-5 + 1.2e-5 + 1e-5))
+    # the network's estimate is the tuner's: each task's best record, whatever its layout
+    assert dear.estimated_s == pytest.approx(3 * 1.05e-5) == cheap.estimated_s
+
+
+def test_uniform_keeps_one_layout_where_it_can(case, both_layouts):
+    model, inputs, _ = case
+    net = compile_network_cuda(model, inputs, both_layouts, TARGET, layout="uniform",
+                               device=DearTransforms)
+    assert [lay for _, _, lay in _steps(net)] == [NCHW] * 3
+    with pytest.raises(CompileError, match="layout must be 'ilp' or 'uniform'"):
+        compile_network_cuda(model, inputs, both_layouts, TARGET, layout="NHWC",
+                             device=DearTransforms)
+
+
+class FastTorchPool(EmulatorDevice):
+    @classmethod
+    def torch_seconds(cls, compute):
+        return 1e-6 if compute.op == "max_pool2d" else 1.0
+
+
+def test_fallback_torch_runs_a_step_where_torch_is_faster(case):
+    model, inputs, records = case
+    net = compile_network_cuda(model, inputs, records, TARGET, fallback="torch",
+                               device=FastTorchPool)
+    assert [(s.name, s.kind) for s in net.steps] == [("0", "kernel"), ("2", "torch"),
+                                                      ("4", "kernel")]
+    assert net.steps[1].estimate == 1e-6
 
 
 @pytest.mark.skipif(_has_gpu(), reason="a GPU names the arch of a plain 'cuda' target")
@@ -226,3 +308,19 @@ def test_on_the_gpu_fallback_torch_runs_on_device_tensors(gpu_arch):
     x = torch.randn(2, 16, 6, 6)
     with torch.no_grad():
         assert torch.allclose(net(x.cuda()).cpu(), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_layout_change_of_the_same_bytes_copies_nothing():
+    """After a global pool, NHWC and NCHW hold the same order: flatten reads the pooled
+    NHWC value in place (an alias), no transform step."""
+    assert same_order((2, 32, 1, 1), NHWC, NCHW) and same_order((2, 1, 5, 5), NCHW, NHWC)
+    assert not same_order((2, 32, 2, 1), NHWC, NCHW)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(16, 32)).eval()
+    inputs = (torch.randn(2, 8, 5, 5),)
+    records = cuda_records_for(model, inputs, layout=NHWC)
+    net = compile_network_cuda(model, inputs, records, TARGET, device=CheapTransforms)
+    assert _steps(net) == [("input_1: NCHW -> NHWC", "transform", NHWC), ("0", "kernel", NHWC),
+                           ("1", "kernel", NHWC), ("3", "kernel", NCHW)]
+    assert net.steps[3].reads[0].root is net.steps[2].out  # flatten: a view of a relabel
