@@ -3,12 +3,21 @@ against PyTorch's best layout for the same task, with the machine's FMA peak mea
 the same run.
 
     python bench/kernels.py [--trials 64] [--threads 2] [--model resnet18]
+    python bench/kernels.py --target cuda [--trials 64] [--limit N] [--records FILE]
+    python bench/kernels.py --target "cuda -arch=sm_90" ...
 
 Ours: the best of `trials` random configs (each timed briefly), re-timed with the full
 protocol. Torch: the task's reference (conv/linear, then its epilogue ops as eager torch
 ops) in NCHW and in channels_last, the faster one. Packing into our layouts is excluded
 (the layout ILP accounts for transforms); ratio = torch_us / ours_us.
-Last line of stdout: one JSON object.
+
+With a cuda target the same tasks (those with a CUDA kernel) are tuned by the tuner itself
+(tune_tasks: GPU measurers and NVRTC builders through Ray, `trials` per task on average,
+the cost model guiding), then ours (the best record's kernel, rebuilt and re-checked) and
+torch (on the GPU, TF32 off, cudnn.benchmark on) are timed alike in this process: warm-up,
+CUDA events, the L2 flushed before each repeat, the median of repeats, interleaved round
+by round (raytune_kernels.torch_gpu). Without a visible CUDA GPU: exit status 2.
+Last line of stdout: one JSON object (naming the device and the target).
 """
 from __future__ import annotations
 
@@ -27,8 +36,9 @@ from raytune_kernels.codegen.build import cpu_info
 from raytune_kernels.codegen.kernel import build_candidate, prepare
 from raytune_kernels.codegen.peak import measure_peak
 from raytune_kernels.codegen.schedules import space_for, unpack, unsupported_reason
-from raytune_kernels.measure import random_operands
+from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.reference import reference
+from raytune_kernels.target import target_arg
 from raytune_kernels.timing import TimingOptions, median, time_fn
 
 QUICK = TimingOptions(warmup=1, min_repeat_ms=5, repeats=3)
@@ -93,14 +103,142 @@ def bench_task(task, trials: int, threads: int, peak: float, seed: int) -> dict:
     return row
 
 
-def main() -> None:
+# ------------------------------------------------------------------------------ cuda
+
+# the records' protocol (measure_gpu, flush_cache), with more warm-up and repeats
+GPU_FULL = MeasureOptions(warmup=10, min_repeat_ms=20, repeats=7, flush_cache=True)
+
+
+def cuda_tasks(model_name: str, target, limit: int) -> list:
+    from raytune_kernels.codegen.cuda_render import cuda_unsupported_reason
+
+    model, inputs = zoo.load(model_name)
+    tasks = [t for t in rk.extract_tasks(model, inputs, target)
+             if t.compute.op in ("conv2d", "dense") and cuda_unsupported_reason(t.compute) is None]
+    return tasks[:limit] if limit else tasks
+
+
+def torch_gpu_fns(compute, seed: int) -> dict:
+    """The task in PyTorch on the GPU, NCHW and channels_last, on the operands our kernel
+    is measured with (random_operands with the same seed)."""
+    ops = [x.cuda() for x in random_operands(compute, seed)]
+    return dict(zip(("NCHW", "channels_last"), torch_fns(compute, ops)))
+
+
+def bench_task_cuda(task, record, rounds: int) -> dict:
+    from raytune_kernels.codegen.cuda_build import build_cuda
+    from raytune_kernels.codegen.space import Config
+    from raytune_kernels.measure_gpu import measure_built_gpu
+    from raytune_kernels.target import parse_target
+    from raytune_kernels.torch_gpu import time_torch_gpu
+
+    row = {"key": task.key, "compute": task.compute.describe(), "weight": task.weight}
+    if record is None:
+        return {**row, "error": "no valid record: every tuned candidate failed"}
+    cfg = Config.from_json(record.config)
+    built = build_cuda(task.compute, cfg, parse_target(record.target).arch)
+    if built.error:
+        return {**row, "error": f"rebuild failed: {built.error}"[:300]}
+    fns = torch_gpu_fns(task.compute, GPU_FULL.seed)
+    ours, theirs = [], {k: [] for k in fns}
+    for _ in range(rounds):  # alternated, so that drift falls on both alike
+        res = measure_built_gpu(task.compute, cfg, built.cubin or built.ptx, GPU_FULL)
+        if not res.ok:  # checked against the reference before any timing
+            return {**row, "error": f"{res.error_kind}: {res.error_msg}"[:300]}
+        ours.append(res.median)
+        for k, fn in fns.items():
+            theirs[k].append(median(time_torch_gpu(fn, GPU_FULL.timing(), flush_cache=True)))
+    ours_s = median(ours)
+    best_layout = min(theirs, key=lambda k: median(theirs[k]))
+    torch_s = median(theirs[best_layout])
+    return {**row, "ours_us": round(ours_s * 1e6, 2), "record_us": round(record.median * 1e6, 2),
+            "torch_us": round(torch_s * 1e6, 2), "torch_layout": best_layout,
+            "ratio": round(torch_s / ours_s, 3),
+            "tflops": round(task.flops / ours_s / 1e12, 2), "config": record.config}
+
+
+def print_row_cuda(row: dict) -> None:
+    if "error" in row:
+        print(f"{row['compute']:<48} {row['error']}", file=sys.stderr, flush=True)
+        return
+    print(f"{row['compute']:<48} ours {row['ours_us']:>8.2f} us  torch {row['torch_us']:>8.2f}"
+          f" us ({row['torch_layout']})  x{row['ratio']:.2f}  {row['tflops']:6.2f} TFLOP/s  "
+          f"record {row['record_us']:.2f} us", file=sys.stderr, flush=True)
+
+
+def main_cuda(args) -> int:
+    """The cuda benchmark; 2 with a one-line message when it cannot run here."""
+    from raytune_kernels.errors import RaytuneError
+    from raytune_kernels.torch_gpu import require_gpu
+
+    try:
+        gpu = require_gpu(f"--target {str(args.target)!r}")
+        return bench_cuda(args, gpu)
+    except RaytuneError as exc:  # no GPU here, none in Ray, no NVRTC, an arch mismatch
+        print(f"bench/kernels.py: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def bench_cuda(args, gpu: str) -> int:
+    import ray
+
+    target = str(args.target)
+    tasks = cuda_tasks(args.model, args.target, args.limit)
+    print(f"tuning {len(tasks)} {args.model} conv/dense tasks for target {target!r} on {gpu}: "
+          f"{args.trials * len(tasks)} trials", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    tuned = rk.tune_tasks(tasks, target=target, trials=args.trials * len(tasks),
+                          records=args.records, seed=args.seed, verbose=False)
+    tune_s = time.perf_counter() - start
+    ray.shutdown()  # nothing of Ray's on the GPU while we time
+    rec_targets = sorted({r.target for r in tuned.best.values()})
+    print(f"{args.model} kernels on {gpu}, target {target!r} (records: "
+          f"{', '.join(rec_targets) or 'none'}), tuned {tuned.trials} trials in {tune_s:.0f} s; "
+          "torch fp32 with TF32 off, cudnn.benchmark on; CUDA events, L2 flushed per repeat",
+          file=sys.stderr, flush=True)
+    rows = []
+    for task in tasks:
+        rows.append(bench_task_cuda(task, tuned.best.get(task.key), args.rounds))
+        print_row_cuda(rows[-1])
+    ok = [r for r in rows if "ratio" in r]
+    geo = math.exp(sum(math.log(r["ratio"]) for r in ok) / len(ok)) if ok else None
+    print(json.dumps({"model": args.model, "target": target, "record_targets": rec_targets,
+                      "device": gpu, "tasks": rows,
+                      "geomean_ratio": round(geo, 3) if geo else None,
+                      "failed": len(rows) - len(ok), "trials": tuned.trials,
+                      "trials_per_task": args.trials, "tune_s": round(tune_s, 1),
+                      "tf32": False, "cudnn_benchmark": True,
+                      "torch": torch.__version__, "torch_cuda": torch.version.cuda}))
+    return 0
+
+
+# ------------------------------------------------------------------------------- main
+
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet18")
-    p.add_argument("--trials", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--target", type=target_arg, default="llvm",
+                   help="llvm (default: this CPU, random search), cuda (this machine's GPU) "
+                        "or 'cuda -arch=sm_XY' (tuned by the tuner on the GPU)")
+    p.add_argument("--trials", type=int, default=64, help="per task (on average for cuda)")
+    p.add_argument("--threads", type=int, default=2, help="CPU only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="only the first N tasks")
-    args = p.parse_args()
+    p.add_argument("--records", default=None,
+                   help="cuda only: a records file, resumed (default: none kept)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="cuda only: interleaved timing rounds per task")
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.target.kind == "cuda":
+        sys.exit(main_cuda(args))
+    if args.target.mcpu:
+        print(f"bench/kernels.py: error: --target {str(args.target)!r}: the CPU benchmark "
+              "runs on this machine's own CPU; drop -mcpu", file=sys.stderr)
+        sys.exit(2)
     torch.set_num_threads(args.threads)
     model, inputs = zoo.load(args.model)
     tasks = [t for t in rk.extract_tasks(model, inputs) if t.compute.op in ("conv2d", "dense")

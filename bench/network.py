@@ -8,7 +8,17 @@ the ILP, and the best uniform layout), checks both against the model, then times
 same thread count and interleaved round by round: ours, ours uniform, PyTorch eager,
 channels_last, TorchScript trace+freeze, and torch.compile with freezing where the machine
 can build it. Prints the per-layer profile and the fidelity report.
-Last line of stdout: one JSON object.
+
+    python bench/network.py resnet18 --target cuda [--trials 1000] [--records FILE]
+    python bench/network.py resnet18 --target "cuda -arch=sm_90" ...
+
+With a cuda target: tunes on the GPU (GPU measurers, NVRTC builders; records default
+bench/results/network_MODEL_cuda.jsonl, resumed), compiles a GpuNetwork, and times it
+against PyTorch on the same GPU, interleaved round by round: eager fp32 (TF32 off,
+cudnn.benchmark on), channels_last and torch.compile (each baseline that fails is reported
+and left out), all by CUDA events after warm-up, the median of the repeats
+(raytune_kernels.torch_gpu). Without a visible CUDA GPU: exit status 2.
+Last line of stdout: one JSON object (with a cuda target, naming the device and target).
 """
 from __future__ import annotations
 
@@ -23,9 +33,11 @@ import torch
 
 from raytune_kernels import tune_network, zoo
 from raytune_kernels.network import compile_network
+from raytune_kernels.target import target_arg
 from raytune_kernels.timing import TimingOptions, median, time_fn
 
 FULL = TimingOptions(warmup=3, min_repeat_ms=200, repeats=5)
+GPU_FULL = TimingOptions(warmup=10, min_repeat_ms=100, repeats=7)  # GpuNetwork.benchmark's
 
 
 def torch_variants(model, x, use_compile: bool) -> dict:
@@ -64,17 +76,154 @@ def interleaved(fns: dict, rounds: int) -> dict:
     return {k: median(v) for k, v in times.items()}
 
 
-def main() -> None:
+# ------------------------------------------------------------------------------ cuda
+
+def torch_gpu_variants(model, inputs, use_compile: bool) -> tuple[dict, dict]:
+    """name -> zero-argument callable on the GPU, and name -> why a variant could not be
+    built (each baseline fails alone)."""
+    from raytune_kernels.torch_gpu import on_gpu, torch_gpu_mode
+
+    fns, failed = {}, {}
+
+    def add(name, make):
+        try:
+            with torch.no_grad(), torch_gpu_mode():
+                fn = make()
+                fn()  # built and run once here: a failure is this baseline's, reported
+            fns[name] = fn
+        except Exception as exc:
+            failed[name] = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"PyTorch {name} on the GPU failed: {failed[name]}", file=sys.stderr)
+
+    def eager():
+        m, xs = on_gpu(model, inputs)
+        return lambda: m(*xs)
+
+    def channels_last():
+        m, xs = on_gpu(model, inputs, channels_last=True)
+        return lambda: m(*xs)
+
+    def compiled():
+        import torch._inductor.config as inductor
+
+        inductor.freezing = True
+        m, xs = on_gpu(model, inputs)
+        c = torch.compile(m)
+        return lambda: c(*xs)
+
+    add("eager", eager)
+    add("channels_last", channels_last)
+    if use_compile:
+        add("compile", compiled)
+    return fns, failed
+
+
+def interleaved_gpu(nets: dict, fns: dict, rounds: int) -> dict:
+    """Median seconds of our networks (GpuNetwork.benchmark: random inputs) and of each
+    torch callable (time_torch_gpu), the same protocol and options, alternated round by
+    round."""
+    from raytune_kernels.torch_gpu import time_torch_gpu
+
+    times: dict[str, list[float]] = {**{k: [] for k in nets}, **{k: [] for k in fns}}
+    for _ in range(rounds):
+        for k, net in nets.items():
+            times[k].append(net.benchmark(GPU_FULL))
+        for k, fn in fns.items():
+            times[k].append(median(time_torch_gpu(fn, GPU_FULL)))
+    return {k: median(v) for k, v in times.items()}
+
+
+def main_cuda(args) -> int:
+    """The cuda benchmark; 2 with a one-line message when it cannot run here."""
+    from raytune_kernels.errors import RaytuneError
+    from raytune_kernels.torch_gpu import require_gpu
+
+    try:
+        gpu = require_gpu(f"--target {str(args.target)!r}")
+        return bench_cuda(args, gpu)
+    except RaytuneError as exc:  # no GPU here, none in Ray, no NVRTC, records missing
+        print(f"bench/network.py: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def bench_cuda(args, gpu: str) -> int:
+    target = str(args.target)
+    records = args.records or os.path.join(
+        os.path.dirname(__file__), "results", f"network_{args.model}_cuda.jsonl")
+    model, inputs = zoo.load(args.model)  # random inputs (zoo: seeded randn)
+
+    start = time.perf_counter()
+    tuned = tune_network(model, inputs, target=target, trials=args.trials, records=records,
+                         verbose=False)
+    tune_s = time.perf_counter() - start
+    import ray
+    ray.shutdown()  # nothing of Ray's on the GPU while we time
+    print(f"tuned {tuned.trials} trials for target {target!r} on {gpu} ({tune_s:.0f} s this "
+          f"run), estimated {tuned.estimated_latency_s * 1e3:.3f} ms")
+
+    start = time.perf_counter()
+    net = compile_network(model, inputs, records, target=target, fallback=args.fallback,
+                          verbose=True)
+    uniform = compile_network(model, inputs, records, target=target,
+                              fallback=args.fallback, layout="uniform", verbose=True)
+    print(f"compiled and checked in {time.perf_counter() - start:.0f} s")
+
+    fns, failed = torch_gpu_variants(model, inputs, not args.no_compile)
+    ms = {k: v * 1e3 for k, v in
+          interleaved_gpu({"ours": net, "ours_uniform": uniform}, fns, args.rounds).items()}
+    print(f"{args.model} on {gpu}, target {target!r}: ours {ms['ours']:.3f} ms (layout ILP), "
+          f"{ms['ours_uniform']:.3f} ms (one layout); PyTorch "
+          + ", ".join(f"{k} {ms[k]:.3f} ms" if k in ms else f"{k} failed"
+                      for k in ("eager", "channels_last", "compile"))
+          + " (fp32, TF32 off, cudnn.benchmark on; CUDA events, median of repeats)")
+    prof = net.profile(png=args.png)
+    print(net.fidelity(ms["ours"] / 1e3, prof))
+    torch_ms = {k: (round(ms[k], 3) if k in ms else None)
+                for k in ("eager", "channels_last", "compile")}
+    timed = [v for v in torch_ms.values() if v is not None]
+    result = {"model": args.model, "target": target,
+              "record_targets": sorted({r.target for r in tuned.best.values()}),
+              "device": gpu, "trials": tuned.trials, "ours_ms": round(ms["ours"], 3),
+              "ours_uniform_ms": round(ms["ours_uniform"], 3),
+              "layouts": net.plan.summary(),
+              "estimated_ms": round(net.estimated_s * 1e3, 3), "torch_ms": torch_ms,
+              "torch_failed": failed,
+              "speedup_vs_best_torch": round(min(timed) / ms["ours"], 3) if timed else None,
+              "tf32": False, "cudnn_benchmark": True, "torch": torch.__version__,
+              "torch_cuda": torch.version.cuda}
+    print(json.dumps(result))
+    return 0
+
+
+# ------------------------------------------------------------------------------- main
+
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
+    ap.add_argument("--target", type=target_arg, default="llvm",
+                    help="llvm (default: this CPU), cuda (this machine's GPU) or "
+                         "'cuda -arch=sm_XY'")
     ap.add_argument("--trials", type=int, default=1000)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="CPU only")
     ap.add_argument("--records", default=None, help="default bench/results/network_MODEL_"
-                                                    "<threads>threads.jsonl")
+                                                    "<threads>threads.jsonl (cuda: "
+                                                    "network_MODEL_cuda.jsonl)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--fallback", choices=["torch"], default=None,
+                    help="cuda only: run PyTorch's kernel for tasks without a record")
     ap.add_argument("--png", default=None, help="save the per-layer chart here")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.target.kind == "cuda":
+        sys.exit(main_cuda(args))
+    if args.target.mcpu:
+        print(f"bench/network.py: error: --target {str(args.target)!r}: the CPU benchmark "
+              "runs on this machine's own CPU; drop -mcpu", file=sys.stderr)
+        sys.exit(2)
     records = args.records or os.path.join(
         os.path.dirname(__file__), "results", f"network_{args.model}_{args.threads}threads.jsonl")
     model, inputs = zoo.load(args.model)

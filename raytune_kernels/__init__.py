@@ -36,8 +36,16 @@ def tune_network(*args, **kwargs):
 
 tune_network.__doc__ = "Tune every task of a model; see raytune_kernels.driver.tune_network."
 
+
+def tune_tasks(*args, **kwargs):
+    """Tune chosen tasks; see raytune_kernels.driver.tune_tasks (imports Ray lazily)."""
+    from .driver import tune_tasks as run
+
+    return run(*args, **kwargs)
+
+
 __all__ = [
-    "CaptureError", "CompileError", "CompiledNetwork", "compile_network", "tune_network", "Compute", "DynamicShapeError", "EpilogueOp", "Graph", "Node", "Partition",
+    "CaptureError", "CompileError", "CompiledNetwork", "compile_network", "tune_network", "tune_tasks", "Compute", "DynamicShapeError", "EpilogueOp", "Graph", "Node", "Partition",
     "RaytuneError", "Target", "Task", "TensorSpec", "UnknownModelError", "UnknownTargetError",
     "UnsupportedOpError", "capture", "execute", "extract_tasks", "parse_target", "partition",
 ]

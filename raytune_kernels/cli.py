@@ -58,23 +58,36 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .network import compile_network
     from .timing import TimingOptions, median, time_fn
 
-    parse_target(args.target)
+    tgt = parse_target(args.target)
     if not os.path.exists(args.records):
         print(f"raytune-kernels: error: records file {args.records!r} does not exist",
               file=sys.stderr)
         return 2
+    gpu = None
+    if tgt.kind == "cuda":  # the network runs on the GPU: fail before building anything
+        from .torch_gpu import require_gpu
+
+        gpu = require_gpu(f"target {str(tgt)!r}")
     torch.set_num_threads(args.threads)
     model, inputs = zoo.load(args.model)
     net = compile_network(model, inputs, args.records, target=args.target,
                           fallback=args.fallback, threads=args.threads,
                           layout="uniform" if args.uniform else "ilp", verbose=True)
     ours = net.benchmark()
-    opts = TimingOptions(warmup=3, min_repeat_ms=200, repeats=7)
-    with torch.no_grad():
-        eager = median(time_fn(lambda: model(*inputs), opts))
+    if gpu is not None:  # PyTorch on the same GPU, clocked as ours (GpuNetwork.benchmark):
+        # CUDA events, the same warm-up and repeats, TF32 off
+        from .torch_gpu import on_gpu, time_torch_gpu
+
+        gmodel, gx = on_gpu(model, inputs)
+        eager = median(time_torch_gpu(lambda: gmodel(*gx), TimingOptions(10, 100, 7)))
+        where = f"on {gpu} (target {tgt}), CUDA events, TF32 off"
+    else:
+        with torch.no_grad():
+            eager = median(time_fn(lambda: model(*inputs), TimingOptions(3, 200, 7)))
+        where = f"on the CPU, {args.threads} thread(s)"
     print(f"checked against the model (max abs error <= 1e-3)\n"
           f"ours {ours * 1e3:.3f} ms, PyTorch eager {eager * 1e3:.3f} ms "
-          f"({eager / ours:.2f}x), {args.threads} thread(s)")
+          f"({eager / ours:.2f}x), {where}")
     prof = net.profile(png=args.png) if (args.profile or args.png) else None
     print(net.fidelity(ours, prof))
     return 0
@@ -130,9 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        "time it against PyTorch")
     p.add_argument("model", help="zoo name or path/to/file.py:factory")
     p.add_argument("--records", required=True, help="records file (JSON lines)")
-    p.add_argument("--target", default="llvm")
+    p.add_argument("--target", default="llvm",
+                   help="llvm, 'llvm -mcpu=NAME', cuda (this machine's GPU) or "
+                        "'cuda -arch=sm_XY'; a cuda network runs and is timed on the GPU")
     p.add_argument("--threads", type=int, default=1,
-                   help="threads, as the records were measured with (default 1)")
+                   help="threads, as the records were measured with (default 1; CPU only)")
     p.add_argument("--fallback", choices=["torch"], default=None,
                    help="run PyTorch's kernel where no tuned kernel is faster")
     p.add_argument("--uniform", action="store_true",

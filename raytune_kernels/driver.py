@@ -14,6 +14,7 @@ from .errors import RaytuneError
 from .measure import MeasureOptions
 from .records import RecordWriter, load_records
 from .target import Target, parse_target
+from .task import Task
 from .tuner import TuneOptions, TuningResult
 
 
@@ -39,6 +40,28 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
     estimated network latency (sum of weight x best latency)."""
     from . import extract_tasks
 
+    tgt = _preflight(target, records, address, threads, num_measurers)
+    tasks = extract_tasks(model, example_inputs, tgt)
+    return _tune(tasks, tgt, trials, records, resume, address, num_measurers, num_builders,
+                 batch, seed, threads, verbose)
+
+
+def tune_tasks(tasks: Sequence[Task], target: str = "llvm", trials: int = 200,
+               records: str | None = None, resume: bool = True, address: str | None = None,
+               num_measurers: int | None = None, num_builders: int | None = None,
+               batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True
+               ) -> TuningResult:
+    """tune_network() for a chosen list of tasks (e.g. some of extract_tasks(model, x)):
+    the same checks, pipeline, records and result, with `trials` shared by these tasks."""
+    tgt = _preflight(target, records, address, threads, num_measurers)
+    return _tune(list(tasks), tgt, trials, records, resume, address, num_measurers,
+                 num_builders, batch, seed, threads, verbose)
+
+
+def _preflight(target: str, records: str | None, address: str | None, threads: int,
+               num_measurers: int | None) -> Target:
+    """Everything that can fail before any work: the target, the cluster address, a GPU
+    for cuda, a writable records file, the cores for CPU measurers."""
     tgt = parse_target(target)
     if address:
         check_reachable(address)
@@ -48,7 +71,12 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
         RecordWriter(records).close()  # an unwritable path fails here, before any work
     if not address and tgt.kind == "llvm":
         _check_cores(threads, num_measurers)
-    tasks = _tunable(extract_tasks(model, example_inputs, tgt), tgt)
+    return tgt
+
+
+def _tune(tasks: list[Task], tgt: Target, trials, records, resume, address, num_measurers,
+          num_builders, batch, seed, threads, verbose) -> TuningResult:
+    tasks = _tunable(tasks, tgt)
     history = load_records(records).records if (records and resume) else []
     ray = _start_ray(address)
     return _run(ray, tasks, tgt, records, history, trials, batch, seed,
@@ -109,7 +137,7 @@ def _tunable(tasks, tgt: Target):
     if skipped:
         warnings.warn(f"not tuned for {tgt.kind} (no kernel for them yet): " +
                       "; ".join(f"{t.compute.describe()} ({r})" for t, r in skipped),
-                      stacklevel=3)
+                      stacklevel=4)
     return [t for t, r in zip(tasks, reasons) if not r]
 
 

@@ -41,3 +41,13 @@ def parse_target(text: "str | Target") -> Target:
         else:
             raise UnknownTargetError(f"unknown option {opt!r} in target {text!r}")
     return Target(kind, mcpu, arch)
+
+
+def target_arg(text: str) -> Target:
+    """parse_target as an argparse `type=`: a bad --target is a usage error (exit 2)."""
+    import argparse
+
+    try:
+        return parse_target(text)
+    except UnknownTargetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -73,3 +73,63 @@ def test_plot_command_draws_curves(tmp_path, capsys):
     empty.write_text("")
     assert main(["plot", str(empty), "-o", png]) == 2
     assert "no records to plot" in capsys.readouterr().err
+
+
+def _gpu_problem():
+    from raytune_kernels.torch_gpu import gpu_problem
+    return gpu_problem()
+
+
+TINY_GPU = textwrap.dedent("""
+    import torch
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(16, 32, 3, padding=1)
+            self.fc = torch.nn.Linear(32 * 8 * 8, 64)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+    def make():
+        torch.manual_seed(0)
+        return Tiny().eval(), (torch.randn(1, 16, 8, 8),)
+""")
+
+
+@pytest.mark.skipif(_gpu_problem() is None, reason="a CUDA GPU is visible here")
+@pytest.mark.parametrize("target", ["cuda", "cuda -arch=sm_90"])
+def test_compile_for_cuda_without_a_gpu_names_the_missing_gpu(target, tmp_path, capsys,
+                                                             monkeypatch):
+    from raytune_kernels import zoo
+
+    def load(spec):
+        raise AssertionError("the model is built before the GPU check")
+    monkeypatch.setattr(zoo, "load", load)
+    records = tmp_path / "r.jsonl"
+    records.write_text("")
+    assert main(["compile", "resnet18", "--records", str(records), "--target", target]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"raytune-kernels: error: target {target!r} needs a CUDA GPU, "
+                            f"and no CUDA GPU is visible here ({_gpu_problem()})\n")
+
+
+@pytest.mark.skipif(_gpu_problem() is not None, reason=f"needs a CUDA GPU: {_gpu_problem()}")
+def test_compile_for_cuda_times_pytorch_on_the_gpu(tmp_path, capsys, request):
+    from raytune_kernels.codegen.cuda_build import nvrtc_unavailable
+    from raytune_kernels.torch_gpu import gpu_name
+
+    if nvrtc_unavailable() is not None:
+        pytest.skip(f"NVRTC unavailable: {nvrtc_unavailable()}")
+    request.getfixturevalue("ray_session")  # tuning needs Ray with the GPU
+    factory, records = tmp_path / "tiny.py", str(tmp_path / "r.jsonl")
+    factory.write_text(TINY_GPU)
+    assert main(["tune", f"{factory}:make", "--target", "cuda", "--trials", "8",
+                 "--records", records]) == 0
+    capsys.readouterr()
+    assert main(["compile", f"{factory}:make", "--records", records, "--target", "cuda",
+                 "--fallback", "torch"]) == 0
+    out = capsys.readouterr().out
+    assert f"on {gpu_name()} (target cuda), CUDA events, TF32 off" in out

@@ -37,6 +37,16 @@ def test_tune_network_then_resume(ray_session, tmp_path):
     assert again.estimated_latency_s <= result.estimated_latency_s
 
 
+def test_tune_tasks_tunes_only_the_tasks_given(ray_session, tmp_path):
+    model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
+    conv = next(t for t in rk.extract_tasks(model, (x,)) if t.compute.op == "conv2d")
+    path = str(tmp_path / "conv.jsonl")
+    result = rk.tune_tasks([conv], trials=4, records=path, batch=4, verbose=False)
+    assert set(result.best) == {conv.key} and result.trials == 4
+    assert {r.task_key for r in load_records(path).records} == {conv.key}
+    assert result.estimated_latency_s == pytest.approx(conv.weight * result.best[conv.key].median)
+
+
 def test_bad_inputs_fail_before_any_work(tmp_path):
     model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
     with pytest.raises(rk.UnknownTargetError):
@@ -46,3 +56,10 @@ def test_bad_inputs_fail_before_any_work(tmp_path):
     from raytune_kernels.driver import TuneError
     with pytest.raises(TuneError, match="cannot reach a Ray cluster"):
         rk.tune_network(model, (x,), address="127.0.0.1:1")
+    tasks = rk.extract_tasks(model, (x,))  # tune_tasks runs the same checks first
+    with pytest.raises(rk.UnknownTargetError):
+        rk.tune_tasks(tasks, target="rocm")
+    with pytest.raises(OSError, match="cannot write records"):
+        rk.tune_tasks(tasks, records=str(tmp_path / "missing" / "r.jsonl"))
+    with pytest.raises(TuneError, match="cannot reach a Ray cluster"):
+        rk.tune_tasks(tasks, address="127.0.0.1:1")

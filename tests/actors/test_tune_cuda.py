@@ -38,12 +38,15 @@ def _no_gpu(ray) -> None:
         pytest.skip("this Ray cluster has a GPU")
 
 
-def test_cuda_without_a_gpu_fails_before_any_work(ray_session, tmp_path):
+@pytest.mark.parametrize("entry", ["tune_network", "tune_tasks"])
+def test_cuda_without_a_gpu_fails_before_any_work(entry, ray_session, tmp_path):
     _no_gpu(ray_session)
     path = tmp_path / "r.jsonl"
+    model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
+    what = (model, (x,)) if entry == "tune_network" else (rk.extract_tasks(model, (x,)),)
     with pytest.raises(TuneError, match="'cuda -arch=sm_90' needs a GPU .* has none"):
-        rk.tune_network(Tiny().eval(), (torch.randn(1, 16, 8, 8),), target="cuda -arch=sm_90",
-                        records=str(path), trials=4, verbose=False)
+        getattr(rk, entry)(*what, target="cuda -arch=sm_90", records=str(path), trials=4,
+                           verbose=False)
     assert not path.exists()
 
 

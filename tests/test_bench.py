@@ -1,0 +1,95 @@
+"""bench/kernels.py and bench/network.py on a cuda target: --target parsing, and without a
+GPU a one-line error and exit status 2 before any work (run here as subprocesses, as a
+user would); on a machine with a GPU, each bench end to end at a small budget."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from raytune_kernels import Target, torch_gpu
+from raytune_kernels.codegen.cuda_build import nvrtc_unavailable
+
+from .test_cli import TINY_GPU
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAS_GPU = torch_gpu.gpu_problem() is None
+no_gpu_only = pytest.mark.skipif(HAS_GPU, reason="a CUDA GPU is visible here")
+gpu_only = pytest.mark.skipif(not HAS_GPU or nvrtc_unavailable() is not None,
+                              reason=f"needs a CUDA GPU and NVRTC: "
+                                     f"{torch_gpu.gpu_problem() or nvrtc_unavailable()}")
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}",
+                                                  os.path.join(ROOT, "bench", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("name, lead", [("kernels", []), ("network", ["resnet18"])])
+def test_target_option_parses_cuda_with_an_arch(name, lead, capsys):
+    parse = _bench(name).parse_args
+    assert parse(lead).target == Target("llvm")  # the CPU benchmark stays the default
+    assert parse(lead + ["--target", "cuda"]).target == Target("cuda")
+    assert parse(lead + ["--target", "cuda -arch=sm_90"]).target == Target("cuda", arch="sm_90")
+    with pytest.raises(SystemExit) as info:
+        parse(lead + ["--target", "cuda -arch=90"])
+    assert info.value.code == 2
+    assert "unknown option '-arch=90' in target 'cuda -arch=90'" in capsys.readouterr().err
+
+
+@no_gpu_only
+@pytest.mark.parametrize("argv", [
+    ["bench/kernels.py", "--target", "cuda"],
+    ["bench/network.py", "resnet18", "--target", "cuda"],
+    ["bench/network.py", "resnet18", "--target", "cuda -arch=sm_90"],
+])
+def test_without_a_gpu_a_cuda_bench_exits_2_with_one_line(argv):
+    proc = _run(*argv)
+    target = argv[-1]
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"{argv[0]}: error: --target {target!r} needs a CUDA GPU, and no CUDA GPU is visible "
+        f"here ({torch_gpu.gpu_problem()})"]
+
+
+@gpu_only
+def test_kernels_bench_on_the_gpu(tmp_path):
+    records = str(tmp_path / "k.jsonl")
+    proc = _run("bench/kernels.py", "--target", "cuda", "--limit", "2", "--trials", "4",
+                "--rounds", "1", "--records", records, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    gpu = torch_gpu.gpu_name()
+    assert out["device"] == gpu and out["target"] == "cuda" and out["tf32"] is False
+    assert out["record_targets"] and all(t.startswith("cuda -arch=sm_")
+                                         for t in out["record_targets"])
+    assert len(out["tasks"]) == 2 and out["failed"] == 0
+    assert all(r["ours_us"] > 0 and r["torch_us"] > 0 for r in out["tasks"])
+    assert f"kernels on {gpu}, target 'cuda'" in proc.stderr  # the table's header
+
+
+@gpu_only
+def test_network_bench_on_the_gpu(tmp_path):
+    factory = tmp_path / "tiny.py"
+    factory.write_text(TINY_GPU)
+    proc = _run("bench/network.py", f"{factory}:make", "--target", "cuda", "--trials", "8",
+                "--rounds", "1", "--records", str(tmp_path / "n.jsonl"), "--fallback",
+                "torch", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["device"] == torch_gpu.gpu_name() and out["target"] == "cuda"
+    assert out["ours_ms"] > 0 and out["torch_ms"]["eager"] > 0
+    assert set(out["torch_ms"]) == {"eager", "channels_last", "compile"}
+    # a baseline is timed or its failure reported, never both, never neither
+    assert all((v is None) == (k in out["torch_failed"]) for k, v in out["torch_ms"].items())
