@@ -280,7 +280,7 @@ def test_zoo_tasks_at_full_size_match_the_reference(zoo_tasks):
         kernel = render_cuda(t.compute, cfg)
         costed.append((_emulation_cost(t.compute, kernel, cfg), i, t.compute, kernel, cfg))
     picked = []
-    for op in sorted({c.op for _, _, c, _ in costed}):
+    for op in sorted({p[2].op for p in costed}):
         cheap = sorted(p for p in costed if p[2].op == op and p[0] <= 300_000)
         picked += cheap[:2]
     assert {p[2].op for p in picked} == {p[2].op for p in costed}
