@@ -21,6 +21,7 @@ from raytune_kernels.network_cuda import (ALIGN, NCHW, NHWC, GBuf, GpuNetwork, G
                                           assign_offsets, check_gpu_network,
                                           compile_network_cuda, cuda_records, same_order,
                                           to_layout)
+from raytune_kernels.partition import TaskStep
 from raytune_kernels.records import record_of
 from raytune_kernels.timing import TimingOptions
 
@@ -324,3 +325,35 @@ def test_a_layout_change_of_the_same_bytes_copies_nothing():
     assert _steps(net) == [("input_1: NCHW -> NHWC", "transform", NHWC), ("0", "kernel", NHWC),
                            ("1", "kernel", NHWC), ("3", "kernel", NCHW)]
     assert net.steps[3].reads[0].root is net.steps[2].out  # flatten: a view of a relabel
+
+
+@pytest.fixture(scope="module")
+def resnet18_both(zoo_models):
+    """ResNet-18's records in both layouts: NHWC kernels 2x faster than NCHW ones."""
+    model, inputs = zoo_models["resnet18"]
+    times = {op: 1e-5 for op in ("conv2d", "max_pool2d", "adaptive_avg_pool2d")}
+    slow = {op: 2e-5 for op in times}
+    return model, inputs, (cuda_records_for(model, inputs, layout=NHWC, times=times, seed=3)
+                           + cuda_records_for(model, inputs, layout=NCHW, times=slow, seed=4))
+
+
+def test_resnet18_is_planned_in_one_layout_with_transforms_only_at_its_ends(resnet18_both):
+    """A whole network through the layout ILP and the planner (every kernel built by NVRTC,
+    nothing run): with NHWC kernels faster and transforms cheap, the one transform is
+    the input's; the residual adds read NHWC; the pooled 512x1x1 value is relabelled for
+    flatten; with transforms dear, it stays NCHW and has none."""
+    model, inputs, records = resnet18_both
+    net = compile_network_cuda(model, inputs, records, TARGET, device=CheapTransforms,
+                               check=False)
+    transforms = [s.name for s in net.steps if s.kind == "transform"]
+    assert transforms == ["x: NCHW -> NHWC"]
+    kernels = [s for s in net.steps if s.kind == "kernel"]
+    n_tasks = sum(isinstance(s, TaskStep) for s in net.part.steps)
+    assert len(kernels) == n_tasks == 23 and all(s.out.layout == NHWC for s in kernels[:-1])
+    assert all(r.layout == NHWC for s in kernels[:-1] for r in s.reads)
+    assert kernels[-1].out.layout == NCHW  # the dense
+    dear = compile_network_cuda(model, inputs, records, TARGET, device=DearTransforms,
+                                check=False)
+    assert [s.kind for s in dear.steps] == ["kernel"] * 23
+    assert all(s.out.layout == NCHW for s in dear.steps)
+    assert dear.plan.layout_plan.cost > net.plan.layout_plan.cost
