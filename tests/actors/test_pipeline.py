@@ -85,12 +85,13 @@ def test_build_errors_are_data(pipeline, task):
 
 def test_measurer_time_agrees_with_standalone_timing(pipeline, task, configs):
     """The same kernel, same protocol, same core: in the measurer actor and in a fresh
-    process. A shared VM core is noisy, so a disagreement is measured again (three pairs
-    at most) before it fails the test."""
+    process. A shared VM core is noisy (a neighbour's burst slows one side of a pair), so
+    a disagreement is measured again, up to four pairs, and the fastest time of each side
+    so far is compared: noise only ever adds time, a systematic difference stays."""
     cfg = configs[1]
     opts = MeasureOptions(threads=1, min_repeat_ms=60, repeats=5)
     pairs = []
-    for _ in range(3):
+    for _ in range(4):
         pipeline.opts = opts
         try:
             via_actor = pipeline.run([(task, cfg)])[0].median
@@ -98,7 +99,8 @@ def test_measurer_time_agrees_with_standalone_timing(pipeline, task, configs):
             pipeline.opts = OPTS
         standalone = _standalone(task, cfg, pipeline.slots[0].cores)
         pairs.append((via_actor, standalone))
-        if abs(via_actor - standalone) / standalone < 0.10:
+        best_actor, best_alone = min(p[0] for p in pairs), min(p[1] for p in pairs)
+        if abs(best_actor - best_alone) / best_alone < 0.10:
             return
     pytest.fail(f"measurer vs standalone seconds differ by more than 10%: {pairs}")
 
