@@ -110,7 +110,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     kept = distill(args.file, args.output, args.top)
     total = len(load_records(args.output).records)
     print(f"kept {kept} record(s) ({total} in {args.output}): the best {args.top} per "
-          "task and target")
+          "task, target, thread count and layout")
     return 0
 
 
@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="a records file (JSON lines)")
     p.add_argument("-o", "--output", default="curve.png")
     p.set_defaults(func=cmd_plot)
-    p = sub.add_parser("distill", help="keep only the best records of each task")
+    p = sub.add_parser("distill", help="keep only the best records of each task (per target, "
+                       "threads and layout)")
     p.add_argument("file", help="a records file (JSON lines)")
     p.add_argument("-o", "--output", required=True, help="where to write the best records")
     p.add_argument("--top", type=int, default=1, help="records kept per task (default 1)")

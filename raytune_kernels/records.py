@@ -182,13 +182,29 @@ def top_k(records: Iterable[Record], task_key: str, k: int) -> list[Record]:
     return sorted(valid, key=lambda r: r.median)[:k]
 
 
+# The knobs that decide which data layouts a config's kernel reads and writes: the CPU's
+# channel blocks and output layout (layout_costs.layouts_of), the GPU's `layout`
+# (codegen/cuda_render.cuda_layouts). tests/test_records.py checks they stay in step.
+LAYOUT_KNOBS = ("layout", "cb", "ob", "out_layout")
+
+
+def distill_key(r: Record) -> tuple:
+    """What compile_network tells apart among a task's records: target, threads, cold or
+    warm weights, and the layouts the kernel reads and writes (the layout ILP weighs the
+    best record of each layout against the transforms it saves)."""
+    layout = tuple((k, str(r.config[k])) for k in LAYOUT_KNOBS if k in r.config)
+    return r.task_key, r.target, r.threads, r.cold_weights, layout
+
+
 def distill(src: str, dst: str, k: int = 1) -> int:
-    """Write the best k valid records of every (task, target) of `src` to `dst`."""
+    """Write the best k valid records of every task to `dst`, per target, thread count,
+    weight temperature and layout (distill_key): compiling from `dst` sees the same
+    candidates as compiling from `src`."""
     records = load_records(src).records
-    groups: dict[tuple[str, str], list[Record]] = {}
+    groups: dict[tuple, list[Record]] = {}
     for r in records:
         if r.ok:
-            groups.setdefault((r.task_key, r.target), []).append(r)
+            groups.setdefault(distill_key(r), []).append(r)
     kept = [r for g in groups.values() for r in sorted(g, key=lambda r: r.median)[:k]]
     tmp = dst + ".tmp"
     if os.path.exists(tmp):

@@ -94,6 +94,53 @@ def test_distill_keeps_the_best_per_task(tmp_path):
     assert {(r.task_key, r.median) for r in load_records(dst)} == {("a", 1.0), ("c", 5.0)}
 
 
+def test_distill_keeps_the_best_of_each_layout_and_thread_count(tmp_path):
+    """compile_network weighs each layout's best record and reads one thread count:
+    distilling must not drop them."""
+    import dataclasses
+    src, dst = str(tmp_path / "all.jsonl"), str(tmp_path / "best.jsonl")
+    recs = [rec("a", 1.0, cfg={"layout": "NHWC", "bm": 16}),
+            rec("a", 2.0, cfg={"layout": "NHWC", "bm": 32}),
+            rec("a", 3.0, cfg={"layout": "NCHW", "bm": 16}),
+            rec("b", 1.0, cfg={"cb": 16, "ob": 16, "tile_w": 4}),
+            rec("b", 2.0, cfg={"cb": 16, "ob": 16, "tile_w": 8}),
+            rec("b", 4.0, cfg={"cb": 1, "ob": 16, "tile_w": 4})]
+    recs.append(dataclasses.replace(recs[1], threads=2))
+    with RecordWriter(src) as w:
+        w.write_batch(recs)
+    assert distill(src, dst) == 5
+    kept = {(r.task_key, r.median, r.threads) for r in load_records(dst)}
+    assert kept == {("a", 1.0, 1), ("a", 3.0, 1), ("a", 2.0, 2), ("b", 1.0, 1), ("b", 4.0, 1)}
+
+
+def test_layout_knobs_decide_the_layouts_a_config_reads_and_writes(zoo_models):
+    """Configs that agree on LAYOUT_KNOBS read and write the same layouts, on the CPU and
+    on the GPU: distilling by them keeps every candidate the layout ILP would see."""
+    import random
+
+    import raytune_kernels as rk
+    from raytune_kernels.codegen.build import cpu_info
+    from raytune_kernels.codegen.cuda_render import cuda_layouts, cuda_space_for
+    from raytune_kernels.codegen.schedules import space_for
+    from raytune_kernels.layout_costs import layouts_of
+    from raytune_kernels.records import distill_key
+
+    model, inputs = zoo_models["mobilenet_v2"]  # conv, depthwise, pooling, dense
+    rng, cpu, several = random.Random(0), cpu_info(), 0
+    for task in rk.extract_tasks(model, inputs)[:12]:
+        for space, layouts in ((space_for(task.compute, cpu), lambda c: layouts_of(task, c)),
+                               (cuda_space_for(task.compute),
+                                lambda c: cuda_layouts(task.compute, c))):
+            seen: dict[tuple, tuple] = {}
+            for _ in range(40):
+                cfg = space.sample(rng)
+                key = distill_key(Record(task.key, "t", "d", cfg.to_json(), (1.0,)))
+                assert seen.setdefault(key, layouts(cfg)) == layouts(cfg), \
+                    (task.compute.describe(), cfg)
+            several += len(set(seen.values())) > 1
+    assert several >= 12  # most tasks have configs in several layouts on each target
+
+
 def test_unwritable_path_fails_early(tmp_path):
     with pytest.raises(OSError, match="cannot write records"):
         RecordWriter(str(tmp_path / "no" / "such" / "dir.jsonl"))
