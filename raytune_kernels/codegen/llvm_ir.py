@@ -8,6 +8,7 @@ The kernel's C signature: void name(float *buffers..., int32 nthreads).
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import llvmlite.ir as ir
@@ -21,7 +22,10 @@ I32, I64, F32, PTR, VOID = ir.IntType(32), ir.IntType(64), ir.FloatType(), ir.Po
     ir.VoidType()
 
 
+@functools.lru_cache(maxsize=4096)
 def i64(v: int) -> ir.Constant:
+    """A shared i64 constant: llvmlite caches a constant's text on the object, so reusing
+    it saves formatting it at every use (rendering is Python-bound: part of every build)."""
     return ir.Constant(I64, v)
 
 
@@ -35,6 +39,11 @@ class _Module:
         self.nest, self.module = nest, ir.Module(name=nest.name)
         self.vt = ir.VectorType(F32, nest.lanes)
         self._decls: dict[str, ir.Function] = {}
+        # built once per module: vector constants cost a formatted element each per use
+        self.undef = ir.Constant(self.vt, ir.Undefined)
+        self.splat_mask = ir.Constant(ir.VectorType(I32, nest.lanes), [0] * nest.lanes)
+        self.lane0 = ir.Constant(I32, 0)
+        self._consts: dict[str, ir.Constant] = {}
         self._build_entry()
 
     def decl(self, name: str, ret, args) -> ir.Function:
@@ -179,10 +188,9 @@ class _Emitter:
         return self.b.load(self.addr(acc, base, extra), typ=self.mod.vt, align=4)
 
     def splat(self, x):
-        lanes = self.mod.nest.lanes
-        v = self.b.insert_element(ir.Constant(self.mod.vt, ir.Undefined), x, ir.Constant(I32, 0))
-        mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
-        return self.b.shuffle_vector(v, ir.Constant(self.mod.vt, ir.Undefined), mask)
+        m = self.mod
+        v = self.b.insert_element(m.undef, x, m.lane0)
+        return self.b.shuffle_vector(v, m.undef, m.splat_mask)
 
     def _update(self, s: UpdateTile) -> None:
         tile, lanes = self.mod.nest.tile(s.tile), self.mod.nest.lanes
@@ -223,7 +231,11 @@ class _Emitter:
 
     # ---- epilogue math ----
     def const(self, value: float):
-        return ir.Constant(self.mod.vt, [float(value)] * self.mod.nest.lanes)
+        key = repr(float(value))  # not the float: 0.0 == -0.0, and they differ here
+        consts = self.mod._consts
+        if key not in consts:
+            consts[key] = ir.Constant(self.mod.vt, [float(value)] * self.mod.nest.lanes)
+        return consts[key]
 
     def intrinsic(self, name: str, *args):
         lanes = self.mod.nest.lanes
