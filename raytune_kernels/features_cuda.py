@@ -79,10 +79,10 @@ def _thread_work(compute: Compute, cfg: Config, kernel: CudaKernel) -> list[floa
 
 def _knobs(cfg: Config) -> list[float]:
     """Every family's size knobs (log2, 0 where the family has none), interleave, unroll,
-    and whether activations are NHWC."""
+    whether activations are NHWC, and register prefetch."""
     return ([_log(cfg.get(k, 1)) for k in SIZE_KNOBS]
             + [float(bool(cfg.get("interleave", False))), float(cfg.get("unroll", 0)),
-               float(cfg.get("layout") == "NHWC")])
+               float(cfg.get("layout") == "NHWC"), float(bool(cfg.get("prefetch", False)))])
 
 
 def _traffic(compute: Compute, kernel: CudaKernel) -> list[float]:

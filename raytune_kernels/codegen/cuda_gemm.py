@@ -7,11 +7,16 @@ each operand's contiguous axis, as float4 where the view allows it), synchronise
 every thread runs bk rank-1 updates of its register tile from shared memory. The epilogue
 is applied to the register tile and stored (as float4 where columns allow it).
 
+With `prefetch`, the next reduction slices are loaded from global memory into registers
+before the rank-1 updates of the current ones, and written to shared memory after them:
+the loads' latency hides behind the arithmetic, for the registers that hold them.
+
 Knobs: the block tile (bm, bn), the thread tile (tm, tn), whether a thread's rows and
 columns are contiguous or interleaved by the thread grid (`interleave`: conflict-free
 shared-memory reads and coalesced stores against wider contiguous accesses), the vector
-width of each operand's global loads (va, vb), the reduction tile bk, and the unroll factor
-of the loop over it. Threads per block follow from the tiles: (bm/tm) * (bn/tn).
+width of each operand's global loads (va, vb), the reduction tile bk, register prefetch
+of the next slices, and the unroll factor of the loop over bk. Threads per block follow
+from the tiles: (bm/tm) * (bn/tn).
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ REG_OVERHEAD = 24  # indices, loop counters, base pointers (estimate per thread)
 MAX_REGS = 160  # estimate ceiling: well below ptxas's 255, which spills when reached
 MAX_LOAD_STEPS = 8
 MAX_SMEM_STATIC = 48 * 1024
-GEMM_KNOBS = ("bm", "bn", "tm", "tn", "interleave", "va", "vb", "bk")
+GEMM_KNOBS = ("bm", "bn", "tm", "tn", "interleave", "va", "vb", "bk", "prefetch")
 
 
 def pow2_ceil(n: int) -> int:
@@ -73,11 +78,13 @@ def gemm_space(view) -> Space:
                 for vb in _vec_options(view.b_vec, view.b_contig, bn):
                     for bk in bks:
                         sa, sb = load_steps(bk, bm, threads, va), load_steps(bk, bn, threads, vb)
-                        regs = register_estimate(tm, tn, sa + sb)
-                        if max(sa, sb) > MAX_LOAD_STEPS or regs > MAX_REGS or \
-                                threads * regs > REGS_PER_SM:
-                            continue
-                        combos.append((bm, bn, tm, tn, inter, va, vb, bk))
+                        for pre in (False, True):
+                            regs = register_estimate(tm, tn, sa + sb) + \
+                                (sa * va + sb * vb if pre else 0)  # the staged slices
+                            if max(sa, sb) > MAX_LOAD_STEPS or regs > MAX_REGS or \
+                                    threads * regs > REGS_PER_SM:
+                                continue
+                            combos.append((bm, bn, tm, tn, inter, va, vb, bk, pre))
     if not combos:
         raise ValueError(f"no GEMM tiling fits M={view.m} N={view.n} K={view.k}")
     return Space(GEMM_KNOBS, tuple(combos), (("unroll", (1, 4, 8)),))
@@ -101,33 +108,58 @@ def _pad(contig: str) -> int:
 
 
 def _load_tile(smem: str, ref: Ref, contig: str, vec: int, bk: int, bx: int, x0: str,
-               kext: int, xext: int, threads: int) -> list[str]:
-    """Cooperative load of a bk x bx slice into smem[bk][bx + pad], zero outside."""
+               kext: int, xext: int, threads: int, part: str = "both",
+               k0: str = "k0") -> list[str]:
+    """Cooperative load of a bk x bx slice into smem[bk][bx + pad], zero outside.
+
+    part "both" loads and stores; "fetch" loads the slice at reduction offset `k0` into
+    registers {smem}_r<step> (declared by the caller, see staging_registers), "store"
+    writes those registers to shared memory."""
     total, per = bk * bx, threads * vec
     lines = []
     for step in range(-(-total // per)):
+        reg = f"{smem}_r{step}"
         body = [f"const int e = (tid + {step * threads}) * {vec};"]
         body += [f"const int kk = e % {bk}, xx = e / {bk};" if contig == "k" else
-                 f"const int kk = e / {bx}, xx = e % {bx};",
-                 f"const int k = k0 + kk, x = {x0} + xx;"]
-        body += list(ref.lines)
-        conds = ([f"k < {kext}"] if kext % bk else []) + ([f"x < {xext}"] if xext % bx else [])
-        conds += [ref.pred] if ref.pred else []
-        cond = " && ".join(conds)
+                 f"const int kk = e / {bx}, xx = e % {bx};"]
+        if part != "store":
+            body.append(f"const int k = {k0} + kk, x = {x0} + xx;")
+            body += list(ref.lines)
+            conds = ([f"k < {kext}"] if kext % bk else []) + \
+                ([f"x < {xext}"] if xext % bx else [])
+            conds += [ref.pred] if ref.pred else []
+            cond = " && ".join(conds)
+        value = reg if part == "store" else "t"
         if vec == 1:
-            value = f"({cond}) ? *({ref.addr}) : 0.0f" if cond else f"*({ref.addr})"
-            body.append(f"{smem}[kk][xx] = {value};")
+            if part != "store":
+                got = f"({cond}) ? *({ref.addr}) : 0.0f" if cond else f"*({ref.addr})"
+                body.append(f"{reg} = {got};" if part == "fetch" else f"const float t = {got};")
+            if part != "fetch":
+                body.append(f"{smem}[kk][xx] = {value};")
         else:
-            load = f"t = *reinterpret_cast<const float4*>({ref.addr});"
-            body += ["float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);",
-                     f"if ({cond}) {load}" if cond else load]
-            for q, part in enumerate("xyzw"):
-                at = f"[kk + {q}][xx]" if contig == "k" else f"[kk][xx + {q}]"
-                body.append(f"{smem}{at} = t.{part};")
+            if part != "store":
+                load = f"t = *reinterpret_cast<const float4*>({ref.addr});"
+                body += ["float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);",
+                         f"if ({cond}) {load}" if cond else load]
+                if part == "fetch":
+                    body.append(f"{reg} = t;")
+            if part != "fetch":
+                for q, lane in enumerate("xyzw"):
+                    at = f"[kk + {q}][xx]" if contig == "k" else f"[kk][xx + {q}]"
+                    body.append(f"{smem}{at} = {value}.{lane};")
         if (step + 1) * per > total:  # the last step is partial: threads past the tile idle
             body = [body[0], f"if (e < {total}) {{"] + body[1:] + ["}"]
         lines.append("{ " + " ".join(body) + " }")
     return lines
+
+
+def staging_registers(smem: str, vec: int, bk: int, bx: int, threads: int) -> list[str]:
+    """Declarations of the registers a prefetched slice is staged in (zeroed: a partial
+    last step leaves some unused)."""
+    kind, zero = ("float", "0.0f") if vec == 1 else \
+        ("float4", "make_float4(0.0f, 0.0f, 0.0f, 0.0f)")
+    steps = load_steps(bk, bx, threads, vec)
+    return [f"{kind} {smem}_r{s} = {zero};" for s in range(steps)]
 
 
 def _pos(t: str, n: str, tile: int, block: int, interleave: bool) -> str:
@@ -175,13 +207,27 @@ def render_gemm(compute: Compute, view, cfg: Config) -> CudaKernel:
     body += ["const int z = blockIdx.z;"] * uses("z", prologue) + prologue
     body += [f"float acc[{tm}][{tn}];", "#pragma unroll",
              f"for (int r = 0; r < {tm}; ++r)", "#pragma unroll",
-             f"for (int c = 0; c < {tn}; ++c) acc[r][c] = 0.0f;",
-             f"for (int k0 = 0; k0 < {view.k}; k0 += {bk}) {{"]
-    body += _load_tile("As", view.a("k", "x"), view.a_contig, cfg["va"], bk, bm, "i0",
-                       view.k, view.m, threads)
-    body += _load_tile("Bs", view.b("k", "x"), view.b_contig, cfg["vb"], bk, bn, "j0",
-                       view.k, view.n, threads)
-    body += ["__syncthreads();", f"#pragma unroll {cfg['unroll']}",
+             f"for (int c = 0; c < {tn}; ++c) acc[r][c] = 0.0f;"]
+    a_tile = ("As", view.a("k", "x"), view.a_contig, cfg["va"], bk, bm, "i0", view.k,
+              view.m, threads)
+    b_tile = ("Bs", view.b("k", "x"), view.b_contig, cfg["vb"], bk, bn, "j0", view.k,
+              view.n, threads)
+    if cfg["prefetch"]:  # the first slices into registers; each round stores them, then
+        # fetches the next before computing, so the global loads overlap the FMAs
+        body += staging_registers("As", cfg["va"], bk, bm, threads)
+        body += staging_registers("Bs", cfg["vb"], bk, bn, threads)
+        body += _load_tile(*a_tile, part="fetch", k0="0")
+        body += _load_tile(*b_tile, part="fetch", k0="0")
+        body.append(f"for (int k0 = 0; k0 < {view.k}; k0 += {bk}) {{")
+        body += _load_tile(*a_tile, part="store") + _load_tile(*b_tile, part="store")
+        body += ["__syncthreads();", f"if (k0 + {bk} < {view.k}) {{"]
+        body += _load_tile(*a_tile, part="fetch", k0=f"(k0 + {bk})")
+        body += _load_tile(*b_tile, part="fetch", k0=f"(k0 + {bk})") + ["}"]
+    else:
+        body.append(f"for (int k0 = 0; k0 < {view.k}; k0 += {bk}) {{")
+        body += _load_tile(*a_tile) + _load_tile(*b_tile)
+        body.append("__syncthreads();")
+    body += [f"#pragma unroll {cfg['unroll']}",
              f"for (int kk = 0; kk < {bk}; ++kk) {{", f"float a[{tm}], b[{tn}];",
              "#pragma unroll",
              f"for (int r = 0; r < {tm}; ++r) a[r] = As[kk][{_pos('ty', 'r', tm, bm, inter)}];",

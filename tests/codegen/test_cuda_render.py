@@ -62,7 +62,7 @@ def test_every_zoo_task_renders_for_cuda(zoo_tasks):
 
 def _gemm_cfg(**over):
     knobs = dict(bm=32, bn=64, tm=4, tn=4, interleave=False, va=4, vb=1, bk=16, unroll=4,
-                 layout="NCHW")
+                 layout="NCHW", prefetch=False)
     return Config.of(**{**knobs, **over})
 
 
@@ -263,6 +263,52 @@ def test_nhwc_layouts_of_operands_and_kernels():
         render_cuda(c, _gemm_cfg(layout="NCHWc"))
 
 
+def _sampled_with(c, n: int, rng: random.Random, **fixed) -> list[Config]:
+    """n sampled configs of c's CUDA space with the given knob values."""
+    space, out = cuda_space_for(c), []
+    for _ in range(5000):
+        cfg = space.sample(rng)
+        if all(cfg.get(k) == v for k, v in fixed.items()):
+            out.append(cfg)
+            if len(out) == n:
+                return out
+    raise AssertionError(f"no config of {c.describe()} with {fixed}")
+
+
+@needs_cxx
+def test_prefetching_gemms_match_the_reference():
+    """Register prefetch of the next reduction slices, on every GEMM case (ragged tiles,
+    gathered and vector loads, both conv layouts), several k rounds each."""
+    names = [n for n in sorted(CASES) if CASES[n].op in ("dense", "matmul")
+             or (CASES[n].op == "conv2d" and not n.startswith("depthwise"))]
+    runs, meta, rng = [], [], random.Random(4)
+    for name in names:
+        c = CASES[name]
+        ops = random_operands(c, 4)
+        with torch.no_grad():
+            expected = reference(c, *ops)
+        for cfg in _sampled_with(c, 3, rng, prefetch=True):
+            runs.append((render_cuda(c, cfg), cuda_pack(c, ops, cfg)))
+            meta.append((name, cfg, expected))
+    assert len(names) >= 10
+    for (name, cfg, expected), out in zip(meta, cuda_emulate.emulate_many(runs)):
+        got = cuda_unpack(CASES[name], out, cfg)
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), \
+            (name, cfg, (got - expected).abs().max().item())
+
+
+def test_prefetch_stages_the_next_slices_in_registers():
+    c = CASES["conv_batch2_s2_residual"]  # k = 72: rounds at 0, 16, ..., 64 (ragged)
+    src = render_cuda(c, _gemm_cfg(bm=16, bn=32, tm=1, tn=4, prefetch=True)).source
+    assert "float4 As_r0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);" in src  # va = 4
+    assert "float Bs_r0 = 0.0f;" in src and "float Bs_r3 = 0.0f;" in src  # 16x32 / 128
+    assert src.count("__syncthreads();") == 2 and "if (k0 + 16 < 72) {" in src
+    loop = src[src.index("for (int k0"):]
+    # in each round: the staged slices go to shared memory, then the next ones are fetched
+    assert loop.index("As[kk + 0][xx] = As_r0.x;") < loop.index("__syncthreads();") \
+        < loop.index("const int k = (k0 + 16) + kk") < loop.index("fmaf(a[r], b[c]")
+
+
 def _emulation_cost(c, kernel, cfg) -> int:
     """Thread-steps the emulator runs: threads launched, times the k loop's barriers."""
     steps = math.ceil(gemm_view(c).k / cfg["bk"]) if "bk" in dict(cfg.knobs) else 1
@@ -321,7 +367,10 @@ def test_shared_memory_kernels_are_free_of_data_races():
     and proof that it sees a race: the GEMM without its trailing barrier, where fast
     threads overwrite a tile slower ones are still reading."""
     runs = []
+    prefetching = _sampled_with(CASES["conv_batch2_s2_residual"], 1, random.Random(6),
+                                prefetch=True)[0]
     for name, cfg in (("conv_grouped_affine_tanh", None), ("matmul_batched_div", None),
+                      ("conv_batch2_s2_residual", prefetching),
                       ("softmax_long_rows", Config.of(threads=128, vec=1)),
                       ("layer_norm_long_rows", Config.of(threads=64, vec=4))):
         c = CASES[name]  # rows of several warps: partials cross warps through shared memory
