@@ -1,11 +1,11 @@
 """Features of a lowered candidate that mean the same thing for every task, so one cost
 model learns from all tasks (in the spirit of Ansor's per-store features).
 
-Read off the loop nest: op kind and algorithm, vector width and blocks, register tile
-shape and accumulator pressure, loop extents by nesting level and kind, unrolled work per
-innermost iteration, parallel extent against cores (and its load imbalance), bytes the
-kernel touches and bytes touched per register tile against L1/L2/L3, FLOPs and arithmetic
-intensity, and the layout knobs.
+Read off the loop nest: op kind and algorithm (direct, im2col, Winograd), vector width
+and blocks, register tile shape and accumulator pressure, loop extents by nesting level
+and kind, unrolled work per innermost iteration, parallel extent against cores (and its
+load imbalance), bytes the kernel touches and bytes touched per register tile against
+L1/L2/L3, FLOPs and arithmetic intensity, and the layout knobs.
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ def _updates(body, out: list | None = None) -> list:
 def featurize_nest(compute: Compute, cfg: Config, nest: LoopNest, cpu: CpuInfo) -> list[float]:
     f: list[float] = [float(compute.op == op) for op in OPS]
     f.append(float(cfg.get("algorithm") == "im2col"))
+    f.append(float(cfg.get("algorithm") == "winograd"))
     tile = max(nest.tiles, key=lambda t: t.rows * t.vecs, default=None)
     rows, cols, vecs = (tile.shape[0], tile.shape[1], tile.vecs) if tile else (1, 1, 1)
     accs = rows * cols * vecs

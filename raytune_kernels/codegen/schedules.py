@@ -18,6 +18,8 @@ from .lower import LoweringError, lower as lower_tiled, pack_operands, unpack_ou
 from .rowwise import ROW_OPS, RowLoweringError, lower_rows, pack_rows, row_shape, row_space, \
     unpack_rows
 from .space import Config, Space, UnionSpace, contraction_space
+from .winograd import applicable as winograd_applicable, lower_winograd, pack_winograd, \
+    winograd_space
 
 
 def unsupported_reason(compute: Compute) -> str | None:
@@ -45,18 +47,20 @@ def _why(c: Compute) -> str:
 
 
 def space_for(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
-    """The schedule space of a compute on a CPU. Convolutions that im2col applies to get
-    both algorithms, under the knob `algorithm`."""
+    """The schedule space of a compute on a CPU. Convolutions that im2col or Winograd
+    F(2x2, 3x3) apply to get those algorithms too, under the knob `algorithm`."""
     reason = unsupported_reason(compute)
     if reason:
         raise LoweringError(reason)
     if compute.op in ROW_OPS:
         return row_space(compute, cpu.lanes)
     direct = contraction_space(contraction(compute), cpu.lanes, cpu.regs)
+    parts = [("direct", direct)]
     if im2col_applicable(compute):
-        alt = im2col_space(compute, cpu.lanes, cpu.regs)
-        return UnionSpace("algorithm", (("direct", direct), ("im2col", alt)))
-    return direct
+        parts.append(("im2col", im2col_space(compute, cpu.lanes, cpu.regs)))
+    if winograd_applicable(compute):
+        parts.append(("winograd", winograd_space(compute, cpu.lanes, cpu.regs)))
+    return UnionSpace("algorithm", tuple(parts)) if len(parts) > 1 else direct
 
 
 def lower(compute: Compute, cfg: Config) -> LoopNest:
@@ -64,6 +68,8 @@ def lower(compute: Compute, cfg: Config) -> LoopNest:
         return lower_rows(compute, cfg)
     if cfg.get("algorithm") == "im2col":
         return lower_im2col(compute, cfg)
+    if cfg.get("algorithm") == "winograd":
+        return lower_winograd(compute, cfg)
     return lower_tiled(compute, cfg)
 
 
@@ -72,6 +78,8 @@ def pack(compute: Compute, cfg: Config, operands) -> dict[str, np.ndarray]:
         return pack_rows(compute, cfg, operands)
     if cfg.get("algorithm") == "im2col":
         return pack_im2col(compute, cfg, operands)
+    if cfg.get("algorithm") == "winograd":
+        return pack_winograd(compute, cfg, operands)
     return pack_operands(compute, cfg, operands)
 
 
