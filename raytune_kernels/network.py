@@ -103,6 +103,8 @@ class _Planner:
         self.inputs: list[Buf] = []
         self.value_of: dict[int, tuple[str, str]] = {}  # step -> (value, layout) it completes
         self.aliases: list[Buf] = []
+        self.scratch: dict[str, np.ndarray] = {}
+        self._scratch_uses: list[tuple[Step, int]] = []
         for name, shape in self.graph.inputs:
             buf = Buf(math.prod(shape), tuple(shape), pinned=True)
             self.inputs.append(buf)
@@ -182,10 +184,13 @@ class _Planner:
         layout = None if cand.out_layout == NCHW else Layout.parse(cand.out_layout)
         out = Buf(packed["out"].size, (packed["out"].size,) if internal else out_shape, layout)
         bound["out"] = out
-        operands = [bound[b.name] if b.name in bound else aligned(packed[b.name])
+        operands = [bound[b.name] if b.name in bound else
+                    self._scratch(b) if b.role == "scratch" else aligned(packed[b.name])
                     for b in nest.buffers]
         self.steps.append(Step(step.layer, "kernel", (step.layer,), reads, [out],
                                cand.seconds, step.key, kernel, operands=operands))
+        self._scratch_uses += [(self.steps[-1], i) for i, b in enumerate(nest.buffers)
+                               if b.role == "scratch" and b.name not in bound]
         if internal:  # dense with N padded to the vector block: keep the first N columns
             rows, n = compute.output.numel // out_shape[-1], out_shape[-1]
             if rows == 1:  # one row: its first N floats are the output, no copy
@@ -210,6 +215,18 @@ class _Planner:
         fn = lambda *xs, _n=node: run_glue(_n, dict(zip(_n.inputs, xs)))  # noqa: E731
         self._torch(node.name, "glue", (node.layer,), args, out, fn, 0.0, None)
         self._produce(node.name, out, NCHW)
+
+    def _scratch(self, b) -> np.ndarray:
+        """One workspace per buffer name for the whole network (steps run one at a time,
+        and a workspace carries nothing between calls): the cache holds one, not one per
+        step. It grows to the largest need; steps planned earlier are re-pointed to it."""
+        have = self.scratch.get(b.name)
+        if have is None or have.size < b.size:
+            self.scratch[b.name] = aligned(np.zeros(b.size, np.float32))
+            for s, i in self._scratch_uses:
+                if s.operands[i] is have:
+                    s.operands[i] = self.scratch[b.name]
+        return self.scratch[b.name]
 
     def _produce(self, value: str, buf: Buf, label: str) -> None:
         self.produced[value] = (buf, label)

@@ -8,7 +8,8 @@ import torch
 import raytune_kernels as rk
 from raytune_kernels.codegen.build import cpu_info
 from raytune_kernels.codegen.kernel import build_for
-from raytune_kernels.codegen.schedules import space_for
+from raytune_kernels.codegen.schedules import lower, space_for
+from raytune_kernels.codegen.space import Config
 from raytune_kernels.measure import MeasureOptions, measure_built
 from raytune_kernels.network import CompileError, check_network, compile_network
 from raytune_kernels.records import record_of
@@ -213,3 +214,35 @@ def test_targets_and_options_are_checked_before_any_work(small):
         compile_network(model, inputs, records, fallback="onnx")
     with pytest.raises(CompileError, match="layout must be 'ilp' or 'uniform'"):
         compile_network(model, inputs, records, layout="nhwc")
+
+
+def test_winograd_steps_share_one_workspace():
+    """Two Winograd convs of different sizes: both steps use the same V and M arrays (the
+    larger need), and the network still equals the model."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU()).eval()
+    inputs = (torch.randn(1, 16, 8, 8),)
+    cpu, rng, records = cpu_info(), random.Random(0), []
+    opts = MeasureOptions(threads=1, min_repeat_ms=1, repeats=3)
+    for task in rk.extract_tasks(model, inputs):
+        space = space_for(task.compute, cpu)
+        part = dict(space.parts)["winograd"]
+        cfg = space._tag("winograd", part.sample(rng))
+        built = build_for(task.compute, cfg)
+        result = measure_built(task.compute, cfg, built.library, opts, built.seconds)
+        records.append(record_of(task.key, "llvm", cpu.name, cfg.to_json(), result))
+    net = compile_network(model, inputs, records)  # checked against the model
+    nests = {t.key: lower(t.compute, Config.from_json(r.config))
+             for t, r in zip(rk.extract_tasks(model, inputs), records)}
+    kernels = [s for s in net.steps if s.kind == "kernel"]
+    assert len(kernels) == 2
+    for name in ("v", "m"):
+        arrays, sizes = [], []
+        for s in kernels:
+            names = [b.name for b in nests[s.key].buffers]
+            arrays.append(s.operands[names.index(name)])
+            sizes.append(nests[s.key].buffers[names.index(name)].size)
+        assert arrays[0] is arrays[1] and arrays[0].size == max(sizes)
+        if name == "m":  # the second conv needs more: the first step was re-pointed
+            assert sizes[1] > sizes[0]

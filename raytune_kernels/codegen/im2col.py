@@ -58,7 +58,7 @@ def lower_im2col(c: Compute, cfg) -> LoopNest:
     bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", sizes["b"], "in")]
     bufs += [Buffer(f"e{i}", con.k if k.kind == "channel" else sizes["out"], "in")
              for i, k in enumerate(kinds)]
-    bufs += [Buffer("out", sizes["out"], "out"), Buffer("ws", p * r, "in")]
+    bufs += [Buffer("out", sizes["out"], "out"), Buffer("ws", p * r, "scratch")]
     tiles, body = [], []
     copy = _copy_stage(con, cfg, r, tiles)
     gemm = _gemm_stage(c, con, cfg, kinds, r, p, tiles)

@@ -208,7 +208,7 @@ class Tile:
 class Buffer:
     name: str
     size: int
-    role: str  # "in" or "out"
+    role: str  # "in", "out", or "scratch" (a workspace: nothing in, nothing kept)
 
 
 @dataclass(frozen=True)

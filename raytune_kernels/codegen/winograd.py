@@ -96,8 +96,8 @@ def lower_winograd(c: Compute, cfg) -> LoopNest:
     bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", XI * con.c * con.k, "in")]
     bufs += [Buffer(f"e{i}", con.k if k.kind == "channel" else sizes["out"], "in")
              for i, k in enumerate(kinds)]
-    bufs += [Buffer("out", sizes["out"], "out"), Buffer("v", XI * tiles * con.c, "in"),
-             Buffer("m", XI * tiles * con.k, "in")]
+    bufs += [Buffer("out", sizes["out"], "out"), Buffer("v", XI * tiles * con.c, "scratch"),
+             Buffer("m", XI * tiles * con.k, "scratch")]
     tile_list: list[Tile] = []
     body = [_input_stage(con, cfg, tiles)] + _gemm_stage(con, cfg, tiles, tile_list)
     body.append(_output_stage(c, con, cfg, tiles, kinds))
