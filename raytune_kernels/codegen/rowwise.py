@@ -103,16 +103,21 @@ def _epilogue(c: Compute, value, names, shape: RowShape, row: Affine, lanes: int
     total = shape.rows * shape.n
     for op in c.epilogue:
         loads = [_operand_load(next(it), spec, shape, row, lanes, total) for spec in op.operands]
-        if op.op == "affine":
-            value = Bin("add", Bin("mul", value, loads[0]), loads[1])
-        elif op.op == "bias":
-            value = Bin("add", value, loads[0])
-        elif op.op in ("add", "sub", "mul", "div"):
-            other = loads[0] if loads else Num(op.scalar)
-            value = Bin(op.op, other, value) if op.reverse else Bin(op.op, value, other)
-        else:
-            value = Un(op.op, value)
+        value = epilogue_expr(op, value, loads)
     return value
+
+
+def epilogue_expr(op, value, loads: list):
+    """One epilogue op applied to the vector expression `value`, its tensor operands
+    already read as expressions `loads` (row kernels, Winograd's output transform)."""
+    if op.op == "affine":
+        return Bin("add", Bin("mul", value, loads[0]), loads[1])
+    if op.op == "bias":
+        return Bin("add", value, loads[0])
+    if op.op in ("add", "sub", "mul", "div"):
+        other = loads[0] if loads else Num(op.scalar)
+        return Bin(op.op, other, value) if op.reverse else Bin(op.op, value, other)
+    return Un(op.op, value)
 
 
 def _operand_load(name: str, spec, shape: RowShape, row: Affine, lanes: int, total: int):

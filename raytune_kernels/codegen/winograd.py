@@ -25,11 +25,12 @@ import torch
 
 from ..task import Compute
 from .contraction import Conv2dContraction
-from .im2col import _outer, _variants
+from .im2col import _outer, _variants, gemm_combos
 from .loopnest import (BCAST_FMA, PARALLEL, SERIAL, UNROLL, Access, Affine, Bin, Buffer, For,
-                       Ld, LoopNest, Map, Num, Split, StoreTile, Tile, Un, UpdateTile, ZeroTile)
+                       Ld, LoopNest, Map, Num, Split, StoreTile, Tile, UpdateTile, ZeroTile)
 from .lower import operand_kinds, pack_operands
-from .space import MIN_CHAINS, Space
+from .rowwise import epilogue_expr
+from .space import Space
 
 BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))  # B^T
 G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
@@ -52,21 +53,8 @@ def applicable(c: Compute) -> bool:
 
 def winograd_space(c: Compute, lanes_options: tuple[int, ...], regs: int) -> Space:
     con = Conv2dContraction.from_compute(c)
-    tiles = (con.oh // 2) * (con.ow // 2)
-    combos = []
-    for lanes in lanes_options:
-        # the input transform moves whole vectors of the channel block
-        cbs = [cb for cb in (8, 16, 32, 64) if con.c % cb == 0 and cb % lanes == 0]
-        cbs += [con.c] if con.c > 64 and con.c % lanes == 0 else []
-        for vecs in (1, 2, 3, 4):
-            ob = vecs * lanes
-            if con.k % ob:
-                continue
-            for th in range(1, 29):
-                acc = th * vecs
-                if acc + vecs + 1 <= regs and acc >= min(MIN_CHAINS, tiles * vecs) and \
-                        th <= tiles:
-                    combos += [(lanes, ob, th, cb) for cb in cbs]
+    combos = gemm_combos(con, (con.oh // 2) * (con.ow // 2), lanes_options, regs,
+                         whole_c=True)
     independent = (("out_layout", con.out_layouts),
                    ("spatial_order", tuple(itertools.permutations(("xi", "ko", "pt")))),
                    ("parallel", (1, 2)))
@@ -183,15 +171,7 @@ def _epilogue(c: Compute, value, kinds, o: Affine, ob: int, lanes: int):
         for _ in op.operands:
             loads.append(Ld(Access(f"e{n}", chan if kinds[n].kind == "channel" else o)))
             n += 1
-        if op.op == "affine":
-            value = Bin("add", Bin("mul", value, loads[0]), loads[1])
-        elif op.op == "bias":
-            value = Bin("add", value, loads[0])
-        elif op.op in ("add", "sub", "mul", "div"):
-            other = loads[0] if loads else Num(op.scalar)
-            value = Bin(op.op, other, value) if op.reverse else Bin(op.op, value, other)
-        else:
-            value = Un(op.op, value)
+        value = epilogue_expr(op, value, loads)
     return value
 
 
