@@ -344,10 +344,8 @@ def step_candidates(part: Partition, records: list[Record],
     computes = {t.key: t.compute for t in part.tasks}
     for r in records:
         if r.ok and r.task_key in computes:
-            try:
-                pair = cuda_layouts(computes[r.task_key], Config.from_json(r.config))
-            except (KeyError, TypeError, ValueError):
-                continue  # a config from another version: named when planned, if chosen
+            # a config from another version is named when planned, if it is chosen
+            pair = cuda_layouts(computes[r.task_key], Config.from_json(r.config))
             mine = best.setdefault(r.task_key, {})
             if pair not in mine or r.median < mine[pair].median:
                 mine[pair] = r
