@@ -45,7 +45,8 @@ def tune_tasks(*args, **kwargs):
 
 
 __all__ = [
-    "CaptureError", "CompileError", "CompiledNetwork", "compile_network", "tune_network", "tune_tasks", "Compute", "DynamicShapeError", "EpilogueOp", "Graph", "Node", "Partition",
+    "CaptureError", "CompileError", "CompiledNetwork", "compile_network", "tune_network",
+    "tune_tasks", "Compute", "DynamicShapeError", "EpilogueOp", "Graph", "Node", "Partition",
     "RaytuneError", "Target", "Task", "TensorSpec", "UnknownModelError", "UnknownTargetError",
     "UnsupportedOpError", "capture", "execute", "extract_tasks", "parse_target", "partition",
 ]

@@ -8,12 +8,15 @@ of 36, so the multiply work drops 2.25x, paid for with two cheap linear transfor
 - Stage 1 (input transform, parallel over channel blocks x tile rows): V[xi][t][c] =
   (B^T d B)[xi] for every tile and channel, vectors along the channel block (the input is
   the direct conv's bordered [C/CB][Hp][Wp][CB], so its layouts and labels are the same).
-- Stage 2 (16 GEMMs, register-tiled like im2col's): M[xi][t][k] = sum_c V[xi][t][c] U[xi][c][k],
-  U = G g G^T packed once [16][K/OB][C][OB] (a constant, like every packed weight).
+- Stage 2 (16 GEMMs, register-tiled like im2col's):
+  M[xi][t][k] = sum_c V[xi][t][c] U[xi][c][k], with U = G g G^T packed once as
+  [16][K/OB][C][OB] (a constant, like every packed weight).
 - Stage 3 (output transform and the fused epilogue, parallel over output-channel blocks x
   tile rows): Y = A^T M A for each tile, written in the direct conv's output layouts.
-V and M are workspaces (kernel buffers "v", "m"). Needs an even output (every tile whole);
-F(2x2, 3x3)'s transforms are +-1 and 1/2, so float32 results stay within 1e-5 relative.
+V and M are workspaces (kernel buffers "v", "m", shared by every step of a compiled
+network). Needs an even output (every tile whole). F(2x2, 3x3)'s transforms are +-1 and
+1/2, so float32 rounding stays small: the tests hold built kernels to the reference within
+1e-4 and the interpreted nest within 1e-5, as for the direct conv.
 """
 from __future__ import annotations
 
