@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 import numpy as np
 import torch
@@ -39,14 +40,16 @@ def layouts_of(task: Task, cfg: Config) -> tuple[str, str]:
     return Layout(src, pad).label, dst
 
 
-def candidates_from_records(task: Task, records: list[Record], threads: int | None = None
+def candidates_from_records(task: Task, records: list[Record], threads: int | None = None,
+                            layouts: Callable[[Task, Config], tuple[str, str]] = layouts_of
                             ) -> list[Candidate]:
     """The best measured kernel of `task` for each (input, output) layout pair (among the
-    records at `threads` threads, when given); each candidate carries its config."""
+    records at `threads` threads, when given); each candidate carries its config.
+    `layouts` says what a config reads and writes (the CPU's by default)."""
     best: dict[tuple[str, str], tuple[float, dict]] = {}
     for r in records:
         if r.task_key == task.key and r.ok and (threads is None or r.threads == threads):
-            pair = layouts_of(task, Config.from_json(r.config))
+            pair = layouts(task, Config.from_json(r.config))
             if pair not in best or r.median < best[pair][0]:
                 best[pair] = (r.median, r.config)
     return [Candidate(a, b, t, Config.from_json(cfg))

@@ -650,10 +650,8 @@ def compile_network(model: torch.nn.Module,
         else:
             planner.glue(step)
     outputs = planner.outputs()
-    best = best_per_task(recs, str(tgt), threads)
-    estimated = sum(t.weight * best[t.key].median for t in part.tasks if t.key in best)
-    if fallback:
-        estimated += sum(t.weight * tseconds[t.key] for t in part.tasks if t.key not in best)
+    estimated = estimated_latency(part, best_per_task(recs, str(tgt), threads),
+                                  tseconds if fallback else None)
     net = CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
                           estimated, planner.value_of, planner.aliases)
     if verbose:
@@ -665,6 +663,16 @@ def compile_network(model: torch.nn.Module,
     if check:
         check_network(net, model, inputs, atol)
     return net
+
+
+def estimated_latency(part: Partition, best: dict[str, Record],
+                      torch_s: dict[str, float] | None = None) -> float:
+    """The tuner's estimate of a network: sum of weight x best record per task, and
+    torch's time for tasks without one when falling back to torch."""
+    total = sum(t.weight * best[t.key].median for t in part.tasks if t.key in best)
+    if torch_s:
+        total += sum(t.weight * torch_s[t.key] for t in part.tasks if t.key not in best)
+    return total
 
 
 def _records(records, target: str, threads: int) -> list[Record]:

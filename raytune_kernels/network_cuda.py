@@ -39,9 +39,10 @@ from .codegen.cuda_render import (cuda_layouts, cuda_unsupported_reason, operand
 from .codegen.space import Config
 from .frontend import capture
 from .layout import LayoutPlan
+from .layout_costs import candidates_from_records
 from .layout_graph import Candidate
 from .network import (CompileError, CompiledNetwork, Profile, ProfileRow,  # imports us lazily
-                      _choose)
+                      _choose, estimated_latency)
 from .partition import GlueStep, Partition, TaskStep, partition, run_glue, run_steps
 from .records import Record, best_per_task, load_records
 from .measure import MeasureOptions, random_operands
@@ -340,22 +341,15 @@ def step_candidates(part: Partition, records: list[Record],
     Candidates carrying their Config; with `torch_s` (fallback="torch"), torch's kernel
     too at its measured time, and no record slower than it. Glue steps read and write
     NCHW."""
-    best: dict[str, dict[tuple[str, str], Record]] = {}
-    computes = {t.key: t.compute for t in part.tasks}
-    for r in records:
-        if r.ok and r.task_key in computes:
-            # a config from another version is named when planned, if it is chosen
-            pair = cuda_layouts(computes[r.task_key], Config.from_json(r.config))
-            mine = best.setdefault(r.task_key, {})
-            if pair not in mine or r.median < mine[pair].median:
-                mine[pair] = r
+    def layouts(task, cfg):  # a stale config is named when planned, if it is chosen
+        return cuda_layouts(task.compute, cfg)
+    tuned = {t.key: candidates_from_records(t, records, layouts=layouts) for t in part.tasks}
     out = []
     for step in part.steps:
         if isinstance(step, GlueStep):
             out.append([Candidate(NCHW, NCHW, 0.0)])
             continue
-        cands = [Candidate(a, b, r.median, Config.from_json(r.config))
-                 for (a, b), r in sorted(best.get(step.key, {}).items())]
+        cands = list(tuned[step.key])
         if torch_s is not None:
             cands = [c for c in cands if c.seconds <= torch_s[step.key]]
             cands.append(Candidate(NCHW, NCHW, torch_s[step.key], TORCH))
@@ -671,10 +665,8 @@ def compile_network_cuda(model: torch.nn.Module,
     cands = step_candidates(part, recs, torch_s)
     layout_plan, chosen = choose_layouts(part, cands, layout, device.transform_seconds,
                                          time_limit_s)
-    estimated = sum(t.weight * best[t.key].median for t in part.tasks if t.key in best)
-    if torch_s:
-        estimated += sum(t.weight * torch_s[t.key] for t in part.tasks if t.key not in best)
-    plan = plan_network(part, chosen, arch, estimated, layout_plan)
+    plan = plan_network(part, chosen, arch, estimated_latency(part, best, torch_s),
+                        layout_plan)
     net = GpuNetwork(plan, device(plan))
     if verbose:
         print("compiled " + plan.summary())
