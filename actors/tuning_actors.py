@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ray
 
-from raytune_kernels.codegen.build import CpuInfo
+from raytune_kernels.codegen.machine import CpuInfo
 from raytune_kernels.codegen.gpu import ArchMismatchError, GpuInfo, check_measurable, \
     gpu_info
 from raytune_kernels.codegen.schedules import space_on

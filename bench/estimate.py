@@ -6,8 +6,11 @@ For every conv and dense task of ResNet-18, `configs` random configs are built (
 processes) and timed here on 1 thread (with --cold, with the weights out of cache, as
 tune_network times them). Per task: the rank correlation between estimated cycles and
 measured time, and whether the estimate's first 8 picks hold a config within 5% of the
-best measured, against the chance that 8 random picks do. No PyTorch baseline: this
-checks a search heuristic, not kernels. Last line of stdout: one JSON object.
+best measured, against the chance that 8 random picks do. The estimate reads the host's
+measured machine model (codegen/machine.py), reported beside the figures, so that a poor
+correlation can be told apart as a model problem (wrong pipes, latency or loads for this
+CPU) or an estimate problem. No PyTorch baseline: this checks a search heuristic, not
+kernels. Last line of stdout: one JSON object.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels import zoo
-from raytune_kernels.codegen.build import cpu_info
+from raytune_kernels.codegen.machine import cpu_info
 from raytune_kernels.codegen.kernel import build_for
 from raytune_kernels.codegen.schedules import lower, space_for
 from raytune_kernels.estimate import cycles
@@ -58,6 +61,7 @@ def main() -> None:
     model, inputs = zoo.resnet18()
     tasks = [t for t in rk.extract_tasks(model, inputs) if t.compute.op in ("conv2d", "dense")]
     cpu = cpu_info()
+    print(f"machine model: {cpu.machine.describe()}", file=sys.stderr, flush=True)
     rows = []
     with ProcessPoolExecutor(2) as pool:
         for task in tasks:
@@ -69,7 +73,7 @@ def main() -> None:
                      for c, b in zip(cfgs, built) if b.library]
             timed = [(c, r.median) for c, r in timed if r.ok]
             times = np.array([t for _, t in timed])
-            est = np.array([cycles(lower(task.compute, c)) for c, _ in timed])
+            est = np.array([cycles(lower(task.compute, c), cpu.machine) for c, _ in timed])
             good = times.min() / 0.95
             rho = float(np.corrcoef(_ranks(est), _ranks(times))[0, 1])
             hit = bool(times[np.argsort(est, kind="stable")[:PICKS]].min() <= good)
@@ -82,7 +86,7 @@ def main() -> None:
                       "mean_rank_corr": round(statistics.mean(r for r, _, _ in rows), 3),
                       "estimate_hits_95": sum(h for _, h, _ in rows),
                       "random_hits_95_expected": round(sum(c for _, _, c in rows), 1),
-                      "threads": 1, "cpu": cpu.name}))
+                      "threads": 1, "cpu": cpu.name, "machine": cpu.machine.to_json()}))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels import zoo
-from raytune_kernels.codegen.build import cpu_info
+from raytune_kernels.codegen.machine import cpu_info
 from raytune_kernels.codegen.kernel import build_candidate, prepare
 from raytune_kernels.codegen.peak import measure_peak
 from raytune_kernels.codegen.schedules import space_for, unpack, unsupported_reason
@@ -244,14 +244,15 @@ def main() -> None:
     tasks = [t for t in rk.extract_tasks(model, inputs) if t.compute.op in ("conv2d", "dense")
              and unsupported_reason(t.compute) is None]
     tasks = tasks[: args.limit] if args.limit else tasks
-    peak = max(measure_peak(args.threads, FULL) for _ in range(3))  # a capability: best of 3
+    cpu = cpu_info()
+    peak = max(measure_peak(args.threads, cpu.lanes[0], cpu.regs, FULL) for _ in range(3))
     print(f"FMA peak on {args.threads} threads: {peak:.1f} GFLOP/s", file=sys.stderr)
     rows = [bench_task(t, args.trials, args.threads, peak, args.seed + i)
             for i, t in enumerate(tasks)]
     geo = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
     print(json.dumps({"model": args.model, "tasks": rows, "geomean_ratio": round(geo, 3),
                       "peak_gflops": round(peak, 1), "threads": args.threads,
-                      "trials": args.trials, "cpu": cpu_info().name,
+                      "trials": args.trials, "cpu": cpu.name, "machine": cpu.machine.to_json(),
                       "torch": torch.__version__}))
 
 

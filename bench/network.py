@@ -3,7 +3,9 @@
     python bench/network.py resnet18 --trials 1000 --threads 2 [--records FILE]
 
 Tunes the model's tasks with `trials` measurements at `threads` threads (a records file that
-already holds them is resumed, nothing re-measured), compiles it twice (layouts chosen by
+already holds them is resumed, nothing re-measured; by default
+bench/results/CPU/network_MODEL_<threads>threads.jsonl, CPU being LLVM's name for this
+host, so that figures of one CPU model are never taken for another's), compiles it twice (layouts chosen by
 the ILP, and the best uniform layout), checks both against the model, then times, at the
 same thread count and interleaved round by round: ours, ours uniform, PyTorch eager,
 channels_last, TorchScript trace+freeze, and torch.compile with freezing where the machine
@@ -32,6 +34,7 @@ import time
 import torch
 
 from raytune_kernels import tune_network, zoo
+from raytune_kernels.codegen.machine import cpu_info
 from raytune_kernels.network import compile_network
 from raytune_kernels.target import target_arg
 from raytune_kernels.timing import TimingOptions, median, time_fn
@@ -205,7 +208,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "'cuda -arch=sm_XY'")
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=2, help="CPU only")
-    ap.add_argument("--records", default=None, help="default bench/results/network_MODEL_"
+    ap.add_argument("--records", default=None, help="default bench/results/CPU/network_MODEL_"
                                                     "<threads>threads.jsonl (cuda: "
                                                     "network_MODEL_cuda.jsonl)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -224,8 +227,11 @@ def main() -> None:
         print(f"bench/network.py: error: --target {str(args.target)!r}: the CPU benchmark "
               "runs on this machine's own CPU; drop -mcpu", file=sys.stderr)
         sys.exit(2)
+    cpu = cpu_info().name  # records measured on one CPU model are not this one's
     records = args.records or os.path.join(
-        os.path.dirname(__file__), "results", f"network_{args.model}_{args.threads}threads.jsonl")
+        os.path.dirname(__file__), "results", cpu,
+        f"network_{args.model}_{args.threads}threads.jsonl")
+    os.makedirs(os.path.dirname(os.path.abspath(records)), exist_ok=True)
     model, inputs = zoo.load(args.model)
     x = inputs[0]
 
@@ -253,7 +259,7 @@ def main() -> None:
     torch_ms = {k: (round(ms[k], 3) if k in ms else None)
                 for k in ("eager", "channels_last", "jit_freeze", "compile")}
     best_torch = min(v for v in torch_ms.values() if v is not None)
-    result = {"model": args.model, "threads": args.threads, "trials": tuned.trials,
+    result = {"model": args.model, "cpu": cpu, "threads": args.threads, "trials": tuned.trials,
               "ours_ms": round(ms["ours"], 3), "uniform_ms": round(ms["uniform"], 3),
               "estimated_ms": round(net.estimated_s * 1e3, 3),
               "layout_plan_ms": round(net.plan.cost * 1e3, 3),

@@ -23,7 +23,7 @@ import torch
 import raytune_kernels as rk
 from actors.pipeline import MeasurePipeline
 from raytune_kernels import zoo
-from raytune_kernels.codegen.build import cpu_info
+from raytune_kernels.codegen.machine import cpu_info
 from raytune_kernels.codegen.schedules import space_for
 from raytune_kernels.measure import MeasureOptions
 

@@ -23,7 +23,7 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels import zoo
-from raytune_kernels.codegen.build import cpu_info
+from raytune_kernels.codegen.machine import cpu_info
 from raytune_kernels.codegen.kernel import build_for
 from raytune_kernels.measure import MeasureOptions, MeasureResult, measure_built
 from raytune_kernels.tuner import LocalSearchPool, TuneOptions, Tuner

@@ -13,7 +13,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .codegen.build import CpuInfo
+from .codegen.machine import CpuInfo
 from .codegen.space import Config
 from .features import featurize
 from .records import Record

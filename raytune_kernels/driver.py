@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from .codegen.build import cpu_info
+from .codegen.machine import cpu_info
 from .codegen.schedules import cuda_unsupported_reason, unsupported_reason
 from .errors import RaytuneError
 from .measure import MeasureOptions

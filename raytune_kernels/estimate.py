@@ -10,6 +10,11 @@ and stores cost a cycle per vector and per epilogue step. Row kernels (softmax, 
 elementwise) cost their vector expressions per step, and a reduction waits on the latency
 of its `accs` accumulator chains.
 
+The machine's figures (FMA pipes, FMA latency, load ports per vector width) come from its
+measured model (codegen/machine.py): a Zen 1 core issues one 256-bit FMA per cycle at
+latency 5 where a Zen 3 core issues two at latency 4, and an estimate that assumed one
+machine ranked configs on the other close to randomly (rank correlation 0.37).
+
 Measured by bench/estimate.py on random configs of ResNet-18's 19 conv and dense tasks (1
 thread, Zen 5): with warm caches (160 configs a task) the estimate's ranks correlate with
 the measured ones at 0.87 on average, and its first 8 picks hold a config within 5% of the
@@ -22,39 +27,39 @@ from __future__ import annotations
 
 from .codegen.loopnest import BCAST_FMA, UNROLL, VEC_FMA, Bin, For, Ld, LoopNest, Map, Reduce, \
     StoreTile, Un, UpdateTile, ZeroTile
+from .codegen.machine import MachineModel, VectorUnit
 
-FMA_PIPES = 2  # vector FMAs issued per cycle (x86 cores since Haswell)
-LOAD_PORTS = 2  # vector loads per cycle
-FMA_LATENCY = 4  # cycles before an accumulator can be updated again
 LOOP_CYCLES = 1.0  # increment, compare and branch of a loop that is not unrolled
 TRANSCENDENTAL_OPS = 12  # vector ops of an inlined exp, tanh or sqrt polynomial
 
 
-def cycles(nest: LoopNest) -> float:
-    """Estimated cycles of one run of `nest` on one core."""
+def cycles(nest: LoopNest, machine: MachineModel) -> float:
+    """Estimated cycles of one run of `nest` on one core of `machine`."""
     tiles = {t.name: t for t in nest.tiles}
-    return _cycles(nest.body, tiles)
+    return _cycles(nest.body, tiles, machine.unit(nest.lanes))
 
 
-def _cycles(body, tiles: dict) -> float:
+def _cycles(body, tiles: dict, u: VectorUnit) -> float:
     total = 0.0
     for s in body:
         if isinstance(s, For):
             loop = 0.0 if s.kind == UNROLL else LOOP_CYCLES
-            total += s.extent * (_cycles(s.body, tiles) + loop)
+            total += s.extent * (_cycles(s.body, tiles, u) + loop)
         elif isinstance(s, UpdateTile):
-            total += _update_cycles(s, tiles[s.tile])
+            total += _update_cycles(s, tiles[s.tile], u)
         elif isinstance(s, ZeroTile):
-            total += _accumulators(tiles[s.tile]) / FMA_PIPES
+            total += _accumulators(tiles[s.tile]) / u.fma_per_cycle
         elif isinstance(s, StoreTile):
             total += _accumulators(tiles[s.tile]) * (1 + len(s.epilogue))
         elif isinstance(s, Reduce):
             ops, loads = _expr_cost(s.expr)
-            per_step = max((ops + 1) / FMA_PIPES, loads / LOAD_PORTS, FMA_LATENCY / s.accs)
-            total += s.extent * per_step + FMA_LATENCY * 3  # then across the lanes
+            per_step = max((ops + 1) / u.fma_per_cycle, loads / u.loads_per_cycle,
+                           u.fma_latency / s.accs)
+            total += s.extent * per_step + u.fma_latency * 3  # then across the lanes
         elif isinstance(s, Map):
             ops, loads = _expr_cost(s.expr)
-            total += s.extent * (max(ops / FMA_PIPES, loads / LOAD_PORTS, 1.0) + LOOP_CYCLES)
+            total += s.extent * (max(ops / u.fma_per_cycle, loads / u.loads_per_cycle, 1.0)
+                                 + LOOP_CYCLES)
     return total
 
 
@@ -75,7 +80,7 @@ def _accumulators(tile) -> int:
     return tile.shape[0] * tile.shape[1] * tile.vecs
 
 
-def _update_cycles(s: UpdateTile, tile) -> float:
+def _update_cycles(s: UpdateTile, tile, u: VectorUnit) -> float:
     accs = _accumulators(tile)
     if s.mode == BCAST_FMA:
         loads = tile.shape[0] * tile.shape[1] + tile.vecs
@@ -83,4 +88,4 @@ def _update_cycles(s: UpdateTile, tile) -> float:
         loads = 2 * accs
     else:  # max, add, set: one vector of A per accumulator
         loads = accs
-    return max(accs / FMA_PIPES, loads / LOAD_PORTS, FMA_LATENCY)
+    return max(accs / u.fma_per_cycle, loads / u.loads_per_cycle, u.fma_latency)

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from .codegen.build import CpuInfo
+from .codegen.machine import CpuInfo
 from .codegen.gpu import GpuInfo
 from .codegen.loopnest import PARALLEL, UNROLL, For, LoopNest, Reduce, UpdateTile
 from .codegen.schedules import lower
@@ -26,7 +26,6 @@ OPS = ("conv2d", "dense", "matmul", "max_pool2d", "avg_pool2d", "softmax", "laye
        "elementwise")
 MAX_LOOPS = 8
 THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-CACHES = (48 << 10, 1 << 20, 32 << 20)  # bytes: L1d, L2, L3 per core (this family of CPUs)
 
 
 def _log(x: float) -> float:
@@ -59,7 +58,7 @@ def featurize_nest(compute: Compute, cfg: Config, nest: LoopNest, cpu: CpuInfo) 
     tile = max(nest.tiles, key=lambda t: t.rows * t.vecs, default=None)
     rows, cols, vecs = (tile.shape[0], tile.shape[1], tile.vecs) if tile else (1, 1, 1)
     accs = rows * cols * vecs
-    f += [nest.lanes, vecs, rows, cols, accs, accs / cpu.regs, float(accs >= 8)]
+    f += [nest.lanes, vecs, rows, cols, accs, accs / cpu.regs, float(accs >= cpu.chains(nest.lanes))]
     loops = _loops(nest.body)
     ext = [(_log(l.extent), float(l.kind == UNROLL), float(l.kind == PARALLEL))
            for _, l in loops[:MAX_LOOPS]]
@@ -75,7 +74,9 @@ def featurize_nest(compute: Compute, cfg: Config, nest: LoopNest, cpu: CpuInfo) 
     flops = max(compute.flops(), 1)
     f += [_log(flops), _log(total), flops / total]
     per_tile = _tile_bytes(cfg, rows, cols, vecs, nest.lanes)
-    f += [_log(per_tile)] + [float(per_tile <= c) for c in CACHES] + [float(total <= c) for c in CACHES]
+    caches = cpu.machine.caches  # the host's sizes, not one CPU family's
+    f += [_log(per_tile)] + [float(per_tile <= c) for c in caches]
+    f += [float(total <= c) for c in caches]
     f += [_log(cfg.get("cb", 1)), float(cfg.get("out_layout") == "nhwc"),
           float(cfg.get("unroll", False)), float(cfg.get("parallel", 0) or 0),
           float(cfg.get("accs", 0) or 0)]

@@ -9,8 +9,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .codegen.build import LoadedKernel, build
-from .codegen.kernel import aligned
+from .codegen.build import LoadedKernel, aligned, build
 from .codegen.llvm_ir import render
 from .codegen.space import Config
 from .codegen.transform import Layout, blocks, transform_nest, transform_space

@@ -21,9 +21,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from .codegen.build import LoadedKernel, build
+from .codegen.build import LoadedKernel, aligned, build
 from .codegen.contraction import contraction
-from .codegen.kernel import aligned
 from .codegen.llvm_ir import render
 from .codegen.lower import operand_kinds
 from .codegen.rowwise import ROW_OPS

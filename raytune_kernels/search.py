@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .codegen.build import CpuInfo
+from .codegen.machine import CpuInfo
 from .codegen.space import Config
 from .codegen.schedules import lower
 from .cost_model import CostModel
@@ -96,7 +96,7 @@ class EvolutionarySearch:
         if not self._estimating:
             return None
         pool = self._random(self.opts.population + self.opts.fresh, set())
-        return sorted(pool, key=lambda c: cycles(lower(self.task.compute, c)))
+        return sorted(pool, key=lambda c: cycles(lower(self.task.compute, c), self.cpu.machine))
 
     def _evolve(self, model: CostModel) -> list[Config]:
         ranked_measured = sorted((c for c, t in self.measured.items() if math.isfinite(t)),
@@ -145,7 +145,7 @@ class EvolutionarySearch:
             nests = [lower(compute, c) for c in new]
             x = np.asarray([featurize_nest(compute, c, n, self.cpu) for c, n in zip(new, nests)],
                            dtype=np.float32)
-            estimates = [-cycles(n) for n in nests]
+            estimates = [-cycles(n, self.cpu.machine) for n in nests]
         else:
             x, estimates = feature_matrix(compute, new, self.cpu), [0.0] * len(new)
         for c, s, e in zip(new, model.predict(x), estimates):

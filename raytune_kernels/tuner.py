@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from .codegen.build import CpuInfo
+from .codegen.machine import CpuInfo
 from .codegen.gpu import GpuInfo
 from .codegen.schedules import space_on
 from .codegen.space import Config

@@ -71,13 +71,13 @@ def test_occupancy_follows_the_kernel_and_the_arch():
 
 
 def test_the_device_picks_the_space_and_the_features():
-    from raytune_kernels.codegen.build import CpuInfo
+    from raytune_kernels.codegen.machine import CpuInfo, assumed_model
     compute = CASES["softmax_last"]
     assert space_on(compute, H100) == cuda_space_for(compute)
     cfg = _configs(compute)[0]
     assert featurize(compute, cfg, H100) == featurize_cuda(compute, cfg, H100)
     m = feature_matrix(compute, _configs(compute), H100)
     assert m.dtype == np.float32 and m.shape[0] == len(_configs(compute))
-    cpu = CpuInfo("test", (16, 8), 32)
+    cpu = CpuInfo("test", (16, 8), 32, assumed_model("test", (16, 8)))
     assert set(space_on(compute, cpu).sample(random.Random(0)).to_json()) != \
         set(cfg.to_json())  # the CPU's row space, not the GPU's

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import raytune_kernels as rk
-from raytune_kernels.codegen.build import cpu_info
+from raytune_kernels.codegen.machine import cpu_info
 from raytune_kernels.codegen.kernel import build_for
 from raytune_kernels.codegen.schedules import lower, space_for
 from raytune_kernels.codegen.space import Config

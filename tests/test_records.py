@@ -119,7 +119,7 @@ def test_layout_knobs_decide_the_layouts_a_config_reads_and_writes(zoo_models):
     import random
 
     import raytune_kernels as rk
-    from raytune_kernels.codegen.build import cpu_info
+    from raytune_kernels.codegen.machine import cpu_info
     from raytune_kernels.codegen.cuda_render import cuda_layouts, cuda_space_for
     from raytune_kernels.codegen.schedules import space_for
     from raytune_kernels.layout_costs import layouts_of
@@ -153,12 +153,12 @@ def test_records_from_measured_results(tmp_path):
     import torch
 
     import raytune_kernels as rk
-    from raytune_kernels.codegen.build import CpuInfo
+    from raytune_kernels.codegen.machine import CpuInfo, assumed_model
     from raytune_kernels.codegen.schedules import space_for
     from raytune_kernels.fake import FakeMeasurer
     from raytune_kernels.records import record_of
     task = rk.extract_tasks(torch.nn.Linear(32, 16), (torch.randn(8, 32),))[0]
-    space = space_for(task.compute, CpuInfo("test", (8,), 16))
+    space = space_for(task.compute, CpuInfo("test", (8,), 16, assumed_model("test", (8,))))
     rng, fake = random.Random(0), FakeMeasurer()
     cfgs = [space.sample(rng) for _ in range(5)]
     path = str(tmp_path / "r.jsonl")

@@ -6,7 +6,7 @@ import random
 import pytest
 
 import raytune_kernels as rk
-from raytune_kernels.codegen.build import CpuInfo
+from raytune_kernels.codegen.machine import CpuInfo, assumed_model
 from raytune_kernels.codegen.schedules import space_for
 from raytune_kernels.cost_model import CostModel
 from raytune_kernels.fake import FakeMeasurer
@@ -16,7 +16,7 @@ from raytune_kernels.search import EvolutionarySearch, SearchOptions
 from raytune_kernels.task import Compute, Task, TensorSpec
 from raytune_kernels.tuner import LocalSearchPool, TuneOptions, Tuner
 
-CPU = CpuInfo("test", (16, 8), 32)
+CPU = CpuInfo("test", (16, 8), 32, assumed_model("test", (16, 8)))
 
 
 @pytest.fixture(scope="module")

@@ -17,19 +17,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake",
-               "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5",
-               "x86-64-v4", "rocketlake", "alderlake-avx512")
+import numpy as np
+
+ALIGN = 64  # bytes: kernel buffers start on a cache line
 _lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class CpuInfo:
-    """What the schedule space needs to know of a CPU."""
-
-    name: str
-    lanes: tuple[int, ...]  # vector widths (floats) worth trying, widest first
-    regs: int  # vector registers
 
 
 @dataclass(frozen=True)
@@ -56,17 +47,6 @@ def _llvm():
 def host_cpu() -> tuple[str, str]:
     llvm = _llvm()
     return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-
-
-def cpu_info(mcpu: str | None = None) -> CpuInfo:
-    """Vector widths and register count for the host CPU or a named one."""
-    name, features = host_cpu()
-    if mcpu and mcpu != name:
-        wide = mcpu.startswith(AVX512_CPUS)
-        return CpuInfo(mcpu, (16, 8) if wide else (8,), 32 if wide else 16)
-    wide = "+avx512f" in features.split(",")
-    vl = "+avx512vl" in features.split(",")
-    return CpuInfo(name, (16, 8) if wide else (8,), 32 if vl or wide else 16)
 
 
 @functools.cache
@@ -132,3 +112,12 @@ class LoadedKernel:
 
     def __call__(self, pointers: list[int], threads: int) -> None:
         self.fn(*pointers, threads)
+
+
+def aligned(flat: np.ndarray) -> np.ndarray:
+    """A 64-byte aligned copy of a flat float32 array."""
+    raw = np.empty(flat.size + ALIGN // 4, np.float32)
+    off = (-raw.ctypes.data % ALIGN) // 4
+    out = raw[off: off + flat.size]
+    out[:] = flat
+    return out

@@ -13,12 +13,13 @@ import math
 
 import numpy as np
 
+from .machine import CpuInfo
 from ..task import Compute
 from .contraction import Conv2dContraction
 from .loopnest import (BCAST_FMA, PARALLEL, SERIAL, SET, UNROLL, Access, Affine, Buffer, For,
                        LoopNest, Split, StoreTile, Tile, UpdateTile, ZeroTile)
 from .lower import epilogue_steps, operand_kinds, pack_operands
-from .space import MIN_CHAINS, Space
+from .space import Space
 
 
 def applicable(c: Compute) -> bool:
@@ -26,15 +27,15 @@ def applicable(c: Compute) -> bool:
             and c.inputs[0].shape[1] % 8 == 0)
 
 
-def gemm_combos(con: Conv2dContraction, rows: int, lanes_options: tuple[int, ...],
-                regs: int, whole_c: bool = False) -> list[tuple[int, int, int, int]]:
+def gemm_combos(con: Conv2dContraction, rows: int, cpu: CpuInfo, whole_c: bool = False
+                ) -> list[tuple[int, int, int, int]]:
     """(lanes, ob, tile_h, cb) of a conv computed as a GEMM over `rows` rows (im2col's
     pixels, Winograd's tiles): `tile_h` rows by ob/lanes vectors of accumulators within
     the register file, enough of them to hide the FMA latency; cb is the input's channel
     block, whole vectors (the copy or transform moves vectors of it), or all of C
     (NHWC) with `whole_c`."""
-    combos = []
-    for lanes in lanes_options:
+    combos, regs = [], cpu.regs
+    for lanes in cpu.lanes:
         cbs = [cb for cb in (8, 16, 32, 64) if con.c % cb == 0 and cb % lanes == 0]
         cbs += [con.c] if whole_c and con.c > 64 and con.c % lanes == 0 else []
         for vecs in (1, 2, 3, 4):
@@ -43,15 +44,15 @@ def gemm_combos(con: Conv2dContraction, rows: int, lanes_options: tuple[int, ...
                 continue
             for th in range(1, 29):
                 acc = th * vecs
-                if acc + vecs + 1 <= regs and acc >= min(MIN_CHAINS, rows * vecs) and \
+                if acc + vecs + 1 <= regs and acc >= min(cpu.chains(lanes), rows * vecs) and \
                         th <= rows:
                     combos += [(lanes, ob, th, cb) for cb in cbs]
     return combos
 
 
-def im2col_space(c: Compute, lanes_options: tuple[int, ...], regs: int) -> Space:
+def im2col_space(c: Compute, cpu: CpuInfo) -> Space:
     con = Conv2dContraction.from_compute(c)
-    combos = gemm_combos(con, con.oh * con.ow, lanes_options, regs)
+    combos = gemm_combos(con, con.oh * con.ow, cpu)
     independent = (("copy_w", (1, 2, 4, 7, 8)), ("out_layout", con.out_layouts),
                    ("spatial_order", (("ko", "pt"), ("pt", "ko"))), ("parallel", (1, 2)))
     return Space(("lanes", "ob", "tile_h", "cb"), tuple(combos), independent)

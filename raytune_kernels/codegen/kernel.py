@@ -9,23 +9,11 @@ import numpy as np
 import torch
 
 from ..task import Compute
-from .build import BuildResult, LoadedKernel, build
+from .build import BuildResult, LoadedKernel, aligned, build
 from .llvm_ir import render
 from .loopnest import LoopNest
 from .schedules import lower, pack, unpack
 from .space import Config
-
-ALIGN = 64
-
-
-def aligned(flat: np.ndarray) -> np.ndarray:
-    """A 64-byte aligned copy of a flat float32 array."""
-    raw = np.empty(flat.size + ALIGN // 4, np.float32)
-    off = (-raw.ctypes.data % ALIGN) // 4
-    out = raw[off: off + flat.size]
-    out[:] = flat
-    return out
-
 
 def build_candidate(compute: Compute, cfg: Config, mcpu: str | None = None
                     ) -> tuple[LoopNest, BuildResult]:

@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..timing import TimingOptions, median, time_fn
-from .build import LoadedKernel, build, cpu_info
-from .kernel import aligned
+from .build import LoadedKernel, aligned, build
 from .llvm_ir import render
 from .loopnest import (PARALLEL, SERIAL, Access, Affine, Buffer, UpdateTile, For, LoopNest,
                        Split, StoreTile, Tile, ZeroTile)
@@ -34,10 +33,10 @@ def peak_nest(threads: int, lanes: int, regs: int) -> LoopNest:
     return LoopNest("fma_peak", bufs, (tile,), body, lanes)
 
 
-def measure_peak(threads: int, opts: TimingOptions = TimingOptions()) -> float:
-    """GFLOP/s of the widest FMA the host has, on `threads` threads."""
-    info = cpu_info()
-    nest = peak_nest(threads, info.lanes[0], info.regs)
+def measure_peak(threads: int, lanes: int, regs: int,
+                 opts: TimingOptions = TimingOptions()) -> float:
+    """GFLOP/s of `lanes`-float FMAs (the widest the host has) on `threads` threads."""
+    nest = peak_nest(threads, lanes, regs)
     result = build(render(nest))
     if result.error:
         raise RuntimeError(result.error)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..task import Compute
-from .build import CpuInfo
+from .machine import CpuInfo
 from .contraction import contraction
 from .im2col import applicable as im2col_applicable, im2col_space, lower_im2col, pack_im2col
 from .loopnest import LoopNest
@@ -54,12 +54,12 @@ def space_for(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
         raise LoweringError(reason)
     if compute.op in ROW_OPS:
         return row_space(compute, cpu.lanes)
-    direct = contraction_space(contraction(compute), cpu.lanes, cpu.regs)
+    direct = contraction_space(contraction(compute), cpu)
     parts = [("direct", direct)]
     if im2col_applicable(compute):
-        parts.append(("im2col", im2col_space(compute, cpu.lanes, cpu.regs)))
+        parts.append(("im2col", im2col_space(compute, cpu)))
     if winograd_applicable(compute):
-        parts.append(("winograd", winograd_space(compute, cpu.lanes, cpu.regs)))
+        parts.append(("winograd", winograd_space(compute, cpu)))
     return UnionSpace("algorithm", tuple(parts)) if len(parts) > 1 else direct
 
 
@@ -114,7 +114,7 @@ def space_for_target(compute: Compute, target) -> Space | UnionSpace:
     """The schedule space of a compute on a Target: the host CPU's (or -mcpu's) for
     "llvm", the GPU space for "cuda"."""
     from ..target import parse_target
-    from .build import cpu_info
+    from .machine import cpu_info
 
     tgt = parse_target(target)
     return cuda_space_for(compute) if tgt.kind == "cuda" else space_for(compute,

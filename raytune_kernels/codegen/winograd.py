@@ -26,6 +26,7 @@ import math
 import numpy as np
 import torch
 
+from .machine import CpuInfo
 from ..task import Compute
 from .contraction import Conv2dContraction
 from .im2col import _outer, _variants, gemm_combos
@@ -54,10 +55,9 @@ def applicable(c: Compute) -> bool:
             and oh % 2 == 0 and ow % 2 == 0)
 
 
-def winograd_space(c: Compute, lanes_options: tuple[int, ...], regs: int) -> Space:
+def winograd_space(c: Compute, cpu: CpuInfo) -> Space:
     con = Conv2dContraction.from_compute(c)
-    combos = gemm_combos(con, (con.oh // 2) * (con.ow // 2), lanes_options, regs,
-                         whole_c=True)
+    combos = gemm_combos(con, (con.oh // 2) * (con.ow // 2), cpu, whole_c=True)
     independent = (("out_layout", con.out_layouts),
                    ("spatial_order", tuple(itertools.permutations(("xi", "ko", "pt")))),
                    ("parallel", (1, 2)))

@@ -19,7 +19,7 @@ def main(cluster_box):
 
     import raytune_kernels as rk
     from raytune_kernels.records import load_records
-    from raytune_kernels.codegen.build import cpu_info
+    from raytune_kernels.codegen.machine import cpu_info
     from raytune_kernels.codegen.schedules import space_for
     from raytune_kernels.measure import MeasureOptions
     import random

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import raytune_kernels as rk
-from raytune_kernels.codegen.build import build, cpu_info
+from raytune_kernels.codegen.build import build
+from raytune_kernels.codegen.machine import cpu_info
 from raytune_kernels.codegen.schedules import lower, space_for
 from raytune_kernels.codegen.space import Config
 from raytune_kernels.measure import MeasureOptions
@@ -83,6 +84,7 @@ def test_build_errors_are_data(pipeline, task):
     assert result.error_kind == "build_error" and "ob=48" in result.error_msg
 
 
+@pytest.mark.timing
 def test_measurer_time_agrees_with_standalone_timing(pipeline, task, configs):
     """The same kernel, same protocol, same core: in the measurer actor and in a fresh
     process. A shared VM core is noisy (a neighbour's burst slows one side of a pair), so

@@ -1,7 +1,8 @@
 
 import numpy as np
 
-from raytune_kernels.codegen.build import build, cpu_info, LoadedKernel
+from raytune_kernels.codegen.build import build, LoadedKernel
+from raytune_kernels.codegen.machine import cpu_info
 from raytune_kernels.codegen.llvm_ir import render
 from tests.codegen.test_loopnest import matmul_nest
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from raytune_kernels.codegen.build import LoadedKernel, build
-from raytune_kernels.codegen.kernel import aligned
+from raytune_kernels.codegen.build import aligned
 from raytune_kernels.codegen.llvm_ir import render
 from raytune_kernels.codegen.loopnest import interpret
 from raytune_kernels.codegen.transform import Layout, transform_nest, transform_space

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import raytune_kernels as rk
-from raytune_kernels.codegen.build import cpu_info
+from raytune_kernels.codegen.machine import cpu_info
 from raytune_kernels.codegen.kernel import run_candidate
 from raytune_kernels.codegen.loopnest import interpret
 from raytune_kernels.codegen.schedules import lower, pack, space_for, unpack
