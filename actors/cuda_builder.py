@@ -6,8 +6,8 @@ import os
 
 import ray
 
-from raytune_kernels.codegen.cuda_build import CudaBuildResult, build_cuda
-from raytune_kernels.codegen.space import Config
+from raytune_kernels.cuda.build import CudaBuildResult, build_cuda
+from raytune_kernels.space import Config
 from raytune_kernels.task import Compute
 
 

@@ -1,4 +1,4 @@
-"""GPU measurer actor: one per GPU, a few lines over the Ray-free core (measure_gpu).
+"""GPU measurer actor: one per GPU, a few lines over the Ray-free core (cuda/measure.py).
 
 A candidate that faults on the GPU poisons the process's CUDA context: every later call
 would fail. The actor returns that candidate's CRASHED result, then ends its process
@@ -16,9 +16,10 @@ from typing import Callable
 
 import ray
 
-from raytune_kernels.codegen.space import Config
+from raytune_kernels.space import Config
 from raytune_kernels.measure import CRASHED, MeasureOptions, MeasureResult
-from raytune_kernels.measure_gpu import device_arch, device_name, measure_built_gpu
+from raytune_kernels.cuda.device import device_arch, device_name
+from raytune_kernels.cuda.measure import measure_built_gpu
 from raytune_kernels.task import Compute
 
 EXIT_GRACE_S = 0.5

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ray
 
-from raytune_kernels.layout import LayoutPlan, LayoutProblem, solve_ilp
+from raytune_kernels.layout.problem import LayoutPlan, LayoutProblem, solve_ilp
 
 
 @ray.remote(num_cpus=1)

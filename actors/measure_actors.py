@@ -5,9 +5,9 @@ import os
 
 import ray
 
-from raytune_kernels.codegen.build import BuildResult
-from raytune_kernels.codegen.kernel import build_for
-from raytune_kernels.codegen.space import Config
+from raytune_kernels.cpu.build import BuildResult
+from raytune_kernels.cpu.kernel import build_for
+from raytune_kernels.space import Config
 from raytune_kernels.measure import MeasureOptions, measure_built
 from raytune_kernels.task import Compute
 

@@ -23,14 +23,13 @@ from dataclasses import dataclass
 import ray
 from ray.exceptions import RayError
 
-from raytune_kernels.codegen.build import BuildResult
-from raytune_kernels.codegen.space import Config
-from raytune_kernels.measure import (BUILD_ERROR, CRASHED, TIMEOUT, MeasureOptions,
-                                     MeasureResult)
+from raytune_kernels.cpu.build import BuildResult
+from raytune_kernels.space import Config
+from raytune_kernels.measure import BUILD_ERROR, CRASHED, TIMEOUT, MeasureOptions, MeasureResult
 from raytune_kernels.placement import NodeInfo, phased, plan
 from raytune_kernels.task import Task
 
-from .measure_actors import BuilderActor, MeasurerActor
+from actors.measure_actors import BuilderActor, MeasurerActor
 
 
 @dataclass
@@ -141,7 +140,7 @@ class MeasurePipeline:
             else:
                 kind = BuilderActor
                 if self.device == "gpu":
-                    from .cuda_builder import CudaBuilderActor as kind
+                    from actors.cuda_builder import CudaBuilderActor as kind
                 self.builders.append(kind.options(num_cpus=r.cpus, **_on(r.node_id)).remote())
                 self.builder_nodes.append(r.node_id)
         for slot in started:
@@ -155,7 +154,7 @@ class MeasurePipeline:
 
     def _start(self, slot: _Slot) -> None:
         if getattr(self, "device", "cpu") == "gpu":  # one per GPU, with a CPU to drive it
-            from .gpu_measure import GpuMeasurerActor
+            from actors.gpu_measure import GpuMeasurerActor
             slot.actor = GpuMeasurerActor.options(num_gpus=1, num_cpus=1,
                                                   **_on(slot.node_id)).remote(self.opts)
             return

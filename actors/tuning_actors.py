@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import ray
 
-from raytune_kernels.codegen.machine import CpuInfo
-from raytune_kernels.codegen.gpu import ArchMismatchError, GpuInfo, check_measurable, \
-    gpu_info
-from raytune_kernels.codegen.schedules import space_on
-from raytune_kernels.codegen.space import Config
-from raytune_kernels.cost_model import CostModel, training_set
-from raytune_kernels.records import Record, RecordWriter
-from raytune_kernels.search import EvolutionarySearch, SearchOptions
+from raytune_kernels.cpu.machine import CpuInfo
+from raytune_kernels.cuda.gpu import ArchMismatchError, GpuInfo, check_measurable, gpu_info
+from raytune_kernels.cpu.schedules import space_on
+from raytune_kernels.space import Config
+from raytune_kernels.tune.cost_model import CostModel, training_set
+from raytune_kernels.tune.records import Record, RecordWriter
+from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Task
-from raytune_kernels.tuner import RoundSummary, TuneOptions, Tuner
+from raytune_kernels.tune.tuner import (RoundSummary, TuneOptions, Tuner)
 
 
 # The scheduler, search and cost model live on the head node (measurers on the workers).
@@ -150,7 +149,7 @@ class TaskSchedulerActor:
 def _cpu_pipeline(measure_opts, mcpu, num_measurers, num_builders, cluster: bool):
     """CPU measurers owning `threads` cores each: on every node of a cluster, placed by
     the rules, or on this machine's cores."""
-    from .pipeline import MeasurePipeline
+    from actors.pipeline import MeasurePipeline
 
     if cluster:
         return MeasurePipeline.on_cluster(measure_opts, measure_opts.threads, mcpu,
@@ -163,7 +162,7 @@ def _gpu_pipeline(target: str, measure_opts):
     """One measurer per GPU and NVRTC builders on the CPUs left, placed by the same rules
     on one machine as on a cluster. Returns the pipeline, the target with the arch built
     for, the measuring GPU's name and its figures for the cost model."""
-    from .pipeline import MeasurePipeline
+    from actors.pipeline import MeasurePipeline
 
     pipeline = MeasurePipeline.on_cluster(measure_opts, device="gpu",
                                           arch=parse_target(target).arch)

@@ -7,7 +7,7 @@ processes) and timed here on 1 thread (with --cold, with the weights out of cach
 tune_network times them). Per task: the rank correlation between estimated cycles and
 measured time, and whether the estimate's first 8 picks hold a config within 5% of the
 best measured, against the chance that 8 random picks do. The estimate reads the host's
-measured machine model (codegen/machine.py), reported beside the figures, so that a poor
+measured machine model (cpu/machine.py), reported beside the figures, so that a poor
 correlation can be told apart as a model problem (wrong pipes, latency or loads for this
 CPU) or an estimate problem. No PyTorch baseline: this checks a search heuristic, not
 kernels. Last line of stdout: one JSON object.
@@ -27,10 +27,10 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels import zoo
-from raytune_kernels.codegen.machine import cpu_info
-from raytune_kernels.codegen.kernel import build_for
-from raytune_kernels.codegen.schedules import lower, space_for
-from raytune_kernels.estimate import cycles
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.kernel import build_for
+from raytune_kernels.cpu.schedules import lower, space_for
+from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.measure import MeasureOptions, measure_built
 
 PICKS = 8

@@ -16,7 +16,7 @@ With a cuda target the same tasks (those with a CUDA kernel) are tuned by the tu
 the cost model guiding), then ours (the best record's kernel, rebuilt and re-checked) and
 torch (on the GPU, TF32 off, cudnn.benchmark on) are timed alike in this process: warm-up,
 CUDA events, the L2 flushed before each repeat, the median of repeats, interleaved round
-by round (raytune_kernels.torch_gpu). Without a visible CUDA GPU: exit status 2.
+by round (raytune_kernels.cuda.torch_timing). Without a visible CUDA GPU: exit status 2.
 Last line of stdout: one JSON object (naming the device and the target).
 """
 from __future__ import annotations
@@ -32,14 +32,14 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels import zoo
-from raytune_kernels.codegen.machine import cpu_info
-from raytune_kernels.codegen.kernel import build_candidate, prepare
-from raytune_kernels.codegen.peak import measure_peak
-from raytune_kernels.codegen.schedules import space_for, unpack, unsupported_reason
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.kernel import build_candidate, prepare
+from raytune_kernels.cpu.peak import measure_peak
+from raytune_kernels.cpu.schedules import space_for, unpack, unsupported_reason
 from raytune_kernels.measure import MeasureOptions, random_operands
-from raytune_kernels.reference import reference
+from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import target_arg
-from raytune_kernels.timing import TimingOptions, median, time_fn
+from raytune_kernels.tune.timing import TimingOptions, median, time_fn
 
 QUICK = TimingOptions(warmup=1, min_repeat_ms=5, repeats=3)
 FULL = TimingOptions(warmup=3, min_repeat_ms=40, repeats=7)
@@ -105,12 +105,12 @@ def bench_task(task, trials: int, threads: int, peak: float, seed: int) -> dict:
 
 # ------------------------------------------------------------------------------ cuda
 
-# the records' protocol (measure_gpu, flush_cache), with more warm-up and repeats
+# the records' protocol (cuda/measure.py, flush_cache), with more warm-up and repeats
 GPU_FULL = MeasureOptions(warmup=10, min_repeat_ms=20, repeats=7, flush_cache=True)
 
 
 def cuda_tasks(model_name: str, target, limit: int) -> list:
-    from raytune_kernels.codegen.cuda_render import cuda_unsupported_reason
+    from raytune_kernels.cuda.render import cuda_unsupported_reason
 
     model, inputs = zoo.load(model_name)
     tasks = [t for t in rk.extract_tasks(model, inputs, target)
@@ -126,11 +126,11 @@ def torch_gpu_fns(compute, seed: int) -> dict:
 
 
 def bench_task_cuda(task, record, rounds: int) -> dict:
-    from raytune_kernels.codegen.cuda_build import build_cuda
-    from raytune_kernels.codegen.space import Config
-    from raytune_kernels.measure_gpu import measure_built_gpu
+    from raytune_kernels.cuda.build import build_cuda
+    from raytune_kernels.space import Config
+    from raytune_kernels.cuda.measure import measure_built_gpu
     from raytune_kernels.target import parse_target
-    from raytune_kernels.torch_gpu import time_torch_gpu
+    from raytune_kernels.cuda.torch_timing import time_torch_gpu
 
     row = {"key": task.key, "compute": task.compute.describe(), "weight": task.weight}
     if record is None:
@@ -169,7 +169,7 @@ def print_row_cuda(row: dict) -> None:
 def main_cuda(args) -> int:
     """The cuda benchmark; 2 with a one-line message when it cannot run here."""
     from raytune_kernels.errors import RaytuneError
-    from raytune_kernels.torch_gpu import require_gpu
+    from raytune_kernels.cuda.torch_timing import require_gpu
 
     try:
         gpu = require_gpu(f"--target {str(args.target)!r}")

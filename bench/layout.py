@@ -17,10 +17,10 @@ import random
 import sys
 
 from raytune_kernels import zoo
-from raytune_kernels.frontend import capture
-from raytune_kernels.layout import solve_ilp
-from raytune_kernels.layout_graph import Candidate, layout_problem
-from raytune_kernels.partition import TaskStep, partition
+from raytune_kernels.frontend.capture import capture
+from raytune_kernels.layout.problem import solve_ilp
+from raytune_kernels.layout.graph import Candidate, layout_problem
+from raytune_kernels.frontend.partition import TaskStep, partition
 
 LAYOUTS = ("NCHW", "NHWC", "NCHW8c", "NCHW16c", "NCHW32c")
 

@@ -19,7 +19,7 @@ bench/results/network_MODEL_cuda.jsonl, resumed), compiles a GpuNetwork, and tim
 against PyTorch on the same GPU, interleaved round by round: eager fp32 (TF32 off,
 cudnn.benchmark on), channels_last and torch.compile (each baseline that fails is reported
 and left out), all by CUDA events after warm-up, the median of the repeats
-(raytune_kernels.torch_gpu). Without a visible CUDA GPU: exit status 2.
+(raytune_kernels.cuda.torch_timing). Without a visible CUDA GPU: exit status 2.
 Last line of stdout: one JSON object (with a cuda target, naming the device and target).
 """
 from __future__ import annotations
@@ -34,10 +34,10 @@ import time
 import torch
 
 from raytune_kernels import tune_network, zoo
-from raytune_kernels.codegen.machine import cpu_info
-from raytune_kernels.network import compile_network
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.compile.api import compile_network
 from raytune_kernels.target import target_arg
-from raytune_kernels.timing import TimingOptions, median, time_fn
+from raytune_kernels.tune.timing import TimingOptions, median, time_fn
 
 FULL = TimingOptions(warmup=3, min_repeat_ms=200, repeats=5)
 GPU_FULL = TimingOptions(warmup=10, min_repeat_ms=100, repeats=7)  # GpuNetwork.benchmark's
@@ -84,7 +84,7 @@ def interleaved(fns: dict, rounds: int) -> dict:
 def torch_gpu_variants(model, inputs, use_compile: bool) -> tuple[dict, dict]:
     """name -> zero-argument callable on the GPU, and name -> why a variant could not be
     built (each baseline fails alone)."""
-    from raytune_kernels.torch_gpu import on_gpu, torch_gpu_mode
+    from raytune_kernels.cuda.torch_timing import on_gpu, torch_gpu_mode
 
     fns, failed = {}, {}
 
@@ -125,7 +125,7 @@ def interleaved_gpu(nets: dict, fns: dict, rounds: int) -> dict:
     """Median seconds of our networks (GpuNetwork.benchmark: random inputs) and of each
     torch callable (time_torch_gpu), the same protocol and options, alternated round by
     round."""
-    from raytune_kernels.torch_gpu import time_torch_gpu
+    from raytune_kernels.cuda.torch_timing import time_torch_gpu
 
     times: dict[str, list[float]] = {**{k: [] for k in nets}, **{k: [] for k in fns}}
     for _ in range(rounds):
@@ -139,7 +139,7 @@ def interleaved_gpu(nets: dict, fns: dict, rounds: int) -> dict:
 def main_cuda(args) -> int:
     """The cuda benchmark; 2 with a one-line message when it cannot run here."""
     from raytune_kernels.errors import RaytuneError
-    from raytune_kernels.torch_gpu import require_gpu
+    from raytune_kernels.cuda.torch_timing import require_gpu
 
     try:
         gpu = require_gpu(f"--target {str(args.target)!r}")

@@ -23,8 +23,8 @@ import torch
 import raytune_kernels as rk
 from actors.pipeline import MeasurePipeline
 from raytune_kernels import zoo
-from raytune_kernels.codegen.machine import cpu_info
-from raytune_kernels.codegen.schedules import space_for
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.schedules import space_for
 from raytune_kernels.measure import MeasureOptions
 
 

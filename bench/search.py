@@ -23,10 +23,10 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels import zoo
-from raytune_kernels.codegen.machine import cpu_info
-from raytune_kernels.codegen.kernel import build_for
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.kernel import build_for
 from raytune_kernels.measure import MeasureOptions, MeasureResult, measure_built
-from raytune_kernels.tuner import LocalSearchPool, TuneOptions, Tuner
+from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
 
 OPTS = MeasureOptions(threads=1, min_repeat_ms=5, repeats=3)
 TASKS = ("conv2d 1x64x56x56 -> 64ch k3x3 s1 +bias+relu",

@@ -5,16 +5,17 @@ from typing import Sequence
 
 import torch
 
-from .errors import (CaptureError, DynamicShapeError, RaytuneError, UnknownModelError,
-                     UnknownTargetError, UnsupportedOpError)
-from .frontend import capture
-from .graph import Graph, Node
-from .network import CompiledNetwork, CompileError, compile_network
-from .partition import Partition, execute, partition
-from .target import Target, parse_target
-from .task import Compute, EpilogueOp, Task, TensorSpec
+from raytune_kernels.errors import (CaptureError, CompileError, DynamicShapeError, RaytuneError,
+                                    UnknownModelError, UnknownTargetError, UnsupportedOpError)
+from raytune_kernels.frontend.capture import capture
+from raytune_kernels.frontend.graph import Graph, Node
+from raytune_kernels.compile.api import compile_network
+from raytune_kernels.compile.cpu_network import CompiledNetwork
+from raytune_kernels.frontend.partition import Partition, execute, partition
+from raytune_kernels.target import Target, parse_target
+from raytune_kernels.task import Compute, EpilogueOp, Task, TensorSpec
+from raytune_kernels.version import __version__  # noqa: F401  (re-exported)
 
-__version__ = "0.1.0"
 
 
 def extract_tasks(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
@@ -29,7 +30,7 @@ def extract_tasks(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor
 
 def tune_network(*args, **kwargs):
     """See raytune_kernels.driver.tune_network (imported lazily: it brings in Ray)."""
-    from .driver import tune_network as run
+    from actors.driver import tune_network as run
 
     return run(*args, **kwargs)
 
@@ -39,7 +40,7 @@ tune_network.__doc__ = "Tune every task of a model; see raytune_kernels.driver.t
 
 def tune_tasks(*args, **kwargs):
     """Tune chosen tasks; see raytune_kernels.driver.tune_tasks (imports Ray lazily)."""
-    from .driver import tune_tasks as run
+    from actors.driver import tune_tasks as run
 
     return run(*args, **kwargs)
 

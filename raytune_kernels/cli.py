@@ -6,7 +6,7 @@ import os
 import sys
 from typing import Sequence
 
-from .errors import RaytuneError
+from raytune_kernels.errors import RaytuneError
 
 
 def _layers(layers: Sequence[str], limit: int = 3) -> str:
@@ -29,7 +29,7 @@ def format_tasks(tasks: Sequence, target: str) -> str:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    from . import extract_tasks, parse_target, zoo
+    from raytune_kernels import extract_tasks, parse_target, zoo
 
     target = parse_target(args.target)  # a bad target fails before the model is built
     model, inputs = zoo.load(args.model)
@@ -38,8 +38,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from . import parse_target, zoo
-    from .driver import tune_network
+    from raytune_kernels import parse_target, zoo
+    from actors.driver import tune_network
 
     parse_target(args.target)  # a bad target fails before the model is built
     model, inputs = zoo.load(args.model)
@@ -54,9 +54,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     import torch
 
-    from . import parse_target, zoo
-    from .network import compile_network
-    from .timing import TimingOptions, median, time_fn
+    from raytune_kernels import parse_target, zoo
+    from raytune_kernels.compile.api import compile_network
+    from raytune_kernels.tune.timing import TimingOptions, median, time_fn
 
     tgt = parse_target(args.target)
     if not os.path.exists(args.records):
@@ -65,7 +65,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         return 2
     gpu = None
     if tgt.kind == "cuda":  # the network runs on the GPU: fail before building anything
-        from .torch_gpu import require_gpu
+        from raytune_kernels.cuda.torch_timing import require_gpu
 
         gpu = require_gpu(f"target {str(tgt)!r}")
     torch.set_num_threads(args.threads)
@@ -76,7 +76,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     ours = net.benchmark()
     if gpu is not None:  # PyTorch on the same GPU, clocked as ours (GpuNetwork.benchmark):
         # CUDA events, the same warm-up and repeats, TF32 off
-        from .torch_gpu import on_gpu, time_torch_gpu
+        from raytune_kernels.cuda.torch_timing import on_gpu, time_torch_gpu
 
         gmodel, gx = on_gpu(model, inputs)
         eager = median(time_torch_gpu(lambda: gmodel(*gx), TimingOptions(10, 100, 7)))
@@ -94,14 +94,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .plot import plot_records
+    from raytune_kernels.tune.plot import plot_records
 
     print(f"wrote {plot_records(args.file, args.output)}")
     return 0
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
-    from .records import distill, load_records
+    from raytune_kernels.tune.records import distill, load_records
 
     if not os.path.exists(args.file):
         print(f"raytune-kernels: error: records file {args.file!r} does not exist",

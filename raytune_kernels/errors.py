@@ -36,3 +36,7 @@ class UnknownTargetError(RaytuneError, ValueError):
 
 class UnknownModelError(RaytuneError, ValueError):
     """A model name that is neither a zoo entry nor a `file.py:factory` spec."""
+
+
+class CompileError(RaytuneError):
+    """The network cannot be compiled as asked (names the task, layer or value)."""

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .codegen.kernel import prepare
-from .codegen.schedules import lower, unpack
-from .codegen.space import Config
-from .reference import reference
-from .task import Compute
-from .timing import TimingOptions, time_fn
+from raytune_kernels.cpu.kernel import prepare
+from raytune_kernels.cpu.schedules import lower, unpack
+from raytune_kernels.space import Config
+from raytune_kernels.frontend.reference import reference
+from raytune_kernels.task import Compute
+from raytune_kernels.tune.timing import TimingOptions, time_fn
 
 BUILD_ERROR, RUNTIME_ERROR, WRONG_OUTPUT, NON_FINITE = (
     "build_error", "runtime_error", "wrong_output", "non_finite")

@@ -8,7 +8,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from .errors import UnknownTargetError
+from raytune_kernels.errors import UnknownTargetError
 
 KINDS = ("llvm", "cuda")
 

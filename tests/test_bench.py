@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from raytune_kernels import Target, torch_gpu
-from raytune_kernels.codegen.cuda_build import nvrtc_unavailable
+from raytune_kernels import Target
+from raytune_kernels.cuda import torch_timing as torch_gpu
+from raytune_kernels.cuda.build import nvrtc_unavailable
 
-from .test_cli import TINY_GPU
+from tests.test_cli import TINY_GPU
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_GPU = torch_gpu.gpu_problem() is None

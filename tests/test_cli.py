@@ -47,7 +47,7 @@ def test_console_entry_point_runs_as_module():
 
 
 def test_distill_command(tmp_path, capsys):
-    from raytune_kernels.records import Record, RecordWriter, load_records
+    from raytune_kernels.tune.records import Record, RecordWriter, load_records
     src, dst = str(tmp_path / "all.jsonl"), str(tmp_path / "best.jsonl")
     with RecordWriter(src) as w:
         w.write_batch([Record("a", "llvm", "cpu", {"i": i}, (float(i + 1),)) for i in range(5)])
@@ -60,7 +60,7 @@ def test_distill_command(tmp_path, capsys):
 
 def test_plot_command_draws_curves(tmp_path, capsys):
     import random
-    from raytune_kernels.records import Record, RecordWriter
+    from raytune_kernels.tune.records import Record, RecordWriter
     src, png = str(tmp_path / "r.jsonl"), str(tmp_path / "curve.png")
     rng = random.Random(0)
     with RecordWriter(src) as w:
@@ -76,7 +76,7 @@ def test_plot_command_draws_curves(tmp_path, capsys):
 
 
 def _gpu_problem():
-    from raytune_kernels.torch_gpu import gpu_problem
+    from raytune_kernels.cuda.torch_timing import gpu_problem
     return gpu_problem()
 
 
@@ -118,8 +118,8 @@ def test_compile_for_cuda_without_a_gpu_names_the_missing_gpu(target, tmp_path, 
 
 @pytest.mark.skipif(_gpu_problem() is not None, reason=f"needs a CUDA GPU: {_gpu_problem()}")
 def test_compile_for_cuda_times_pytorch_on_the_gpu(tmp_path, capsys, request):
-    from raytune_kernels.codegen.cuda_build import nvrtc_unavailable
-    from raytune_kernels.torch_gpu import gpu_name
+    from raytune_kernels.cuda.build import nvrtc_unavailable
+    from raytune_kernels.cuda.torch_timing import gpu_name
 
     if nvrtc_unavailable() is not None:
         pytest.skip(f"NVRTC unavailable: {nvrtc_unavailable()}")

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 import raytune_kernels as rk
-from raytune_kernels.codegen.machine import cpu_info
-from raytune_kernels.codegen.kernel import build_for
-from raytune_kernels.codegen.schedules import space_for
-from raytune_kernels.codegen.space import Config
-from raytune_kernels.fake import FakeMeasurer, analytic_seconds
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.kernel import build_for
+from raytune_kernels.cpu.schedules import space_for
+from raytune_kernels.space import Config
+from tests.support.fake import FakeMeasurer, analytic_seconds
 from raytune_kernels.measure import (NON_FINITE, RUNTIME_ERROR, WRONG_OUTPUT, MeasureOptions,
                                      MeasureResult, check_output, measure_built)
 
@@ -79,8 +79,8 @@ def test_cache_flush_between_repeats(dense_task, monkeypatch):
 
 
 def test_cold_weights_rotate_identical_copies(dense_task, monkeypatch):
-    from raytune_kernels.codegen.kernel import prepare
-    from raytune_kernels.codegen.schedules import lower, unpack
+    from raytune_kernels.cpu.kernel import prepare
+    from raytune_kernels.cpu.schedules import lower, unpack
     from raytune_kernels.measure import random_operands, weight_copies
 
     compute = dense_task.compute

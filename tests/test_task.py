@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import raytune_kernels as rk
-from raytune_kernels.reference import reference
+from raytune_kernels.frontend.reference import reference
 from raytune_kernels.task import Compute, EpilogueOp, Task, TensorSpec
 
 

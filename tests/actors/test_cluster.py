@@ -18,9 +18,9 @@ def main(cluster_box):
     from ray.cluster_utils import Cluster
 
     import raytune_kernels as rk
-    from raytune_kernels.records import load_records
-    from raytune_kernels.codegen.machine import cpu_info
-    from raytune_kernels.codegen.schedules import space_for
+    from raytune_kernels.tune.records import load_records
+    from raytune_kernels.cpu.machine import cpu_info
+    from raytune_kernels.cpu.schedules import space_for
     from raytune_kernels.measure import MeasureOptions
     import random
 

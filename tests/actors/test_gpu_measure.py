@@ -4,12 +4,12 @@ import random
 
 import pytest
 
-from raytune_kernels.codegen.cuda_build import CudaBuildResult, nvrtc_unavailable
-from raytune_kernels.codegen.cuda_render import cuda_space_for
-from raytune_kernels.codegen.space import Config
+from raytune_kernels.cuda.build import CudaBuildResult, nvrtc_unavailable
+from raytune_kernels.cuda.render import cuda_space_for
+from raytune_kernels.space import Config
 from raytune_kernels.measure import CRASHED, MeasureOptions, MeasureResult
 
-from ..codegen.cuda_cases import CASES
+from tests.support.cuda_cases import CASES
 
 
 def fake_measure(compute, cfg, binary, opts, build_s=0.0) -> MeasureResult:

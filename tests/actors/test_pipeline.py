@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import raytune_kernels as rk
-from raytune_kernels.codegen.build import build
-from raytune_kernels.codegen.machine import cpu_info
-from raytune_kernels.codegen.schedules import lower, space_for
-from raytune_kernels.codegen.space import Config
+from raytune_kernels.cpu.build import build
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.schedules import lower, space_for
+from raytune_kernels.space import Config
 from raytune_kernels.measure import MeasureOptions
 
 OPTS = MeasureOptions(threads=1, min_repeat_ms=5, repeats=3, timeout_s=8)
@@ -64,7 +64,7 @@ def test_batch_of_real_candidates(pipeline, task, configs):
 
 def test_injected_faults_become_error_kinds_and_the_pool_survives(pipeline, task, configs):
     good = configs[0]
-    from raytune_kernels.codegen.kernel import build_for
+    from raytune_kernels.cpu.kernel import build_for
     built = [fault_library(task, good, "segfault"), fault_library(task, good, "hang"),
              build_for(task.compute, good), fault_library(task, good, "wrong"),
              fault_library(task, good, "nan")]
@@ -111,8 +111,8 @@ def _standalone(task, cfg, cores) -> float:
     script = textwrap.dedent(f"""
         import json, os, torch
         from raytune_kernels.task import Task
-        from raytune_kernels.codegen.space import Config
-        from raytune_kernels.codegen.kernel import build_for
+        from raytune_kernels.space import Config
+        from raytune_kernels.cpu.kernel import build_for
         from raytune_kernels.measure import MeasureOptions, measure_built
         os.sched_setaffinity(0, {tuple(cores)!r})
         torch.set_num_threads(1)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import raytune_kernels as rk
-from raytune_kernels.records import load_records
+from raytune_kernels.tune.records import load_records
 
 
 class Tiny(torch.nn.Module):
@@ -53,7 +53,7 @@ def test_bad_inputs_fail_before_any_work(tmp_path):
         rk.tune_network(model, (x,), target="rocm")
     with pytest.raises(OSError, match="cannot write records"):
         rk.tune_network(model, (x,), records=str(tmp_path / "missing" / "r.jsonl"))
-    from raytune_kernels.driver import TuneError
+    from actors.driver import TuneError
     with pytest.raises(TuneError, match="cannot reach a Ray cluster"):
         rk.tune_network(model, (x,), address="127.0.0.1:1")
     tasks = rk.extract_tasks(model, (x,))  # tune_tasks runs the same checks first

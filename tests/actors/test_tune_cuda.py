@@ -10,15 +10,15 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels.cli import main
-from raytune_kernels.driver import TuneError
-from raytune_kernels.codegen.cuda_build import nvrtc_unavailable
-from raytune_kernels.codegen.gpu import gpu_info
-from raytune_kernels.records import load_records
-from raytune_kernels.search import SearchOptions
-from raytune_kernels.tuner import TuneOptions, Tuner
+from actors.driver import TuneError
+from raytune_kernels.cuda.build import nvrtc_unavailable
+from raytune_kernels.cuda.gpu import gpu_info
+from raytune_kernels.tune.records import load_records
+from raytune_kernels.tune.search import SearchOptions
+from raytune_kernels.tune.tuner import TuneOptions, Tuner
 
-from ..test_tuner_cuda import NvrtcThenFake
-from .test_tune import Tiny
+from tests.tune.test_tuner_cuda import NvrtcThenFake
+from tests.actors.test_tune import Tiny
 
 
 class TinyGpu(torch.nn.Module):
@@ -75,7 +75,7 @@ def test_cpu_options_are_refused_for_cuda(tmp_path):
 
 
 def test_tasks_without_a_cuda_kernel_are_left_out_with_a_warning():
-    from raytune_kernels.driver import _tunable
+    from actors.driver import _tunable
 
     tasks = rk.extract_tasks(Tiny().eval(), (torch.randn(1, 16, 8, 8),), target="cuda")
     with pytest.warns(UserWarning, match="not tuned for cuda .*dense 1x2048 -> 1x16"):
@@ -106,9 +106,9 @@ def test_search_and_cost_model_actors_tune_cuda_tasks(ray_session):
 
 def test_tune_a_tiny_model_on_the_gpu(ray_session, tmp_path):
     pytest.importorskip("cupy")
-    from raytune_kernels import measure_gpu
+    from raytune_kernels.cuda import device
 
-    if not ray_session.cluster_resources().get("GPU", 0) or measure_gpu.gpu_count() == 0:
+    if not ray_session.cluster_resources().get("GPU", 0) or device.gpu_count() == 0:
         pytest.skip("no CUDA GPU in this Ray cluster")
     model, x = TinyGpu().eval(), torch.randn(1, 16, 8, 8)
     path = str(tmp_path / "tiny_cuda.jsonl")
@@ -117,8 +117,8 @@ def test_tune_a_tiny_model_on_the_gpu(ray_session, tmp_path):
     tasks = rk.extract_tasks(model, (x,), target="cuda")
     records = load_records(path).records
     assert len(records) == 8 and result.trials == 8
-    assert {r.target for r in records} == {f"cuda -arch={measure_gpu.device_arch()}"}
-    assert {r.device for r in records} == {measure_gpu.device_name()}
+    assert {r.target for r in records} == {f"cuda -arch={device.device_arch()}"}
+    assert {r.device for r in records} == {device.device_name()}
     assert set(result.best) == {t.key for t in tasks}  # every task has a valid kernel
     expected = sum(t.weight * result.best[t.key].median for t in tasks)
     assert result.estimated_latency_s == pytest.approx(expected)
@@ -127,8 +127,8 @@ def test_tune_a_tiny_model_on_the_gpu(ray_session, tmp_path):
 def test_a_setup_problem_in_the_scheduler_actor_reaches_the_driver_as_itself(ray_session):
     """What the scheduler actor finds while setting up (cubins that will not load on the
     measuring GPU) is raised by tune_network as that error, not as Ray's wrapper."""
-    from raytune_kernels.codegen.gpu import ArchMismatchError, check_measurable
-    from raytune_kernels.driver import _initial
+    from raytune_kernels.cuda.gpu import ArchMismatchError, check_measurable
+    from actors.driver import _initial
 
     @ray_session.remote(num_cpus=0)
     class Refuses:

@@ -1,0 +1,208 @@
+"""tune_network(): the driver entry point. The one core module that starts Ray and the
+actors; it imports them only when called, so the core stays importable without Ray."""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Sequence
+
+import torch
+
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.schedules import cuda_unsupported_reason, unsupported_reason
+from raytune_kernels.errors import RaytuneError
+from raytune_kernels.measure import MeasureOptions
+from raytune_kernels.tune.records import RecordWriter, load_records
+from raytune_kernels.target import Target, parse_target
+from raytune_kernels.task import Task
+from raytune_kernels.tune.tuner import TuneOptions, TuningResult
+
+
+class TuneError(RaytuneError):
+    """Tuning could not start (bad address, unwritable records, unsupported target)."""
+
+
+def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
+                 target: str = "llvm", trials: int = 200, records: str | None = None,
+                 resume: bool = True, address: str | None = None,
+                 num_measurers: int | None = None, num_builders: int | None = None,
+                 batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True
+                 ) -> TuningResult:
+    """Tune every task of `model` for `target` with a budget of `trials` measurements.
+
+    On "llvm", each candidate runs with `threads` threads on a measurer that owns that
+    many cores. On "cuda", every GPU of the cluster gets one measurer and the CPUs left
+    build with NVRTC, for the target's -arch or else the measuring GPU's own (records then
+    carry "cuda -arch=sm_XY"); a cluster without a GPU fails before any work.
+    Starts a local Ray when none is running, or joins `address`. With `resume`, the
+    measurements already in `records` count toward the budget and are never repeated,
+    and the cost model starts trained on them. Returns the best record per task and the
+    estimated network latency (sum of weight x best latency)."""
+    from raytune_kernels import extract_tasks
+
+    tgt = _preflight(target, records, address, threads, num_measurers)
+    tasks = extract_tasks(model, example_inputs, tgt)
+    return _tune(tasks, tgt, trials, records, resume, address, num_measurers, num_builders,
+                 batch, seed, threads, verbose)
+
+
+def tune_tasks(tasks: Sequence[Task], target: str = "llvm", trials: int = 200,
+               records: str | None = None, resume: bool = True, address: str | None = None,
+               num_measurers: int | None = None, num_builders: int | None = None,
+               batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True
+               ) -> TuningResult:
+    """tune_network() for a chosen list of tasks (e.g. some of extract_tasks(model, x)):
+    the same checks, pipeline, records and result, with `trials` shared by these tasks."""
+    tgt = _preflight(target, records, address, threads, num_measurers)
+    return _tune(list(tasks), tgt, trials, records, resume, address, num_measurers,
+                 num_builders, batch, seed, threads, verbose)
+
+
+def _preflight(target: str, records: str | None, address: str | None, threads: int,
+               num_measurers: int | None) -> Target:
+    """Everything that can fail before any work: the target, the cluster address, a GPU
+    for cuda, a writable records file, the cores for CPU measurers."""
+    tgt = parse_target(target)
+    if address:
+        check_reachable(address)
+    if tgt.kind == "cuda":
+        _check_cuda(tgt, address, threads, num_measurers)
+    if records:
+        RecordWriter(records).close()  # an unwritable path fails here, before any work
+    if not address and tgt.kind == "llvm":
+        _check_cores(threads, num_measurers)
+    return tgt
+
+
+def _tune(tasks: list[Task], tgt: Target, trials, records, resume, address, num_measurers,
+          num_builders, batch, seed, threads, verbose) -> TuningResult:
+    tasks = _tunable(tasks, tgt)
+    history = load_records(records).records if (records and resume) else []
+    ray = _start_ray(address)
+    return _run(ray, tasks, tgt, records, history, trials, batch, seed,
+                threads, num_measurers, num_builders, verbose)
+
+
+def _check_cores(threads: int, num_measurers: int | None) -> None:
+    """CPU measurers own `threads` cores each: this machine must have them all."""
+    if threads < 1 or (num_measurers or 1) * threads > len(os.sched_getaffinity(0)):
+        raise TuneError(f"{num_measurers or 1} measurer(s) x {threads} thread(s) need more "
+                        f"cores than this machine gives us ({len(os.sched_getaffinity(0))})")
+
+
+def _check_cuda(tgt: Target, address: str | None, threads: int,
+                num_measurers: int | None) -> None:
+    """What a cuda target needs, checked before any work (and before a records file is
+    created): options that mean something on a GPU, a GPU in the cluster, NVRTC here."""
+    if threads != 1 or num_measurers is not None:
+        raise TuneError(f"target {str(tgt)!r}: threads and num_measurers are CPU options; "
+                        "a cuda target measures on every GPU of the cluster, one "
+                        "candidate at a time each")
+    require_gpu(_start_ray(address), str(tgt))
+    if not address:  # on a cluster the builders' nodes compile, not this one
+        from raytune_kernels.cuda.build import nvrtc_unavailable
+
+        reason = nvrtc_unavailable()
+        if reason:
+            raise TuneError(f"target {str(tgt)!r} compiles with NVRTC, which is not "
+                            f"usable here: {reason}")
+
+
+def require_gpu(ray, target: str) -> None:
+    """A cuda target measures on GPUs: fail when the Ray cluster has none."""
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if gpus < 1:
+        raise TuneError(f"target {target!r} needs a GPU to measure on, and the Ray cluster "
+                        f"has none (its resources list {gpus:g} GPU); tune for 'llvm' "
+                        "here, or join a cluster with GPU nodes (address=...)")
+
+
+def _initial(ray, actor):
+    """The scheduler actor's first table; a problem it found while setting up (a GPU the
+    cubins cannot load on) is raised here as itself, not as Ray's wrapper."""
+    from ray.exceptions import RayTaskError
+
+    try:
+        return ray.get(actor.initial.remote())
+    except RayTaskError as exc:
+        if isinstance(exc.cause, RaytuneError):
+            raise exc.cause from None
+        raise
+
+
+def _tunable(tasks, tgt: Target):
+    reason_of = cuda_unsupported_reason if tgt.kind == "cuda" else unsupported_reason
+    reasons = [reason_of(t.compute) for t in tasks]
+    skipped = [(t, r) for t, r in zip(tasks, reasons) if r]
+    if skipped:
+        warnings.warn(f"not tuned for {tgt.kind} (no kernel for them yet): " +
+                      "; ".join(f"{t.compute.describe()} ({r})" for t, r in skipped),
+                      stacklevel=4)
+    return [t for t, r in zip(tasks, reasons) if not r]
+
+
+def check_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """Fail fast on a host:port nobody answers on (Ray itself retries for minutes)."""
+    import socket
+
+    target = address.split("://", 1)[-1]
+    if target == "auto" or ":" not in target:
+        return
+    host, port = target.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as exc:
+        raise TuneError(f"cannot reach a Ray cluster at {address!r}: {exc}") from None
+
+
+def _start_ray(address: str | None):
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise TuneError(f"cannot join the Ray cluster at {address!r}: {exc}") from None
+    return ray
+
+
+def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads,
+         num_measurers, num_builders, verbose) -> TuningResult:
+    from actors.tuning_actors import ON_HEAD, TaskSchedulerActor
+
+    from raytune_kernels.tune.progress import ProgressView
+
+    opts = TuneOptions(trials=trials, batch=batch, seed=seed, threads=threads)
+    # on a GPU, "cold" is an L2 flushed before every repeat (cuda/measure.py)
+    mopts = MeasureOptions(threads=threads, min_repeat_ms=10, repeats=3, timeout_s=30,
+                           cold_weights=opts.cold_weights, flush_cache=tgt.kind == "cuda")
+    cluster = len([n for n in ray.nodes() if n["Alive"]]) > 1
+    cpu = cpu_info(tgt.mcpu) if tgt.kind == "llvm" else None  # a GPU describes itself
+    actor = TaskSchedulerActor.options(**ON_HEAD).remote(
+        [t.to_json() for t in tasks], str(tgt), cpu and cpu.name, cpu, records,
+        [r.to_json() for r in history], opts, num_measurers, num_builders, mopts, tgt.mcpu,
+        cluster)
+    try:
+        first = _initial(ray, actor)
+        view = ProgressView(trials) if verbose else None
+        if view:
+            view.__enter__()
+            view.update(first)
+        while (summary := ray.get(actor.step.remote())) is not None:
+            if view:
+                view.update(summary)
+        if view:
+            view.__exit__(None, None, None)
+        result = ray.get(actor.result.remote())
+    finally:
+        ray.kill(actor)
+    if verbose:
+        print(f"estimated latency {result.estimated_latency_s * 1e3:.3f} ms over "
+              f"{len(result.best)} tasks, {result.trials} trials; records: {records}")
+    return result
+

@@ -1,1 +1,0 @@
-"""Code generation: loop-nest IR, lowering of task computes, LLVM rendering and building."""

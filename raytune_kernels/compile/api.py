@@ -1,0 +1,41 @@
+"""compile_network(), the public entry point: one call for every target, handed to the
+target's network compiler (cpu_network for llvm, cuda_network for cuda)."""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from raytune_kernels.compile.cpu_network import compile_network_cpu
+from raytune_kernels.compile.cuda_network import compile_network_cuda
+from raytune_kernels.errors import CompileError
+from raytune_kernels.target import parse_target
+from raytune_kernels.tune.records import Record
+
+
+def compile_network(model: torch.nn.Module,
+                    example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
+                    records: "str | Iterable[Record]", target: str = "llvm",
+                    fallback: str | None = None, threads: int = 1, layout: str = "ilp",
+                    time_limit_s: float = 20.0, check: bool = True, atol: float = 1e-3,
+                    verbose: bool = False):
+    """Compile `model` from the best kernels in `records` for `target`.
+
+    On "llvm" targets: a cpu_network.CompiledNetwork from the records measured at
+    `threads` threads. layout="ilp" picks every step's layouts with the ILP; "uniform"
+    keeps one layout family for the whole network (the best of them), the baseline the
+    ILP must beat. A task without records is an error, or with fallback="torch" runs
+    PyTorch's kernel; with it, any step whose best kernel is slower than PyTorch's
+    measured time for it runs PyTorch's too. With `check`, the output is compared with
+    model(x) (max abs error <= atol). On "cuda" targets: a cuda_network.GpuNetwork (the
+    same calls, run on the GPU; `threads` is an option of the CPU path only)."""
+    tgt = parse_target(target)
+    if tgt.kind == "cuda":
+        return compile_network_cuda(model, example_inputs, records, tgt, fallback=fallback,
+                                    check=check, atol=atol, verbose=verbose, layout=layout,
+                                    time_limit_s=time_limit_s)
+    if tgt.kind != "llvm":
+        raise CompileError(f"target {target!r}: no network compiler for this target kind")
+    return compile_network_cpu(model, example_inputs, records, tgt, fallback=fallback,
+                               threads=threads, layout=layout, time_limit_s=time_limit_s,
+                               check=check, atol=atol, verbose=verbose)

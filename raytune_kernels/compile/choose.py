@@ -1,0 +1,76 @@
+"""Choosing each step's kernel and layouts, the same for CPU and GPU networks: prune each
+step's candidates, solve the layout problem (the ILP over every candidate, or "uniform":
+the best plan that keeps one layout family), and the tuner's estimate of the network."""
+from __future__ import annotations
+
+from typing import Callable
+
+from raytune_kernels.frontend.partition import GlueStep, Partition
+from raytune_kernels.layout.graph import NCHW, Candidate, layout_problem
+from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
+from raytune_kernels.tune.records import Record
+
+TORCH = "torch"  # the config of a candidate that runs PyTorch's kernel
+KEEP = 4  # candidates kept per step (the fastest, within SLACK of the best)
+SLACK = 1.3
+
+
+def estimated_latency(part: Partition, best: dict[str, Record],
+                      torch_s: dict[str, float] | None = None) -> float:
+    """The tuner's estimate of a network: sum of weight x best record per task, and
+    torch's time for tasks without one when falling back to torch."""
+    total = sum(t.weight * best[t.key].median for t in part.tasks if t.key in best)
+    if torch_s:
+        total += sum(t.weight * torch_s[t.key] for t in part.tasks if t.key not in best)
+    return total
+
+
+def prune(cands: list[Candidate], family_of: Callable | None) -> list[Candidate]:
+    fastest = min(c.seconds for c in cands)
+    ranked = sorted(cands, key=lambda c: c.seconds)
+    keep = [c for c in ranked if c.seconds <= SLACK * fastest][:KEEP]
+    if family_of is not None:
+        for fam in {family_of(c.in_layout) for c in ranked}:
+            same = [c for c in ranked if family_of(c.in_layout) == fam == c.out_layout]
+            keep += [c for c in same[:KEEP] if c not in keep]
+    return keep
+
+
+def choose(part: Partition, cands: list[list[Candidate]], layout: str,
+            transform: Callable[[tuple, str, str], float], time_limit_s: float
+            ) -> tuple[LayoutPlan, list[Candidate]]:
+    """The layout plan and each step's candidate: by the ILP over every candidate, or
+    ("uniform") the best plan that keeps one layout family wherever a step has it."""
+    def solve(per_step: list[list[Candidate]]):
+        by_node = {}
+        for s, cs in zip(part.steps, per_step):
+            by_node[s.node if isinstance(s, GlueStep) else id(s)] = cs
+        problem, node_cands = layout_problem(
+            part, lambda s: by_node[s.name if hasattr(s, "op") else id(s)], transform)
+        plan = solve_ilp(problem, time_limit_s)
+        n0 = len(part.graph.inputs)
+        return plan, [node_cands[n0 + i][plan.choice[n0 + i]] for i in range(len(part.steps))]
+
+    if layout == "ilp":
+        return solve(cands)
+    best = None
+    for fam in families(cands):
+        per = [[c for c in cs if layout_family(c.in_layout) == fam == c.out_layout]
+               or cs for cs in cands]
+        plan, chosen = solve(per)
+        if best is None or plan.cost < best[0].cost:
+            best = (plan, chosen)
+    return best
+
+
+def layout_family(label: str) -> str:
+    return label.partition("/")[0]
+
+
+def families(cands: list[list[Candidate]]) -> list[str]:
+    seen = {}
+    for cs in cands:
+        for c in cs:
+            if layout_family(c.in_layout) == c.out_layout:
+                seen[c.out_layout] = True
+    return list(seen) or [NCHW]

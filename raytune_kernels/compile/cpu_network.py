@@ -1,0 +1,639 @@
+"""compile_network(): a tuned network as one callable that takes and returns torch tensors.
+
+1. Capture and partition the model: the same tasks the tuner saw.
+2. Candidates per step: the best record per layout pair (and, with fallback="torch",
+   PyTorch's own kernel at its measured time). The layout ILP picks one per step, with
+   edges costed by measured transform kernels, borders of windowed inputs included.
+3. Build the chosen kernels, pack weights once, plan buffers (a buffer is reused once its
+   value is dead; a bordered input buffer is reused only by one of the same geometry, so its
+   border, written once, stays valid), and keep a flat list of native calls whose ctypes
+   arguments are made once.
+4. Check against the model at compile time; benchmark and profile on demand.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from raytune_kernels.compile.choose import TORCH, choose, estimated_latency, layout_family, prune
+from raytune_kernels.compile.report import Profile, ProfileRow, Reporting
+from raytune_kernels.cpu.build import LoadedKernel, aligned, build
+from raytune_kernels.cpu.contraction import contraction
+from raytune_kernels.cpu.llvm.ir import render
+from raytune_kernels.cpu.lower import operand_kinds
+from raytune_kernels.cpu.rows import ROW_OPS
+from raytune_kernels.cpu.schedules import lower, pack, unsupported_reason
+from raytune_kernels.space import Config
+from raytune_kernels.cpu.transform import Layout
+from raytune_kernels.errors import CompileError
+from raytune_kernels.frontend.capture import capture
+from raytune_kernels.layout.problem import LayoutPlan
+from raytune_kernels.layout.costs import (candidates_from_records, fastest_transform,
+                                          transform_kernel)
+from raytune_kernels.layout.graph import NCHW, Candidate
+from raytune_kernels.measure import MeasureOptions, cold_copies, random_operands
+from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition, run_glue,
+                                                run_steps)
+from raytune_kernels.tune.records import Record, best_per_task, load_records
+from raytune_kernels.frontend.reference import reference
+from raytune_kernels.target import Target, parse_target
+from raytune_kernels.tune.timing import (TimingOptions, median, time_fn)
+
+
+
+
+# ----------------------------------------------------------------------------- the plan
+
+@dataclass(eq=False)
+class Buf:
+    """A planned buffer: a value in one layout (None: plain contiguous), or a constant."""
+
+    size: int
+    shape: tuple[int, ...]
+    layout: Layout | None = None
+    border: float = 0.0
+    pinned: bool = False  # graph inputs and outputs: never handed to another value
+    alias: "Buf | None" = None  # a view of another buffer's first `size` floats (a reshape)
+
+    @property
+    def root(self) -> "Buf":
+        return self.alias.root if self.alias is not None else self
+
+    @property
+    def bordered(self) -> bool:
+        return self.layout is not None and self.layout.pad != (0, 0)
+
+
+@dataclass(eq=False)
+class Step:
+    """One call of the compiled network: a native kernel over buffers, or a torch function
+    of plain views (glue, fallback nodes)."""
+
+    name: str
+    kind: str  # "kernel", "transform", "torch", "glue"
+    layers: tuple[str, ...]
+    reads: list
+    writes: list
+    estimate: float = 0.0  # seconds the plan expected (record, transform timing)
+    key: str | None = None  # task key of a task step
+    kernel: LoadedKernel | None = None
+    operands: list = field(default_factory=list)  # Buf or constant np.ndarray, in order
+    fn: Callable | None = None  # torch steps: plain tensors in -> tensor out
+
+
+class _Planner:
+    """Turns chosen candidates into steps over buffers, adding transforms where a reader
+    wants a value in another layout than its producer wrote."""
+
+    def __init__(self, part: Partition, mcpu: str | None, opts: MeasureOptions):
+        self.part, self.graph, self.mcpu, self.opts = part, part.graph, mcpu, opts
+        self.steps: list[Step] = []
+        self.produced: dict[str, tuple[Buf, str]] = {}
+        self.copies: dict[tuple[str, str, float], Buf] = {}
+        self.kernels: dict[tuple[str, Config], tuple[LoadedKernel, object]] = {}
+        self.inputs: list[Buf] = []
+        self.value_of: dict[int, tuple[str, str]] = {}  # step -> (value, layout) it completes
+        self.aliases: list[Buf] = []
+        self.scratch: dict[str, np.ndarray] = {}
+        self._scratch_uses: list[tuple[Step, int]] = []
+        for name, shape in self.graph.inputs:
+            buf = Buf(math.prod(shape), tuple(shape), pinned=True)
+            self.inputs.append(buf)
+            self.produced[name] = (buf, NCHW)
+
+    def value(self, name: str, label: str, border: float = 0.0) -> Buf:
+        """`name` in layout `label`, transformed (and cached) when needed."""
+        src_buf, src_label = self.produced[name]
+        if label == src_label:
+            return src_buf
+        key = (name, label, border)
+        if key in self.copies:
+            return self.copies[key]
+        shape = self.graph.shape_of(name)
+        dst = Layout.parse(label)
+        seconds, cfg = fastest_transform(tuple(shape), src_label, label, self.opts)
+        via = via_layout(src_label, label)
+        if cfg is None and via:  # blocks that do not divide: through their common block
+            src_buf, src_label = self.value(name, via), via
+            seconds, cfg = fastest_transform(tuple(shape), via, label, self.opts)
+        if cfg is None:
+            raise CompileError(f"no transform of {name} {tuple(shape)} from {src_label} to "
+                               f"{label}")
+        kernel = transform_kernel(tuple(shape), Layout.parse(src_label), dst, cfg)
+        out = Buf(dst.size(shape), tuple(shape), dst, border)
+        self.steps.append(Step(f"{name}: {src_label} -> {label}", "transform", (),
+                               [src_buf], [out], seconds, kernel=kernel,
+                               operands=[src_buf, out]))
+        self.copies[key] = out
+        return out
+
+    def plain(self, name: str) -> Buf | torch.Tensor:
+        if name in self.graph.params:
+            return self.graph.params[name]
+        return self.value(name, NCHW)
+
+    def task(self, step: TaskStep, cand: Candidate) -> None:
+        task = self.part.task(step.key)
+        compute = task.compute
+        if cand.config == TORCH:
+            args = [self.plain(a) for a in step.args]
+            out = Buf(compute.output.numel, compute.output.shape)
+            fn = _torch_fn(compute)
+            self._torch(step.layer, "torch", (step.layer,), args, out, fn, cand.seconds,
+                        step.key)
+            self._produce(step.output, out, NCHW)
+            return
+        cfg = cand.config
+        kernel, nest = self._kernel(compute, cfg, step.key)
+        holders = [self.graph.params[a] if a in self.graph.params
+                   else torch.zeros(self.graph.shape_of(a)) for a in step.args]
+        packed = pack(compute, cfg, holders)
+        names = operand_names(compute, cfg)
+        n_in = len(compute.inputs)
+        kinds = [k.kind for k in operand_kinds(compute)] if compute.op not in ROW_OPS else []
+        bound: dict[str, Buf | np.ndarray] = {}
+        reads = []
+        for i, (arg, bname) in enumerate(zip(step.args, names)):
+            if arg in self.graph.params:
+                bound[bname] = aligned(packed[bname])
+                continue
+            if i == 0:
+                border = -math.inf if compute.op == "max_pool2d" else 0.0
+                buf = self.value(arg, cand.in_layout, border)
+            elif i < n_in or compute.op in ROW_OPS or kinds[i - n_in] == "channel":
+                buf = self.value(arg, NCHW)
+            else:
+                buf = self.value(arg, cand.out_layout)  # a residual, in the output's layout
+            if buf.size != packed[bname].size:
+                raise CompileError(f"{step.layer}: operand {arg} holds {buf.size} floats in "
+                                   f"{cand.in_layout if i == 0 else 'its layout'}, the kernel "
+                                   f"reads {packed[bname].size}")
+            bound[bname] = buf
+            reads.append(buf)
+        out_shape = compute.output.shape
+        internal = packed["out"].size != compute.output.numel  # a padded dense output
+        layout = None if cand.out_layout == NCHW else Layout.parse(cand.out_layout)
+        out = Buf(packed["out"].size, (packed["out"].size,) if internal else out_shape, layout)
+        bound["out"] = out
+        operands = [bound[b.name] if b.name in bound else
+                    self._scratch(b) if b.role == "scratch" else aligned(packed[b.name])
+                    for b in nest.buffers]
+        self.steps.append(Step(step.layer, "kernel", (step.layer,), reads, [out],
+                               cand.seconds, step.key, kernel, operands=operands))
+        self._scratch_uses += [(self.steps[-1], i) for i, b in enumerate(nest.buffers)
+                               if b.role == "scratch" and b.name not in bound]
+        if internal:  # dense with N padded to the vector block: keep the first N columns
+            rows, n = compute.output.numel // out_shape[-1], out_shape[-1]
+            if rows == 1:  # one row: its first N floats are the output, no copy
+                self.aliases.append(Buf(compute.output.numel, out_shape, alias=out))
+                self.produced[step.output] = (self.aliases[-1], NCHW)
+                return
+            final = Buf(compute.output.numel, out_shape)
+            self._torch(f"{step.layer} (narrow)", "glue", (step.layer,), [out], final,
+                        lambda t: t.view(rows, -1)[:, :n].reshape(out_shape), 0.0, None)
+            out = final
+        self._produce(step.output, out, NCHW if internal else cand.out_layout)
+
+    def glue(self, step: GlueStep) -> None:
+        node = self.graph.node_map()[step.node]
+        args = [self.plain(v) for v in node.inputs]
+        shape = tuple(self.graph.shape_of(node.name))
+        if node.op == "reshape" and isinstance(args[0], Buf):  # a view: no copy, no call
+            self.aliases.append(Buf(math.prod(shape), shape, alias=args[0]))
+            self.produced[node.name] = (self.aliases[-1], NCHW)
+            return
+        out = Buf(math.prod(shape), shape)
+        fn = lambda *xs, _n=node: run_glue(_n, dict(zip(_n.inputs, xs)))  # noqa: E731
+        self._torch(node.name, "glue", (node.layer,), args, out, fn, 0.0, None)
+        self._produce(node.name, out, NCHW)
+
+    def _scratch(self, b) -> np.ndarray:
+        """One workspace per buffer name for the whole network (steps run one at a time,
+        and a workspace carries nothing between calls): the cache holds one, not one per
+        step. It grows to the largest need; steps planned earlier are re-pointed to it."""
+        have = self.scratch.get(b.name)
+        if have is None or have.size < b.size:
+            self.scratch[b.name] = aligned(np.zeros(b.size, np.float32))
+            for s, i in self._scratch_uses:
+                if s.operands[i] is have:
+                    s.operands[i] = self.scratch[b.name]
+        return self.scratch[b.name]
+
+    def _produce(self, value: str, buf: Buf, label: str) -> None:
+        self.produced[value] = (buf, label)
+        self.value_of[id(self.steps[-1])] = (value, label)
+
+    def outputs(self) -> list[Buf]:
+        outs = [self.value(v, NCHW) for v in self.graph.outputs]
+        for b in outs:
+            b.pinned = True
+        return outs
+
+    def _torch(self, name, kind, layers, args, out, fn, seconds, key) -> None:
+        reads = [a for a in args if isinstance(a, Buf)]
+        self.steps.append(Step(name, kind, layers, reads, [out], seconds, key,
+                               operands=list(args), fn=fn))
+
+    def _kernel(self, compute, cfg: Config, key: str):
+        if (key, cfg) not in self.kernels:
+            nest = lower(compute, cfg)
+            built = build(render(nest), self.mcpu)
+            if built.error:
+                raise CompileError(f"task {key} ({compute.describe()}): its best config no "
+                                   f"longer builds: {built.error}")
+            self.kernels[(key, cfg)] = (LoadedKernel(built.library, nest.name,
+                                                     len(nest.buffers)), nest)
+        return self.kernels[(key, cfg)]
+
+
+def via_layout(src: str, dst: str) -> str | None:
+    """The layout a transform between two channel blocks neither of which divides the
+    other goes through: their common block (NCHW48c -> NCHW16c -> NCHW32c)."""
+    a, b = Layout.parse(src).block, Layout.parse(dst).block
+    if not a or not b or a % b == 0 or b % a == 0:
+        return None
+    g = math.gcd(a, b)
+    return "NCHW" if g == 1 else f"NCHW{g}c"
+
+
+def transform_cost(shape, src: str, dst: str, opts: MeasureOptions) -> float:
+    """Measured seconds to bring a value from `src` to `dst`, through their common block
+    when there is no direct transform."""
+    seconds = fastest_transform(tuple(shape), src, dst, opts)[0]
+    via = via_layout(src, dst)
+    if math.isinf(seconds) and via:
+        seconds = (fastest_transform(tuple(shape), src, via, opts)[0]
+                   + fastest_transform(tuple(shape), via, dst, opts)[0])
+    return seconds
+
+
+def operand_names(compute, cfg: Config) -> list[str]:
+    """The kernel buffer each reference operand is packed into, in operand order."""
+    n_epi = sum(len(e.operands) for e in compute.epilogue)
+    if compute.op in ROW_OPS:
+        head = ["x"] + (["w", "b"] if compute.op == "layer_norm" else [])
+    else:
+        head = ["a"] + (["b"] if contraction(compute).has_b else [])
+    return head + [f"e{i}" for i in range(n_epi)]
+
+
+def _torch_fn(compute) -> Callable:
+    return lambda *xs: reference(compute, *xs)
+
+
+# ------------------------------------------------------------------------ buffer planning
+
+def allocate(steps: list[Step], pinned: Iterable[Buf], aliases: Iterable[Buf] = ()
+             ) -> dict[int, np.ndarray]:
+    """An aligned array per buffer. A buffer goes back to a pool after its last reader (or
+    its views' last reader) and is reused by a later value: plain buffers by size (best
+    fit), bordered ones only by the same geometry and border value."""
+    last: dict[int, int] = {}
+    for i, s in enumerate(steps):
+        for b in s.reads + s.writes:
+            last[id(b.root)] = i
+    keep = {id(b.root) for b in pinned}
+    arrays: dict[int, np.ndarray] = {}
+    free_plain: list[np.ndarray] = []
+    free_bordered: dict[tuple, list[np.ndarray]] = {}
+    for b in pinned:
+        if b.alias is None:
+            arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
+    for i, s in enumerate(steps):
+        for b in s.writes:
+            if id(b) in arrays:
+                continue
+            if b.bordered:
+                pool = free_bordered.setdefault(_geometry(b), [])
+                arrays[id(b)] = pool.pop() if pool else \
+                    aligned(np.full(b.size, b.border, np.float32))
+            else:
+                fits = [i for i, a in enumerate(free_plain) if a.size >= b.size]
+                if fits:
+                    best = min(fits, key=lambda i: free_plain[i].size)
+                    arrays[id(b)] = free_plain.pop(best)
+                else:
+                    arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
+        for b in {id(x.root): x.root for x in s.reads + s.writes}.values():
+            if last[id(b)] == i and id(b) not in keep:
+                if b.bordered:
+                    free_bordered.setdefault(_geometry(b), []).append(arrays[id(b)])
+                else:
+                    free_plain.append(arrays[id(b)])
+    for b in list(aliases) + list(pinned):
+        arrays[id(b)] = arrays[id(b.root)]
+    return arrays
+
+
+def _geometry(b: Buf) -> tuple:
+    return (b.layout.label, b.shape, b.border)
+
+
+# -------------------------------------------------------------------------- the network
+
+class CompiledNetwork(Reporting):
+    """A network compiled from tuning records. Call it like the model."""
+
+    def __init__(self, part: Partition, steps: list[Step], inputs: list[Buf],
+                 outputs: list[Buf], threads: int, plan: LayoutPlan | None, estimated_s: float,
+                 value_of: dict[int, tuple[str, str]],
+                 aliases: list[Buf] = ()):
+        self.part, self.graph, self.steps, self.threads = part, part.graph, steps, threads
+        self.value_of = value_of
+        self.plan, self.estimated_s = plan, estimated_s
+        self._in, self._out = inputs, outputs
+        self._arrays = allocate(steps, inputs + outputs, aliases)
+        self._in_views = [self.view(b) for b in inputs]
+        self._out_views = [self.view(b) for b in outputs]
+        self._calls = [self._bind(s) for s in steps]
+
+    def view(self, b: Buf) -> torch.Tensor:
+        """A plain buffer as a torch tensor sharing its memory."""
+        return torch.from_numpy(self._arrays[id(b)][: b.size]).view(b.shape)
+
+    def _bind(self, s: Step) -> tuple[Callable, tuple]:
+        if s.kernel is not None:
+            ptrs = [self._arrays[id(o)] if isinstance(o, Buf) else o for o in s.operands]
+            args = tuple(ctypes.c_void_p(a.ctypes.data) for a in ptrs)
+            return s.kernel.fn, args + (ctypes.c_int32(self.threads),)
+        ins = [self.view(o) if isinstance(o, Buf) else o for o in s.operands]
+        out, fn = self.view(s.writes[0]), s.fn
+
+        def call() -> None:
+            out.copy_(fn(*ins))
+        return call, ()
+
+    def __call__(self, *inputs: torch.Tensor):
+        if len(inputs) != len(self._in):
+            raise ValueError(f"expected {len(self._in)} input(s), got {len(inputs)}")
+        for x, view, (name, _) in zip(inputs, self._in_views, self.graph.inputs):
+            if tuple(x.shape) != tuple(view.shape):
+                raise ValueError(f"input {name}: shape {tuple(x.shape)}, compiled for "
+                                 f"{tuple(view.shape)}")
+        with torch.no_grad():
+            for x, view in zip(inputs, self._in_views):
+                view.copy_(x)
+            self._run()
+            outs = [v.clone() for v in self._out_views]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _run(self) -> None:
+        for fn, args in self._calls:
+            fn(*args)
+
+    def _random_inputs(self, seed: int = 0) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randn(b.shape, generator=g) for b in self._in]
+
+    def benchmark(self, opts: TimingOptions = TimingOptions(warmup=3, min_repeat_ms=200,
+                                                            repeats=7)) -> float:
+        """Median seconds per inference on random inputs: warm-up, repeats of at least
+        min_repeat_ms, every repeat kept, the median (the measurers' protocol)."""
+        xs = self._random_inputs()
+        with torch.no_grad():
+            return median(time_fn(lambda: self(*xs), opts))
+
+    def profile(self, png: str | None = None, runs: int = 30, print_table: bool = True,
+                opts: TimingOptions = TimingOptions(warmup=2, min_repeat_ms=10, repeats=5)
+                ) -> Profile:
+        """Per-step times inside the running network (each step clocked as the network runs
+        `runs` times, median), each step alone (warm, as the records measure), and
+        PyTorch's time for the same layer clocked the same way inside a run of the same
+        graph in eager PyTorch; prints the table, optionally saves a bar chart."""
+        xs = self._random_inputs()
+        end_to_end = self.benchmark()
+        with torch.no_grad():
+            ours = self._clock_steps(xs, runs)
+            theirs, torch_total = self._clock_torch(xs, runs)
+            rows = []
+            for s, (fn, args), t in zip(self.steps, self._calls, ours):
+                alone = median(time_fn(lambda: fn(*args), opts))
+                ref = theirs.get(s.name) if s.kind in ("kernel", "torch", "glue") else None
+                rows.append(ProfileRow(s.name, s.kind, s.layers, t, alone, ref, s.estimate))
+        prof = Profile(rows, end_to_end, torch_total)
+        if print_table:
+            print(prof.table())
+        if png:
+            prof.save_png(png)
+        return prof
+
+    def _clock_steps(self, xs, runs: int) -> list[float]:
+        clock = time.perf_counter
+        laps: list[list[float]] = [[] for _ in self._calls]
+        for r in range(runs + 3):
+            for x, view in zip(xs, self._in_views):
+                view.copy_(x)
+            t = clock()
+            for lap, (fn, args) in zip(laps, self._calls):
+                fn(*args)
+                now = clock()
+                if r >= 3:  # the first runs warm up
+                    lap.append(now - t)
+                t = now
+        return [median(lap) for lap in laps]
+
+    def _clock_torch(self, xs, runs: int) -> tuple[dict[str, float], float]:
+        """The graph's tasks and glue run by PyTorch (each task's reference: the anchor op
+        then its epilogue ops, eager) in order, each clocked; named as our steps are."""
+        laps: dict[str, list[float]] = {}
+        last = [0.0]
+
+        def lap(name: str, keep: bool) -> None:
+            now = time.perf_counter()
+            if keep:
+                laps.setdefault(name, []).append(now - last[0])
+            last[0] = time.perf_counter()
+        prev = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            for r in range(runs + 3):  # the first runs warm up
+                last[0] = time.perf_counter()
+                run_steps(self.part, xs, lambda name, keep=r >= 3: lap(name, keep))
+        finally:
+            torch.set_num_threads(prev)
+        per = {k: median(v) for k, v in laps.items()}
+        return per, sum(per.values())
+
+
+    def first_divergence(self, inputs, atol: float = 1e-3) -> str:
+        """Run the compiled steps one at a time next to the tasks' references and name the
+        first value that disagrees (buffers are reused, so each is compared when written)."""
+        env = run_steps(self.part, inputs)
+        with torch.no_grad():
+            for x, view in zip(inputs, self._in_views):
+                view.copy_(x)
+            for s, (fn, args) in zip(self.steps, self._calls):
+                fn(*args)
+                if id(s) not in self.value_of:
+                    continue
+                value, label = self.value_of[id(s)]
+                want, buf = env[value], s.writes[0]
+                flat = self._arrays[id(buf)][: buf.size]
+                got = torch.from_numpy(flat.copy()).view(want.shape) if label == NCHW \
+                    else Layout.parse(label).unpack(flat, tuple(want.shape))
+                err = (got - want).abs().max().item()
+                if not err <= atol:
+                    return (f"first divergence at step {s.name} (value {value}, max abs "
+                            f"error {err:.3g})")
+        return f"no single step diverges beyond {atol}; the error accumulates"
+
+
+def torch_seconds(compute, threads: int, opts: TimingOptions =
+                  TimingOptions(warmup=2, min_repeat_ms=10, repeats=5),
+                  cold_weights: bool = False) -> float:
+    """PyTorch's median time for one task (its reference, eager, NCHW) on random operands;
+    with `cold_weights`, its conv/dense weights rotate through copies as our kernels' do
+    when timed, so the two are compared under the same protocol."""
+    ops = random_operands(compute)
+    sets = [ops]
+    if cold_weights and compute.op in ("conv2d", "dense"):
+        sets = [[ops[0], ops[1].clone(), *ops[2:]]
+                for _ in range(cold_copies(ops[1].numel() * 4))]
+    turn = [0]
+
+    def run() -> None:
+        turn[0] = (turn[0] + 1) % len(sets)
+        reference(compute, *sets[turn[0]])
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            return median(time_fn(run, opts))
+    finally:
+        torch.set_num_threads(prev)
+
+
+# ------------------------------------------------------------------------ compile_network
+
+def compile_network_cpu(model: torch.nn.Module,
+                        example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
+                        records: "str | Iterable[Record]", target: "str | Target" = "llvm",
+                        fallback: str | None = None, threads: int = 1, layout: str = "ilp",
+                        time_limit_s: float = 20.0, check: bool = True, atol: float = 1e-3,
+                        verbose: bool = False) -> CompiledNetwork:
+    """compile_network() for an llvm target (see compile.api, which dispatches here)."""
+    tgt = parse_target(target)
+    if tgt.kind != "llvm":
+        raise CompileError(f"target {target!r}: no network compiler for this target kind")
+    if fallback not in (None, TORCH):
+        raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
+    if layout not in ("ilp", "uniform"):
+        raise CompileError(f"layout must be 'ilp' or 'uniform', got {layout!r}")
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) \
+        else tuple(example_inputs)
+    recs = _records(records, str(tgt), threads)
+    graph = capture(model, inputs)
+    part = partition(graph)
+    cold = any(r.cold_weights for r in recs)  # transforms and torch timed as kernels were
+    opts = MeasureOptions(threads=threads, min_repeat_ms=5, repeats=5, cold_weights=cold)
+    tseconds = {}
+    if fallback:
+        tseconds = {t.key: torch_seconds(t.compute, threads, cold_weights=cold)
+                    for t in part.tasks}
+    cands = _candidates(part, recs, fallback, tseconds, threads, family_of=layout_family)
+    plan, chosen = choose(part, cands, layout,
+                           lambda shape, a, b: transform_cost(shape, a, b, opts), time_limit_s)
+    planner = _Planner(part, tgt.mcpu, opts)
+    for step, cand in zip(part.steps, chosen):
+        if isinstance(step, TaskStep):
+            planner.task(step, cand)
+        else:
+            planner.glue(step)
+    outputs = planner.outputs()
+    estimated = estimated_latency(part, best_per_task(recs, str(tgt), threads),
+                                  tseconds if fallback else None)
+    net = CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
+                          estimated, planner.value_of, planner.aliases)
+    if verbose:
+        print(f"compiled {len(planner.steps)} steps "
+              f"({sum(s.kind == 'kernel' for s in planner.steps)} kernels, "
+              f"{sum(s.kind == 'transform' for s in planner.steps)} transforms, "
+              f"{sum(s.kind == 'torch' for s in planner.steps)} torch); layout plan "
+              f"{plan.cost * 1e3:.3f} ms by {plan.solver} in {plan.seconds:.2f} s")
+    if check:
+        check_network(net, model, inputs, atol)
+    return net
+
+
+def _records(records, target: str, threads: int) -> list[Record]:
+    if isinstance(records, str):
+        import os
+        if not os.path.exists(records):
+            raise CompileError(f"records file {records!r} does not exist")
+        loaded = load_records(records).records
+    else:
+        loaded = list(records)
+    mine = [r for r in loaded if r.target == target and r.threads == threads]
+    cold = {r.task_key for r in mine if r.cold_weights}
+    # a task timed with cold weights is compared only with cold timings of itself
+    return [r for r in mine if r.cold_weights or r.task_key not in cold]
+
+
+def _candidates(part: Partition, recs: list[Record], fallback: str | None,
+                tseconds: dict[str, float], threads: int,
+                family_of: Callable | None = None) -> list[list[Candidate]]:
+    """Per step (in order): what may run it. The fastest few are kept (within SLACK of the
+    best); with `family_of`, the fastest few of every layout family reading and writing
+    that family are kept as well: a kernel that needs no transform around it can beat a
+    faster one that does, and the uniform baseline chooses among exactly those."""
+    out = []
+    missing = []
+    for step in part.steps:
+        if isinstance(step, GlueStep):
+            out.append([Candidate(NCHW, NCHW, 0.0)])
+            continue
+        task = part.task(step.key)
+        tuned = [] if unsupported_reason(task.compute) else \
+            [c for c in candidates_from_records(task, recs, threads) if _bindable(part, step, c)]
+        if tuned:
+            tuned = prune(tuned, family_of)
+        if fallback:
+            tuned = [c for c in tuned if c.seconds <= tseconds[step.key]]
+            tuned.append(Candidate(NCHW, NCHW, tseconds[step.key], TORCH))
+        elif not tuned:
+            missing.append(f"{task.compute.describe()} (task {task.key}, layer {step.layer})")
+        out.append(tuned)
+    if missing:
+        raise CompileError(f"no usable record at {threads} thread(s) for {len(missing)} "
+                           "task(s): " + "; ".join(missing[:5])
+                           + ("; ..." if len(missing) > 5 else "")
+                           + ". Tune them, or pass fallback='torch' to run PyTorch's kernels")
+    return out
+
+
+def _bindable(part: Partition, step: TaskStep, cand: Candidate) -> bool:
+    """Whether the planner can feed this kernel its data operands: a per-channel or
+    residual operand that is an activation must be laid out as the kernel reads it."""
+    c = part.task(step.key).compute
+    if c.op in ROW_OPS:
+        return True
+    con = contraction(c)
+    for arg, kind in zip(step.args[len(c.inputs):], operand_kinds(c)):
+        if arg in part.graph.params:
+            continue
+        if kind.kind == "channel" and \
+                math.prod(part.graph.shape_of(arg)) != con.channel_len(cand.config):
+            return False
+        if kind.kind == "output" and con.buffer_sizes(cand.config)["out"] != c.output.numel:
+            return False
+    return True
+
+
+def check_network(net: CompiledNetwork, model, inputs, atol: float) -> None:
+    """net(x) against model(x); on a mismatch, name the first step that diverges."""
+    with torch.no_grad():
+        want = model(*inputs)
+        got = net(*inputs)
+    wants = want if isinstance(want, (tuple, list)) else (want,)
+    gots = got if isinstance(got, tuple) else (got,)
+    err = max((g - w).abs().max().item() for g, w in zip(gots, wants))
+    if err <= atol and all(torch.isfinite(g).all() for g in gots):
+        return
+    raise CompileError(f"compiled network differs from the model: max abs error {err:.3g} "
+                       f"(limit {atol}); {net.first_divergence(inputs, atol)}")

@@ -1,0 +1,123 @@
+"""What a compiled network reports about itself, on any device: the per-step profile
+(ours in the network, ours alone, PyTorch's own time for the layer) with its table and
+chart, and the fidelity of the tuner's estimate to the measured latency."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class ProfileRow:
+    """One step: its time inside a running network (caches as the network leaves them),
+    its time alone (repeated, warm: what the records measure), PyTorch's time for the same
+    layer inside PyTorch's own run of the network, and what the plan expected."""
+
+    name: str
+    kind: str
+    layers: tuple[str, ...]
+    ours_s: float
+    alone_s: float
+    torch_s: float | None
+    estimate_s: float
+
+    @property
+    def ratio(self) -> float | None:
+        """PyTorch's time over ours: above 1, ours is faster."""
+        return None if self.torch_s is None else self.torch_s / self.ours_s
+
+
+@dataclass
+class Profile:
+    rows: list[ProfileRow]
+    end_to_end_s: float
+    torch_total_s: float = 0.0  # PyTorch's steps summed, run in sequence
+
+    @property
+    def total_s(self) -> float:
+        return sum(r.ours_s for r in self.rows)
+
+    @property
+    def alone_s(self) -> float:
+        return sum(r.alone_s for r in self.rows)
+
+    def table(self) -> str:
+        total = self.total_s
+        head = (f"{'step':<32} {'kind':<9} {'ours us':>8} {'alone us':>8} {'torch us':>8} "
+                f"{'ratio':>6} {'share':>6}")
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            torch_us = f"{r.torch_s * 1e6:8.1f}" if r.torch_s is not None else f"{'-':>8}"
+            ratio = f"{r.ratio:6.2f}" if r.ratio is not None else f"{'-':>6}"
+            flag = "  <- slower than torch" if r.ratio is not None and r.ratio < 1 else ""
+            lines.append(f"{r.name[:32]:<32} {r.kind:<9} {r.ours_s * 1e6:8.1f} "
+                         f"{r.alone_s * 1e6:8.1f} {torch_us} {ratio} "
+                         f"{r.ours_s / total:6.1%}{flag}")
+        kinds: dict[str, float] = {}
+        for r in self.rows:
+            kinds[r.kind] = kinds.get(r.kind, 0.0) + r.ours_s
+        lines.append("-" * len(head))
+        lines.append(f"steps in the network {total * 1e3:.3f} ms ("
+                     + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in sorted(kinds.items()))
+                     + f"), alone {self.alone_s * 1e3:.3f} ms; end to end "
+                     f"{self.end_to_end_s * 1e3:.3f} ms; PyTorch's layers in its own run "
+                     f"{self.torch_total_s * 1e3:.3f} ms")
+        return "\n".join(lines)
+
+    def save_png(self, path: str) -> str:
+        """A bar chart of ours against PyTorch per step (matplotlib, the `plot` extra)."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = [r for r in self.rows if r.ours_s > 0]
+        fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(rows) + 1)))
+        ys = np.arange(len(rows))
+        ax.barh(ys - 0.2, [r.ours_s * 1e6 for r in rows], 0.4, label="ours")
+        ax.barh(ys + 0.2, [(r.torch_s or 0) * 1e6 for r in rows], 0.4, label="PyTorch")
+        ax.set_yticks(ys, [r.name[:40] for r in rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("microseconds")
+        ax.set_title(f"per-step time, end to end {self.end_to_end_s * 1e3:.2f} ms")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+
+class Reporting:
+    """The fidelity report of a network that has `estimated_s` and `profile()`."""
+
+    def fidelity(self, measured_s: float, profile: Profile | None = None,
+                 estimated_s: float | None = None) -> str:
+        """The tuner's estimate next to the measured latency. Over a 10% gap, where it
+        comes from: the steps the estimate leaves out (transforms, glue, torch), kernels
+        slower in the network than in their records, and the difference between the steps
+        timed alone and the network end to end (caches that repeated timing keeps warm)."""
+        est = self.estimated_s if estimated_s is None else estimated_s
+        gap = measured_s / est - 1 if est > 0 else math.inf
+        lines = [f"estimated {est * 1e3:.3f} ms (sum of weight x best record), measured "
+                 f"{measured_s * 1e3:.3f} ms end to end: {gap:+.1%}"]
+        if abs(gap) <= 0.10:
+            return "\n".join(lines)
+        prof = profile or self.profile(print_table=False)
+        by_kind: dict[str, float] = {}
+        for r in prof.rows:
+            if r.kind != "kernel":
+                by_kind[r.kind] = by_kind.get(r.kind, 0.0) + r.ours_s
+        if by_kind:
+            lines.append("not in the estimate: " + ", ".join(
+                f"{k} steps {v * 1e3:.3f} ms" for k, v in sorted(by_kind.items())))
+        excess = sorted(((r.ours_s - r.estimate_s, r.name) for r in prof.rows
+                         if r.kind == "kernel" and r.ours_s > r.estimate_s), reverse=True)
+        if excess:
+            lines.append("kernels slower in the network than in their records: " + "; ".join(
+                f"{n} +{v * 1e6:.0f} us" for v, n in excess[:5]))
+        lines.append(f"steps timed alone sum to {prof.alone_s * 1e3:.3f} ms, inside the "
+                     f"network to {prof.total_s * 1e3:.3f} ms: "
+                     f"{(prof.total_s - prof.alone_s) * 1e3:+.3f} ms from running them in "
+                     "sequence (weights and activations no longer warm in cache)")
+        return "\n".join(lines)

@@ -1,0 +1,295 @@
+"""Computes seen as register-tiled contractions, with the data layouts each config implies.
+
+A contraction has spatial loops (one of them carries the output vector block, one or two are
+tiled into the register tile) and reduction loops (one of them is blocked and its block is
+unrolled innermost). The schedule space is generated from these facts by rules (space.py),
+and one generic lowering (lower.py) turns any contraction and config into a loop nest. What
+is op-specific lives here: the loops, the packed layouts and the affine strides.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from raytune_kernels.task import Compute
+from raytune_kernels.cpu.contraction_base import Contraction, as_blocks
+
+
+@dataclass(frozen=True)
+class Conv2dContraction(Contraction):
+    """Direct conv2d in blocked layouts; grouped convs add a loop over groups.
+
+    input  [C/CB][Hp][Wp][CB] (pre-padded), weight [K/OB][Cg/CB][KH][KW][CB][OB],
+    output [K/OB][OH][OW][OB] (or NHWC): NCHW[CB]c in, NCHW[OB]c out. Cg = C/groups; the
+    blocks CB and OB divide a group's channels, so no block straddles two groups.
+    """
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    dil: tuple[int, int]
+    groups: int = 1
+
+    op = "conv2d"
+
+    @classmethod
+    def from_compute(cls, c: Compute) -> "Conv2dContraction":
+        n, ch, h, w = c.inputs[0].shape
+        k, _, kh, kw = c.inputs[1].shape
+        _, _, oh, ow = c.output.shape
+        return cls(n, ch, h, w, k, kh, kw, oh, ow, c.attr("stride"), c.attr("padding"),
+                   c.attr("dilation"), c.attr("groups"))
+
+    # facts the space rules use (per group: the vector and reduction extents)
+    vector_extent = property(lambda self: self.k // self.groups)
+    tile_extents = property(lambda self: (self.oh, self.ow))
+    reduce_extent = property(lambda self: self.c // self.groups)
+    reduce = ("co", "kh", "kw")
+
+    @property
+    def spatial(self) -> tuple[str, ...]:
+        return ("grp", "ko", "oh", "ow") if self.groups > 1 else ("ko", "oh", "ow")
+
+    def channel_len(self, cfg) -> int:
+        return self.k
+    unrollable = "kw"
+
+    def padded(self) -> tuple[int, int]:
+        return self.h + 2 * self.pad[0], self.w + 2 * self.pad[1]
+
+    def extents(self, cfg) -> dict[str, int]:
+        return {"grp": self.groups, "ko": self.vector_extent // cfg["ob"],
+                "oh": self.oh // cfg["tile_h"], "co": self.reduce_extent // cfg["cb"],
+                "kh": self.kh, "kw": self.kw}
+
+    def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
+        """Per loop variable: (A stride, B stride, output stride) in elements."""
+        cb, ob = cfg["cb"], cfg["ob"]
+        hp, wp = self.padded()
+        (sh, sw), (dh, dw) = self.stride, self.dil
+        nco = self.reduce_extent // cb
+        w_kw = cb * ob
+        w_kh = self.kw * w_kw
+        w_co = self.kh * w_kh
+        o_ko, o_row, o_col = self._out_steps(cfg)
+        kob = self.vector_extent // ob  # output-channel blocks per group
+        return {
+            "grp": (self.reduce_extent * hp * wp, kob * nco * w_co, kob * o_ko),
+            "ko": (0, nco * w_co, o_ko),
+            "oh": (cfg["tile_h"] * sh * wp * cb, 0, cfg["tile_h"] * o_row),
+            "ow": (sw * cb, 0, o_col),  # per output column (times the tile width by lower)
+            "co": (hp * wp * cb, w_co, 0), "kh": (dh * wp * cb, w_kh, 0),
+            "kw": (dw * cb, w_kw, 0), "ci": (1, ob, 0),
+        }
+
+    def _out_steps(self, cfg) -> tuple[int, int, int]:
+        """Output strides of (channel block, row, column) for the chosen output layout."""
+        ob = cfg["ob"]
+        if cfg.get("out_layout", "blocked") == "nhwc":
+            return ob, self.ow * self.k, self.k
+        return self.oh * self.ow * ob, self.ow * ob, ob
+
+    def tile_strides(self, cfg) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(A strides, output strides) between the register tile's rows and columns."""
+        hp, wp = self.padded()
+        _, o_row, o_col = self._out_steps(cfg)
+        cb = cfg["cb"]
+        return ((self.stride[0] * wp * cb, self.stride[1] * cb), (o_row, o_col))
+
+    def buffer_sizes(self, cfg) -> dict[str, int]:
+        hp, wp = self.padded()
+        return {"a": self.c * hp * wp, "b": self.k * self.reduce_extent * self.kh * self.kw,
+                "out": self.k * self.oh * self.ow}
+
+    def channel_axis(self) -> int:
+        return 1
+
+    # layouts
+    def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
+        cb = cfg["cb"]
+        xp = torch.nn.functional.pad(x[0], (self.pad[1],) * 2 + (self.pad[0],) * 2)
+        hp, wp = self.padded()
+        return as_blocks(xp.reshape(self.c // cb, cb, hp, wp).permute(0, 2, 3, 1)).ravel()
+
+    def pack_b(self, w: torch.Tensor, cfg) -> np.ndarray:
+        cb, ob = cfg["cb"], cfg["ob"]
+        v = w.reshape(self.k // ob, ob, self.reduce_extent // cb, cb, self.kh, self.kw)
+        return as_blocks(v.permute(0, 2, 4, 5, 3, 1)).ravel()
+
+    def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
+        ob = self.k if cfg.get("out_layout", "blocked") == "nhwc" else cfg["ob"]
+        v = y[0].reshape(self.k // ob, ob, self.oh, self.ow)
+        return as_blocks(v.permute(0, 2, 3, 1)).ravel()
+
+    def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
+        ob = self.k if cfg.get("out_layout", "blocked") == "nhwc" else cfg["ob"]
+        v = torch.from_numpy(flat.reshape(self.k // ob, self.oh, self.ow, ob))
+        return v.permute(0, 3, 1, 2).reshape(1, self.k, self.oh, self.ow).contiguous()
+
+    def flops(self) -> int:
+        return 2 * self.k * self.oh * self.ow * self.reduce_extent * self.kh * self.kw
+
+    out_layouts = ("blocked", "nhwc")
+
+
+@dataclass(frozen=True)
+class DenseContraction(Contraction):
+    """Dense y[M, N] = x[M, K] @ w[N, K]^T with weights packed [Np/NB][K][NB].
+
+    The output is [M][Np] with N padded up to a multiple of the vector block; the padding
+    columns hold zeros-weight results and are dropped on unpacking.
+    """
+
+    m: int
+    k: int
+    n: int
+    lead: tuple[int, ...]
+
+    op = "dense"
+    pads_vector = True
+    spatial = ("ko", "oh")
+    reduce = ("co",)
+    unrollable = None
+
+    @classmethod
+    def from_compute(cls, c: Compute) -> "DenseContraction":
+        shape = c.inputs[0].shape
+        return cls(math.prod(shape[:-1]), shape[-1], c.inputs[1].shape[0], tuple(shape[:-1]))
+
+    vector_extent = property(lambda self: self.n)
+    tile_extents = property(lambda self: (self.m, 1))
+    reduce_extent = property(lambda self: self.k)
+
+    def npad(self, cfg) -> int:
+        return -(-self.n // cfg["ob"]) * cfg["ob"]
+
+    def channel_len(self, cfg) -> int:
+        return self.npad(cfg)
+
+    def extents(self, cfg) -> dict[str, int]:
+        return {"ko": self.npad(cfg) // cfg["ob"], "oh": self.m // cfg["tile_h"],
+                "co": self.k // cfg["cb"]}
+
+    def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
+        ob, cb, npad = cfg["ob"], cfg["cb"], self.npad(cfg)
+        return {"ko": (0, self.k * ob, ob), "oh": (cfg["tile_h"] * self.k, 0,
+                                                   cfg["tile_h"] * npad),
+                "ow": (0, 0, 0), "co": (cb, cb * ob, 0), "ci": (1, ob, 0)}
+
+    def tile_strides(self, cfg):
+        return ((self.k, 0), (self.npad(cfg), 0))
+
+    def buffer_sizes(self, cfg) -> dict[str, int]:
+        return {"a": self.m * self.k, "b": self.npad(cfg) * self.k,
+                "out": self.m * self.npad(cfg)}
+
+    def channel_axis(self) -> int:
+        return -1
+
+    def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
+        return as_blocks(x.reshape(self.m, self.k)).ravel()
+
+    def pack_b(self, w: torch.Tensor, cfg) -> np.ndarray:
+        ob, npad = cfg["ob"], self.npad(cfg)
+        wp = torch.zeros(npad, self.k)
+        wp[: self.n] = w
+        return as_blocks(wp.reshape(npad // ob, ob, self.k).permute(0, 2, 1)).ravel()
+
+    def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
+        out = torch.zeros(self.m, self.npad(cfg))
+        out[:, : self.n] = y.reshape(self.m, self.n)
+        return as_blocks(out).ravel()
+
+    def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
+        y = torch.from_numpy(flat.reshape(self.m, self.npad(cfg))[:, : self.n].copy())
+        return y.reshape(self.lead + (self.n,))
+
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class MatmulContraction(Contraction):
+    """Batched y[b, M, N] = x[b, M, K] @ w[b, K, N], both operands as they come (row-major):
+    B's vector axis N is contiguous already, so no packing is needed at run time."""
+
+    batch: int
+    m: int
+    k: int
+    n: int
+    lead: tuple[int, ...]
+
+    op = "matmul"
+    spatial = ("bt", "ko", "oh")
+    reduce = ("co",)
+
+    @classmethod
+    def from_compute(cls, c: Compute) -> "MatmulContraction | None":
+        a, b = c.inputs[0].shape, c.inputs[1].shape
+        if a[:-2] != b[:-2] or b[-1] % 8:
+            return None  # broadcast batches, or N not a multiple of the narrowest vector
+        return cls(math.prod(a[:-2]), a[-2], a[-1], b[-1], tuple(c.output.shape))
+
+    vector_extent = property(lambda self: self.n)
+    tile_extents = property(lambda self: (self.m, 1))
+    reduce_extent = property(lambda self: self.k)
+
+    def extents(self, cfg) -> dict[str, int]:
+        return {"bt": self.batch, "ko": self.n // cfg["ob"], "oh": self.m // cfg["tile_h"],
+                "co": self.k // cfg["cb"]}
+
+    def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
+        m, k, n, th, cb = self.m, self.k, self.n, cfg["tile_h"], cfg["cb"]
+        return {"bt": (m * k, k * n, m * n), "ko": (0, cfg["ob"], cfg["ob"]),
+                "oh": (th * k, 0, th * n), "ow": (0, 0, 0), "co": (cb, cb * n, 0),
+                "ci": (1, n, 0)}
+
+    def tile_strides(self, cfg):
+        return ((self.k, 0), (self.n, 0))
+
+    def buffer_sizes(self, cfg) -> dict[str, int]:
+        return {"a": self.batch * self.m * self.k, "b": self.batch * self.k * self.n,
+                "out": self.batch * self.m * self.n}
+
+    def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
+        return as_blocks(x).ravel()
+
+    pack_b = pack_a
+    pack_out = pack_a
+
+    def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
+        return torch.from_numpy(flat.copy()).reshape(self.lead)
+
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+
+def contraction(compute: Compute):
+    """The contraction view of a compute, or None when it is not one we tile this way."""
+    from raytune_kernels.cpu.window import WindowContraction
+
+    if compute.op == "conv2d" and compute.inputs[0].shape[0] == 1:
+        c, k, g = compute.inputs[0].shape[1], compute.output.shape[1], compute.attr("groups")
+        if g > 1 and g == c == k:
+            return WindowContraction.from_compute(compute)
+        if (k // g) % 8 == 0:  # a group's output channels fill whole vectors
+            return Conv2dContraction.from_compute(compute)
+        return None
+    if compute.op in ("max_pool2d", "avg_pool2d"):
+        return WindowContraction.from_compute(compute)
+    if compute.op == "dense":
+        return DenseContraction.from_compute(compute)
+    if compute.op == "matmul":
+        return MatmulContraction.from_compute(compute)
+    return None

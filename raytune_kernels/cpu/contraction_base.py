@@ -1,0 +1,34 @@
+"""What every tiled contraction shares (the base of contraction.py's convs, dense and
+matmul and of window.py's depthwise convs and pools), on its own so that both modules
+build on it without importing each other."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from raytune_kernels.cpu.loopnest import BCAST_FMA
+
+
+class Contraction:
+    """Defaults shared by every contraction; each subclass states how it differs."""
+
+    mode = BCAST_FMA  # how A and B update the accumulator tile
+    has_b = True  # a second operand (weights) is read
+    init = 0.0  # accumulator initial value
+    blocked_reduce = True  # the reduction has a channel block `cb`, unrolled innermost
+    pads_vector = False  # the vector axis is padded up to the block instead of divided
+    unrollable: str | None = None
+
+    out_layouts: tuple[str, ...] = ()  # output layouts beyond the default, as a knob
+
+    def pre_epilogue(self) -> tuple:
+        return ()
+
+    def channel_len(self, cfg) -> int:
+        return self.vector_extent
+
+
+def as_blocks(x: np.ndarray | torch.Tensor) -> np.ndarray:
+    """A packed operand as a contiguous float32 array."""
+    return np.ascontiguousarray(x.detach().numpy() if isinstance(x, torch.Tensor) else x,
+                                dtype=np.float32)

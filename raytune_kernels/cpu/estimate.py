@@ -1,0 +1,91 @@
+"""An analytic estimate of a CPU loop nest's cycles, the search's guide before any
+measurement has trained the cost model.
+
+Each register-tile update is bound by the slowest of three limits: the FMA pipes (one
+vector FMA per accumulator), the load ports (a broadcast per tile row x column and a
+vector per B vector for outer products; two vectors per accumulator for elementwise
+products) and the FMA latency (every accumulator chain waits for its previous update).
+Loops that are not unrolled cost a cycle per iteration, tiles cost their initialisation,
+and stores cost a cycle per vector and per epilogue step. Row kernels (softmax, layer norm,
+elementwise) cost their vector expressions per step, and a reduction waits on the latency
+of its `accs` accumulator chains.
+
+The machine's figures (FMA pipes, FMA latency, load ports per vector width) come from its
+measured model (cpu/machine.py): a Zen 1 core issues one 256-bit FMA per cycle at
+latency 5 where a Zen 3 core issues two at latency 4, and an estimate that assumed one
+machine ranked configs on the other close to randomly (rank correlation 0.37).
+
+Measured by bench/estimate.py on random configs of ResNet-18's 19 conv and dense tasks (1
+thread, Zen 5): with warm caches (160 configs a task) the estimate's ranks correlate with
+the measured ones at 0.87 on average, and its first 8 picks hold a config within 5% of the
+best on 17 tasks (8 random picks would on 9.2 tasks, in expectation); with the weights out of
+cache, as tune_network times them (80 configs a task), 0.82 and 14 tasks (random: 7.0).
+Memory traffic is left out: a reuse-distance term (bytes re-fetched per loop, priced by
+the cache level their footprint fits) did not rank better with cold weights.
+"""
+from __future__ import annotations
+
+from raytune_kernels.cpu.loopnest import (BCAST_FMA, UNROLL, VEC_FMA, Bin, For, Ld, LoopNest, Map,
+                                          Reduce, StoreTile, Un, UpdateTile, ZeroTile)
+from raytune_kernels.cpu.machine import MachineModel, VectorUnit
+
+LOOP_CYCLES = 1.0  # increment, compare and branch of a loop that is not unrolled
+TRANSCENDENTAL_OPS = 12  # vector ops of an inlined exp, tanh or sqrt polynomial
+
+
+def cycles(nest: LoopNest, machine: MachineModel) -> float:
+    """Estimated cycles of one run of `nest` on one core of `machine`."""
+    tiles = {t.name: t for t in nest.tiles}
+    return _cycles(nest.body, tiles, machine.unit(nest.lanes))
+
+
+def _cycles(body, tiles: dict, u: VectorUnit) -> float:
+    total = 0.0
+    for s in body:
+        if isinstance(s, For):
+            loop = 0.0 if s.kind == UNROLL else LOOP_CYCLES
+            total += s.extent * (_cycles(s.body, tiles, u) + loop)
+        elif isinstance(s, UpdateTile):
+            total += _update_cycles(s, tiles[s.tile], u)
+        elif isinstance(s, ZeroTile):
+            total += _accumulators(tiles[s.tile]) / u.fma_per_cycle
+        elif isinstance(s, StoreTile):
+            total += _accumulators(tiles[s.tile]) * (1 + len(s.epilogue))
+        elif isinstance(s, Reduce):
+            ops, loads = _expr_cost(s.expr)
+            per_step = max((ops + 1) / u.fma_per_cycle, loads / u.loads_per_cycle,
+                           u.fma_latency / s.accs)
+            total += s.extent * per_step + u.fma_latency * 3  # then across the lanes
+        elif isinstance(s, Map):
+            ops, loads = _expr_cost(s.expr)
+            total += s.extent * (max(ops / u.fma_per_cycle, loads / u.loads_per_cycle, 1.0)
+                                 + LOOP_CYCLES)
+    return total
+
+
+def _expr_cost(e) -> tuple[float, int]:
+    """(vector ops, vector loads) of one evaluation of a row expression."""
+    if isinstance(e, Ld):
+        return 0.0, 1
+    if isinstance(e, Bin):
+        (xo, xl), (yo, yl) = _expr_cost(e.x), _expr_cost(e.y)
+        return xo + yo + 1, xl + yl
+    if isinstance(e, Un):
+        ops, loads = _expr_cost(e.x)
+        return ops + (1 if e.op in ("relu", "relu6") else TRANSCENDENTAL_OPS), loads
+    return 0.0, 0  # scalars, registers and numbers are broadcast once, outside the loop
+
+
+def _accumulators(tile) -> int:
+    return tile.shape[0] * tile.shape[1] * tile.vecs
+
+
+def _update_cycles(s: UpdateTile, tile, u: VectorUnit) -> float:
+    accs = _accumulators(tile)
+    if s.mode == BCAST_FMA:
+        loads = tile.shape[0] * tile.shape[1] + tile.vecs
+    elif s.mode == VEC_FMA:
+        loads = 2 * accs
+    else:  # max, add, set: one vector of A per accumulator
+        loads = accs
+    return max(accs / u.fma_per_cycle, loads / u.loads_per_cycle, u.fma_latency)

@@ -1,0 +1,251 @@
+"""Render a LoopNest to LLVM IR text with llvmlite.ir (a pure function of the nest).
+
+Explicit <lanes x float> vectors and llvm.fma; accumulator tiles live in entry-block
+allocas that SROA promotes to registers; the epilogue runs on the accumulators before the
+store. A top-level parallel loop is outlined into a body function run by OpenMP's
+GOMP_parallel, each thread taking a contiguous static share of the iterations.
+The kernel's C signature: void name(float *buffers..., int32 nthreads).
+"""
+from __future__ import annotations
+
+import functools
+from contextlib import contextmanager
+
+import llvmlite.ir as ir
+
+from raytune_kernels.cpu.llvm import rows as llvm_rows
+from raytune_kernels.cpu.llvm.math_ops import apply as apply_epilogue
+from raytune_kernels.cpu.loopnest import (ADD, BCAST_FMA, MAX, PARALLEL, UNROLL, VEC_FMA, Access,
+                                          Affine, EpiStep, For, LoopNest, Split, StoreTile,
+                                          UpdateTile, ZeroTile)
+
+I32, I64, F32, PTR, VOID = ir.IntType(32), ir.IntType(64), ir.FloatType(), ir.PointerType(), \
+    ir.VoidType()
+
+
+@functools.lru_cache(maxsize=4096)
+def i64(v: int) -> ir.Constant:
+    """A shared i64 constant: llvmlite caches a constant's text on the object, so reusing
+    it saves formatting it at every use (rendering is Python-bound: part of every build)."""
+    return ir.Constant(I64, v)
+
+
+def render(nest: LoopNest) -> str:
+    """LLVM IR text of `nest` (no target triple: the builder sets it)."""
+    return str(_Module(nest).module)
+
+
+class _Module:
+    def __init__(self, nest: LoopNest):
+        self.nest, self.module = nest, ir.Module(name=nest.name)
+        self.vt = ir.VectorType(F32, nest.lanes)
+        self._decls: dict[str, ir.Function] = {}
+        # built once per module: vector constants cost a formatted element each per use
+        self.undef = ir.Constant(self.vt, ir.Undefined)
+        self.splat_mask = ir.Constant(ir.VectorType(I32, nest.lanes), [0] * nest.lanes)
+        self.lane0 = ir.Constant(I32, 0)
+        self._consts: dict[str, ir.Constant] = {}
+        self._build_entry()
+
+    def decl(self, name: str, ret, args) -> ir.Function:
+        if name not in self._decls:
+            self._decls[name] = ir.Function(self.module, ir.FunctionType(ret, args), name)
+        return self._decls[name]
+
+    def _build_entry(self) -> None:
+        n = len(self.nest.buffers)
+        fn = ir.Function(self.module, ir.FunctionType(VOID, [PTR] * n + [I32]), self.nest.name)
+        em = _Emitter(self, fn, dict(zip((b.name for b in self.nest.buffers), fn.args)))
+        for i, stmt in enumerate(self.nest.body):
+            if isinstance(stmt, For) and stmt.kind == PARALLEL:
+                self._parallel(em, stmt, i, fn.args[-1])
+            else:
+                em.stmt(stmt)
+        em.b.ret_void()
+
+    def _parallel(self, em: "_Emitter", loop: For, i: int, nthreads) -> None:
+        names = [b.name for b in self.nest.buffers]
+        st = ir.ArrayType(PTR, len(names))
+        body = ir.Function(self.module, ir.FunctionType(VOID, [PTR]), f"{self.nest.name}_par{i}")
+        body.linkage = "internal"
+        data = em.alloca(st)
+        for k, name in enumerate(names):
+            em.b.store(em.ptrs[name], em.b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, k)],
+                                               inbounds=True, source_etype=st))
+        gomp = self.decl("GOMP_parallel", VOID, [PTR, PTR, I32, I32])
+        em.b.call(gomp, [body, data, nthreads, ir.Constant(I32, 0)])
+        inner = _Emitter(self, body, {})
+        for k, name in enumerate(names):
+            slot = inner.b.gep(body.args[0], [ir.Constant(I32, 0), ir.Constant(I32, k)],
+                               inbounds=True, source_etype=st)
+            inner.ptrs[name] = inner.b.load(slot, typ=PTR)
+        inner.static_share(loop)
+        inner.b.ret_void()
+
+
+class _Emitter:
+    """Emits statements into one function, with its own accumulator allocas."""
+
+    def __init__(self, mod: _Module, fn: ir.Function, ptrs: dict):
+        self.mod, self.fn, self.ptrs = mod, fn, ptrs
+        self.entry = fn.append_basic_block("entry")
+        self.b = ir.IRBuilder(self.entry)
+        self.env: dict[str, object] = {}
+        self.regs: dict[str, object] = {}  # scalar registers of row statements
+        self.accs = {t.name: [[self.alloca(mod.vt) for _ in range(t.vecs)] for _ in range(t.rows)]
+                     for t in mod.nest.tiles}
+
+    def alloca(self, ty) -> ir.Instruction:
+        with self.b.goto_entry_block():
+            a = self.b.alloca(ty)
+        a.type = PTR  # llvmlite types allocas as T*; with opaque pointers everything is ptr
+        return a
+
+    # ---- control flow ----
+    @contextmanager
+    def loop(self, start, stop, name: str):
+        """A counted loop [start, stop) with an i64 phi; guarded when the trip count may be 0."""
+        pre, body = self.b.block, self.fn.append_basic_block(f"{name}.body")
+        done = self.fn.append_basic_block(f"{name}.done")
+        self.b.cbranch(self.b.icmp_signed("<", start, stop), body, done)
+        self.b.position_at_end(body)
+        iv = self.b.phi(I64, name=name)
+        iv.add_incoming(start, pre)
+        yield iv
+        nxt = self.b.add(iv, i64(1), flags=["nsw", "nuw"])
+        iv.add_incoming(nxt, self.b.block)
+        self.b.cbranch(self.b.icmp_signed("<", nxt, stop), body, done)
+        self.b.position_at_end(done)
+
+    def static_share(self, loop: For) -> None:
+        tnum = self.mod.decl("omp_get_thread_num", I32, [])
+        tcnt = self.mod.decl("omp_get_num_threads", I32, [])
+        tid, nt = self.b.sext(self.b.call(tnum, []), I64), self.b.sext(self.b.call(tcnt, []), I64)
+        lo = self.b.sdiv(self.b.mul(tid, i64(loop.extent)), nt)
+        hi = self.b.sdiv(self.b.mul(self.b.add(tid, i64(1)), i64(loop.extent)), nt)
+        with self.loop(lo, hi, loop.var) as iv:
+            self.env[loop.var] = iv
+            self.stmts(loop.body)
+
+    def stmts(self, body) -> None:
+        for s in body:
+            self.stmt(s)
+
+    def stmt(self, s) -> None:
+        if isinstance(s, For):
+            self._for(s)
+        elif isinstance(s, Split):
+            self._split(s)
+        elif isinstance(s, ZeroTile):
+            init = self.const(s.value)
+            for row in self.accs[s.tile]:
+                for a in row:
+                    self.b.store(init, a)
+        elif isinstance(s, UpdateTile):
+            self._update(s)
+        elif isinstance(s, StoreTile):
+            self._store(s)
+        else:
+            llvm_rows.emit(self, s)
+
+    def _for(self, s: For) -> None:
+        if s.kind == UNROLL:
+            for i in range(s.extent):
+                self.env[s.var] = i
+                self.stmts(s.body)
+            return
+        with self.loop(i64(0), i64(s.extent), s.var) as iv:
+            self.env[s.var] = iv
+            self.stmts(s.body)
+
+    def _split(self, s: Split) -> None:
+        rest = self.env[s.var]
+        for name, extent in reversed(list(zip(s.names, s.extents))):
+            if isinstance(rest, int):
+                self.env[name], rest = rest % extent, rest // extent
+            else:
+                self.env[name] = self.b.urem(rest, i64(extent))
+                rest = self.b.udiv(rest, i64(extent))
+
+    # ---- data ----
+    def index(self, a: Affine, extra: int = 0):
+        const, value = a.const + extra, None
+        for var, coef in a.terms:
+            x = self.env[var]
+            if isinstance(x, int):
+                const += coef * x
+                continue
+            term = self.b.mul(x, i64(coef), flags=["nsw"]) if coef != 1 else x
+            value = term if value is None else self.b.add(value, term, flags=["nsw"])
+        if value is None:
+            return i64(const)
+        return self.b.add(value, i64(const), flags=["nsw"]) if const else value
+
+    def addr(self, acc: Access, base, extra: int):
+        idx = self.b.add(base, i64(extra), flags=["nsw"]) if extra else base
+        return self.b.gep(self.ptrs[acc.buffer], [idx], inbounds=True, source_etype=F32)
+
+    def vload(self, acc: Access, base, extra: int):
+        return self.b.load(self.addr(acc, base, extra), typ=self.mod.vt, align=4)
+
+    def splat(self, x):
+        m = self.mod
+        v = self.b.insert_element(m.undef, x, m.lane0)
+        return self.b.shuffle_vector(v, m.undef, m.splat_mask)
+
+    def _update(self, s: UpdateTile) -> None:
+        tile, lanes = self.mod.nest.tile(s.tile), self.mod.nest.lanes
+        a0 = self.index(s.a.index)
+        bs = []
+        if s.b is not None:
+            b0 = self.index(s.b.index)
+            bs = [self.vload(s.b, b0, v * lanes) for v in range(tile.vecs)]
+        for row, off in zip(self.accs[s.tile], tile.offsets(s.a_strides)):
+            x = None
+            if s.mode == BCAST_FMA:
+                x = self.splat(self.b.load(self.addr(s.a, a0, off), typ=F32, align=4))
+            for v, acc in enumerate(row):
+                a = x if x is not None else self.vload(s.a, a0, off + v * lanes)
+                self.b.store(self._combine(s.mode, acc, a, bs[v] if bs else None), acc)
+
+    def _combine(self, mode: str, acc, a, b):
+        if mode in (BCAST_FMA, VEC_FMA):
+            return self.intrinsic("fma", a, b, self.b.load(acc, typ=self.mod.vt))
+        if mode == MAX:
+            return self.intrinsic("maxnum", self.b.load(acc, typ=self.mod.vt), a)
+        if mode == ADD:
+            return self.b.fadd(self.b.load(acc, typ=self.mod.vt), a)
+        return a
+
+    def _store(self, s: StoreTile) -> None:
+        tile, lanes = self.mod.nest.tile(s.tile), self.mod.nest.lanes
+        o0 = self.index(s.out.index)
+        bases = [[self.index(a.index) for a, _ in step.operands] for step in s.epilogue]
+        for r, (row, off) in enumerate(zip(self.accs[s.tile], tile.offsets(s.out_strides))):
+            for v, acc in enumerate(row):
+                x = self.b.load(acc, typ=self.mod.vt)
+                for step, base in zip(s.epilogue, bases):
+                    ops = [self.vload(a, b, _row_offset(tile, st, r) + v * lanes)
+                           for (a, st), b in zip(step.operands, base)]
+                    x = self.epilogue(step, x, ops)
+                self.b.store(x, self.addr(s.out, o0, off + v * lanes), align=4)
+
+    # ---- epilogue math ----
+    def const(self, value: float):
+        key = repr(float(value))  # not the float: 0.0 == -0.0, and they differ here
+        consts = self.mod._consts
+        if key not in consts:
+            consts[key] = ir.Constant(self.mod.vt, [float(value)] * self.mod.nest.lanes)
+        return consts[key]
+
+    def intrinsic(self, name: str, *args):
+        lanes = self.mod.nest.lanes
+        fn = self.mod.decl(f"llvm.{name}.v{lanes}f32", self.mod.vt, [self.mod.vt] * len(args))
+        return self.b.call(fn, list(args))
+
+    def epilogue(self, step: EpiStep, x, ops):
+        return apply_epilogue(self, step, x, ops)
+
+
+def _row_offset(tile, strides: tuple[int, int], r: int) -> int:
+    return tile.offsets(strides)[r]

@@ -1,0 +1,98 @@
+"""Elementwise epilogue math in LLVM IR, on <lanes x float> vectors.
+
+exp is vectorised here (llvm.exp would become one libm call per lane): range reduction
+x = n ln2 + r, a degree-6 polynomial for e^r (Cephes' expf coefficients, relative error
+about 1e-7), and 2^n built in the exponent bits. erf for the exact GELU uses Abramowitz &
+Stegun 7.1.26 (absolute error below 1.5e-7).
+"""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from raytune_kernels.cpu.loopnest import EpiStep
+
+_EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+          1.6666665459e-1, 5.0000001201e-1)
+
+_AS = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+_P = 0.3275911
+
+
+def apply(em, step: EpiStep, x, ops):
+    b = em.b
+    if step.op in ("add", "sub", "mul", "div"):
+        other = ops[0] if ops else em.const(step.scalar)
+        lhs, rhs = (other, x) if step.reverse else (x, other)
+        return {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}[step.op](lhs, rhs)
+    if step.op == "affine":
+        return em.intrinsic("fma", x, ops[0], ops[1])
+    return UNARY[step.op](em, x)
+
+
+def vexp(em, x):
+    b, lanes = em.b, em.mod.nest.lanes
+    x = em.intrinsic("minnum", em.intrinsic("maxnum", x, em.const(-87.3)), em.const(88.3))
+    n = em.intrinsic("floor", em.intrinsic("fma", x, em.const(1.4426950408889634),
+                                           em.const(0.5)))
+    r = em.intrinsic("fma", n, em.const(-0.693359375), x)
+    r = em.intrinsic("fma", n, em.const(2.12194440e-4), r)
+    y = em.const(_EXP_P[0])
+    for c in _EXP_P[1:]:
+        y = em.intrinsic("fma", y, r, em.const(c))
+    y = em.intrinsic("fma", y, b.fmul(r, r), b.fadd(r, em.const(1.0)))
+    ivt = ir.VectorType(ir.IntType(32), lanes)
+    bits = b.shl(b.add(b.fptosi(n, ivt), ir.Constant(ivt, [127] * lanes)),
+                 ir.Constant(ivt, [23] * lanes))
+    return b.fmul(y, b.bitcast(bits, em.mod.vt))
+
+
+def relu(em, x):
+    return em.b.select(em.b.fcmp_ordered("<", x, em.const(0.0)), em.const(0.0), x)
+
+
+def relu6(em, x):
+    y = relu(em, x)
+    return em.b.select(em.b.fcmp_ordered(">", y, em.const(6.0)), em.const(6.0), y)
+
+
+def sigmoid(em, x):
+    e = vexp(em, em.b.fsub(em.const(0.0), x))
+    return em.b.fdiv(em.const(1.0), em.b.fadd(em.const(1.0), e))
+
+
+def tanh(em, x):
+    s = sigmoid(em, em.b.fmul(x, em.const(2.0)))
+    return em.b.fsub(em.b.fmul(s, em.const(2.0)), em.const(1.0))
+
+
+def silu(em, x):
+    return em.b.fmul(x, sigmoid(em, x))
+
+
+def erf(em, x):
+    b = em.b
+    ax = em.intrinsic("fabs", x)
+    t = b.fdiv(em.const(1.0), em.intrinsic("fma", ax, em.const(_P), em.const(1.0)))
+    poly = em.const(_AS[-1])
+    for c in reversed(_AS[:-1]):
+        poly = em.intrinsic("fma", poly, t, em.const(c))
+    poly = b.fmul(poly, t)
+    e = vexp(em, b.fsub(em.const(0.0), b.fmul(ax, ax)))
+    y = b.fsub(em.const(1.0), b.fmul(poly, e))
+    return b.select(b.fcmp_ordered("<", x, em.const(0.0)), b.fsub(em.const(0.0), y), y)
+
+
+def gelu(em, x):
+    e = erf(em, em.b.fmul(x, em.const(0.7071067811865476)))
+    return em.b.fmul(em.b.fmul(x, em.const(0.5)), em.b.fadd(em.const(1.0), e))
+
+
+def gelu_tanh(em, x):
+    b = em.b
+    inner = b.fmul(em.const(0.7978845608028654),
+                   b.fadd(x, b.fmul(em.const(0.044715), b.fmul(x, b.fmul(x, x)))))
+    return b.fmul(b.fmul(x, em.const(0.5)), b.fadd(em.const(1.0), tanh(em, inner)))
+
+
+UNARY = {"relu": relu, "relu6": relu6, "sigmoid": sigmoid, "tanh": tanh, "silu": silu,
+          "gelu": gelu, "gelu_tanh": gelu_tanh}

@@ -1,0 +1,96 @@
+"""Rendering of row statements (Reduce, Let, Map) and their vector expressions."""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from raytune_kernels.cpu.llvm.math_ops import UNARY, vexp
+from raytune_kernels.cpu.loopnest import Bin, Ld, LdScalar, Let, Map, Num, Reduce, Reg, Un
+
+F32 = ir.FloatType()
+
+
+def emit(em, s) -> None:
+    if isinstance(s, Let):
+        em.regs[s.reg] = _scalar(em, s.expr)
+    elif isinstance(s, Reduce):
+        _reduce(em, s)
+    elif isinstance(s, Map):
+        with em.loop(ir.Constant(ir.IntType(64), 0), ir.Constant(ir.IntType(64), s.extent),
+                     s.var) as iv:
+            em.env[s.var] = iv
+            value = vector(em, s.expr)
+            em.b.store(value, em.addr(s.out, em.index(s.out.index), 0), align=4)
+    else:
+        raise TypeError(f"cannot render {type(s).__name__}")
+
+
+def _reduce(em, s: Reduce) -> None:
+    b, start = em.b, -float("inf") if s.op == "max" else 0.0
+    accs = [em.alloca(em.mod.vt) for _ in range(s.accs)]
+    for a in accs:
+        b.store(em.const(start), a)
+    i64 = ir.IntType(64)
+    with em.loop(ir.Constant(i64, 0), ir.Constant(i64, s.extent // s.accs), s.var + "_o") as iv:
+        for k, acc in enumerate(accs):
+            j = b.add(b.mul(iv, ir.Constant(i64, s.accs)), ir.Constant(i64, k))
+            em.env[s.var] = j
+            x, old = vector(em, s.expr), b.load(acc, typ=em.mod.vt)
+            b.store(_combine(em, s.op, old, x), acc)
+    total = b.load(accs[0], typ=em.mod.vt)
+    for acc in accs[1:]:
+        total = _combine(em, s.op, total, b.load(acc, typ=em.mod.vt))
+    lanes = [b.extract_element(total, ir.Constant(ir.IntType(32), i))
+             for i in range(em.mod.nest.lanes)]
+    result = lanes[0]
+    for x in lanes[1:]:
+        result = _scalar_combine(em, s.op, result, x)
+    em.regs[s.reg] = result
+
+
+def _combine(em, op: str, x, y):
+    return em.intrinsic("maxnum", x, y) if op == "max" else em.b.fadd(x, y)
+
+
+def _scalar_combine(em, op: str, x, y):
+    if op == "max":
+        fn = em.mod.decl("llvm.maxnum.f32", F32, [F32, F32])
+        return em.b.call(fn, [x, y])
+    return em.b.fadd(x, y)
+
+
+_BIN = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
+
+
+def vector(em, e):
+    """Emit `e` as a <lanes x float> value."""
+    if isinstance(e, Ld):
+        return em.vload(e.access, em.index(e.access.index), 0)
+    if isinstance(e, (LdScalar, Reg, Num)):
+        return em.splat(_scalar(em, e))
+    if isinstance(e, Bin):
+        x, y = vector(em, e.x), vector(em, e.y)
+        return em.intrinsic("maxnum", x, y) if e.op == "max" else getattr(em.b, _BIN[e.op])(x, y)
+    x = vector(em, e.x)
+    if e.op == "exp":
+        return vexp(em, x)
+    if e.op == "sqrt":
+        return em.intrinsic("sqrt", x)
+    return UNARY[e.op](em, x)
+
+
+def _scalar(em, e):
+    """Emit a scalar float expression (registers, numbers, scalar loads)."""
+    if isinstance(e, Reg):
+        return em.regs[e.name]
+    if isinstance(e, Num):
+        return ir.Constant(F32, float(e.value))
+    if isinstance(e, LdScalar):
+        return em.b.load(em.addr(e.access, em.index(e.access.index), 0), typ=F32, align=4)
+    if isinstance(e, Bin):
+        x, y = _scalar(em, e.x), _scalar(em, e.y)
+        if e.op == "max":
+            return em.b.call(em.mod.decl("llvm.maxnum.f32", F32, [F32, F32]), [x, y])
+        return getattr(em.b, _BIN[e.op])(x, y)
+    if isinstance(e, Un) and e.op == "sqrt":
+        return em.b.call(em.mod.decl("llvm.sqrt.f32", F32, [F32]), [_scalar(em, e.x)])
+    raise TypeError(f"not a scalar expression: {e}")

@@ -1,0 +1,211 @@
+"""lower(compute, config) -> LoopNest: one generic lowering for every contraction.
+
+The epilogue operands become extra buffers: per-channel vectors (bias, batch-norm scale and
+shift, broadcast channel operands) and full tensors in the output's layout (residuals).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from raytune_kernels.task import Compute, EpilogueOp
+from raytune_kernels.cpu.contraction import contraction
+from raytune_kernels.cpu.loopnest import (PARALLEL, SERIAL, UNROLL, Access, Affine, Buffer,
+                                          EpiStep, UpdateTile, For, LoopNest, Split, StoreTile,
+                                          Tile, ZeroTile)
+from raytune_kernels.space import Config
+
+
+class LoweringError(ValueError):
+    """The compute/config pair cannot be lowered (named in the message)."""
+
+
+@dataclass(frozen=True)
+class OperandKind:
+    """How one epilogue operand is laid out: per output channel, or like the output."""
+
+    kind: str  # "channel" or "output"
+
+
+def operand_kinds(compute: Compute) -> list[OperandKind]:
+    """Layout of every epilogue tensor operand, in reference operand order."""
+    kinds = []
+    out = compute.output.shape
+    for op in compute.epilogue:
+        for spec in op.operands:
+            kinds.append(OperandKind(_operand_kind(op, spec.shape, out)))
+    return kinds
+
+
+def _operand_kind(op: EpilogueOp, shape: tuple, out: tuple) -> str:
+    if op.op in ("bias", "affine"):
+        return "channel"
+    if tuple(shape) == tuple(out):
+        return "output"
+    chan = 1 if len(out) == 4 else len(out) - 1
+    padded = (1,) * (len(out) - len(shape)) + tuple(shape)
+    if all(s == 1 for i, s in enumerate(padded) if i != chan) and padded[chan] == out[chan]:
+        return "channel"
+    raise LoweringError(f"epilogue operand of shape {shape} broadcast to {out} "
+                        f"({op.op}) has no supported layout")
+
+
+def lower(compute: Compute, cfg: Config) -> LoopNest:
+    con = contraction(compute)
+    if con is None:
+        raise LoweringError(f"no contraction lowering for {compute.describe()}")
+    _validate(con, cfg)
+    lanes, tw = cfg["lanes"], cfg["tile_w"]
+    kinds = operand_kinds(compute)
+    sizes = con.buffer_sizes(cfg)
+    buffers = [Buffer("a", sizes["a"], "in")]
+    buffers += [Buffer("b", sizes["b"], "in")] if con.has_b else []
+    chan_len = con.channel_len(cfg)
+    for i, k in enumerate(kinds):
+        buffers.append(Buffer(f"e{i}", chan_len if k.kind == "channel" else sizes["out"], "in"))
+    buffers.append(Buffer("out", sizes["out"], "out"))
+    ow_ext = con.tile_extents[1]
+    variants = [(ow_ext // tw, tw, 0)]
+    if ow_ext % tw:
+        variants.append((1, ow_ext % tw, (ow_ext // tw) * tw))
+    tiles, body = [], []
+    for n, (count, width, offset) in enumerate(variants):
+        tile = Tile(f"t{n}", (cfg["tile_h"], width), cfg["ob"] // lanes)
+        tiles.append(tile)
+        body.extend(_nest(con, cfg, compute, kinds, tile, count, offset))
+    return LoopNest(f"k_{compute.key()}", tuple(buffers), tuple(tiles), tuple(body), lanes)
+
+
+def _validate(con, cfg: Config) -> None:
+    """Reject configs that do not describe a kernel of this contraction, naming the knob."""
+    problems = []
+    if cfg["ob"] % cfg["lanes"]:
+        problems.append(f"ob={cfg['ob']} is not a multiple of lanes={cfg['lanes']}")
+    if not con.pads_vector and con.vector_extent % cfg["ob"]:
+        problems.append(f"ob={cfg['ob']} does not divide {con.vector_extent}")
+    if con.tile_extents[0] % cfg["tile_h"]:
+        problems.append(f"tile_h={cfg['tile_h']} does not divide {con.tile_extents[0]}")
+    if not 1 <= cfg["tile_w"] <= con.tile_extents[1]:
+        problems.append(f"tile_w={cfg['tile_w']} outside 1..{con.tile_extents[1]}")
+    if con.blocked_reduce and con.reduce_extent % cfg["cb"]:
+        problems.append(f"cb={cfg['cb']} does not divide {con.reduce_extent}")
+    if problems:
+        raise LoweringError(f"bad config for {con.op}: " + "; ".join(problems))
+
+
+def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, count: int, offset: int):
+    ext = dict(con.extents(cfg))
+    ext["ow"] = count
+    strides = con.strides(cfg)
+    col = strides["ow"]
+    strides["ow"] = tuple(s * tile.shape[1] for s in col)
+    consts = tuple(s * offset for s in col)
+    live = {v: e for v, e in ext.items() if e > 1}
+    a_idx, b_idx, o_idx = (_affine(live, strides, i, consts[i]) for i in range(3))
+    a_ts, o_ts = con.tile_strides(cfg)
+    inner = _channel_block(con, cfg, tile, a_idx, b_idx, a_ts, strides)
+    for var in reversed(cfg["reduce_order"]):
+        if var in live:
+            kind = UNROLL if (var == con.unrollable and cfg["unroll"]) else SERIAL
+            inner = (For(var, live[var], kind, inner),)
+    groups = con.vector_extent if "grp" in live else 0
+    epilogue = con.pre_epilogue() + epilogue_steps(compute, kinds, o_idx, o_ts, live, cfg,
+                                                   groups)
+    store = StoreTile(tile.name, Access("out", o_idx), o_ts, epilogue)
+    stmts: tuple = (ZeroTile(tile.name, con.init),) + inner + (store,)
+    return _spatial_loops(cfg, live, stmts)
+
+
+def _channel_block(con, cfg: Config, tile: Tile, a_idx: Affine, b_idx: Affine, a_ts,
+                   strides: dict) -> tuple:
+    """The innermost update, inside the channel-block loops: `ci` unrolled (up to 16) and
+    `cio` over the rest of the block when the block is larger (cb = C for NHWC input)."""
+    cb = cfg["cb"] if con.blocked_reduce else 1
+    unroll = max(d for d in range(1, min(cb, 16) + 1) if cb % d == 0)
+    a_in, b_in = a_idx, b_idx
+    if con.blocked_reduce:
+        for var, coef in (("ci", 1), ("cio", unroll)):
+            a_in = a_in.plus(var, strides["ci"][0] * coef)
+            b_in = b_in.plus(var, strides["ci"][1] * coef)
+    b_access = Access("b", b_in) if con.has_b else None
+    inner: tuple = (UpdateTile(tile.name, Access("a", a_in), a_ts, b_access, con.mode),)
+    inner = (For("ci", unroll, UNROLL, inner),) if unroll > 1 else _fix(inner, "ci")
+    return (For("cio", cb // unroll, SERIAL, inner),) if cb > unroll else _fix(inner, "cio")
+
+
+def _fix(body: tuple, var: str) -> tuple:
+    """A loop of extent 1 is not emitted: its variable is the constant 0."""
+    return tuple(_drop_var(s, var) for s in body)
+
+
+def _drop_var(s, var: str):
+    if isinstance(s, For):
+        return replace(s, body=_fix(s.body, var))
+    if isinstance(s, UpdateTile):
+        drop = lambda a: Access(a.buffer, Affine(tuple(t for t in a.index.terms  # noqa: E731
+                                                         if t[0] != var), a.index.const))
+        return replace(s, a=drop(s.a), b=drop(s.b) if s.b else None)
+    return s
+
+
+def _affine(live: dict, strides: dict, which: int, const: int) -> Affine:
+    terms = tuple((v, strides[v][which]) for v in live if strides[v][which])
+    return Affine(terms, const)
+
+
+def _spatial_loops(cfg: Config, live: dict, stmts: tuple) -> list:
+    order = [v for v in cfg["spatial_order"] if v in live]
+    fused, rest = order[: cfg["parallel"]], order[cfg["parallel"]:]
+    for var in reversed(rest):
+        stmts = (For(var, live[var], SERIAL, stmts),)
+    if not fused:
+        return list(stmts)
+    extents = tuple(live[v] for v in fused)
+    split = (Split("p", tuple(fused), extents),)
+    return [For("p", math.prod(extents), PARALLEL, split + stmts)]
+
+
+def epilogue_steps(compute: Compute, kinds, o_idx: Affine, o_ts, live, cfg,
+                   group_channels: int = 0) -> tuple:
+    """Epilogue ops on the tile; channel operands are read at the output-channel block
+    (ko * ob, plus grp * channels-per-group for grouped convs)."""
+    steps, i = [], 0
+    chan = Affine(tuple(t for t in (("ko", cfg["ob"]), ("grp", group_channels))
+                        if t[0] in live and t[1]))
+    for op in compute.epilogue:
+        operands = []
+        for _ in op.operands:
+            if kinds[i].kind == "channel":
+                operands.append((Access(f"e{i}", chan), (0, 0)))
+            else:
+                operands.append((Access(f"e{i}", o_idx), o_ts))
+            i += 1
+        name = "add" if op.op == "bias" else op.op
+        steps.append(EpiStep(name, tuple(operands), op.scalar, op.reverse))
+    return tuple(steps)
+
+
+def pack_operands(compute: Compute, cfg: Config, operands) -> dict[str, np.ndarray]:
+    """Reference-order torch operands -> flat arrays in the kernel's layouts."""
+    con = contraction(compute)
+    bufs = {"a": con.pack_a(operands[0], cfg)}
+    if con.has_b:
+        bufs["b"] = con.pack_b(operands[1], cfg)
+    chan_len = con.channel_len(cfg)
+    rest = operands[len(compute.inputs):]
+    for i, (kind, x) in enumerate(zip(operand_kinds(compute), rest)):
+        if kind.kind == "channel":
+            flat = np.zeros(chan_len, np.float32)
+            flat[: x.numel()] = x.detach().reshape(-1).numpy()
+            bufs[f"e{i}"] = flat
+        else:
+            bufs[f"e{i}"] = con.pack_out(x, cfg)
+    bufs["out"] = np.zeros(con.buffer_sizes(cfg)["out"], np.float32)
+    return bufs
+
+
+def unpack_output(compute: Compute, cfg: Config, flat: np.ndarray) -> torch.Tensor:
+    return contraction(compute).unpack_out(flat, cfg)

@@ -1,0 +1,318 @@
+"""The host's machine model, measured rather than assumed.
+
+Cores differ where the analytic estimate and the space rules care: a Zen 1 core issues one
+256-bit FMA per cycle (two 128-bit halves) at a latency of 5, a Zen 3 or Skylake core two
+at 4, and L1/L2 sizes vary by a factor of two or more. So at first use on a host, short
+microbenchmarks built through our own IR and builder measure, for each vector width the
+CPU has:
+- FMA throughput: peak.py's kernel, many independent accumulator chains of broadcast
+  FMAs with two B vectors a step, so that the broadcasts' loads never bind;
+- FMA latency: a single chain, so every FMA waits for the one before;
+- load throughput: elementwise FMAs that load two vectors each from an L1-resident
+  window that moves every step (a lower bound where the FMAs bind first);
+and the core clock from a chain of dependent integer adds (one cycle each on every x86
+core), which turns seconds into cycles. Cache sizes come from the OS. The result is
+cached per CPU name and feature string in the user's cache directory, with a version.
+
+Every figure is the best of several repeats: noise on a shared core only adds time.
+Cycle counts are rounded to what hardware has (whole cycles of latency, half FMA pipes),
+so two measurements on one CPU model give one model.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, replace
+
+import llvmlite.ir as ir
+import numpy as np
+
+from raytune_kernels.cpu.build import LoadedKernel, aligned, build, host_cpu
+from raytune_kernels.cpu.llvm.ir import render
+from raytune_kernels.cpu.peak import STEPS as PEAK_STEPS, peak_nest
+from raytune_kernels.cpu.loopnest import (SERIAL, VEC_FMA, Access, Affine, Buffer, For, LoopNest,
+                                          StoreTile, Tile, UpdateTile, ZeroTile)
+
+AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake",
+               "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5",
+               "x86-64-v4", "rocketlake", "alderlake-avx512")
+VERSION = 1
+STEPS = 20000  # FMA steps per microbenchmark call: ~0.1-1 ms
+WINDOW = 16  # load benchmark: steps before its operand window wraps (stays in L1)
+CLOCK_ADDS, CLOCK_LOOPS = 100, 20000
+
+
+@dataclass(frozen=True)
+class VectorUnit:
+    """Measured behaviour of vector FMAs of one width, in core cycles."""
+
+    lanes: int
+    fma_per_cycle: float  # independent vector FMAs issued per cycle (the FMA pipes)
+    fma_latency: float  # cycles before an FMA's result feeds the next
+    loads_per_cycle: float  # vector loads per cycle from L1 (a lower bound)
+
+    @property
+    def chains(self) -> int:
+        """Accumulator chains that keep the FMA pipes busy: latency x pipes."""
+        return max(1, round(self.fma_latency * self.fma_per_cycle))
+
+
+@dataclass(frozen=True)
+class MachineModel:
+    """What the estimate, the space rules and the cost-model features know of a CPU."""
+
+    cpu: str
+    units: tuple[VectorUnit, ...]
+    ghz: float
+    caches: tuple[int, int, int]  # bytes of L1d, L2 and L3 (the OS's figures)
+    measured: bool = True  # False: assumed, for a CPU other than the host
+    version: int = VERSION
+
+    def unit(self, lanes: int) -> VectorUnit:
+        """The unit of `lanes`-float vectors. Narrower ones (scalar tails, 4-float rows)
+        issue on the same FMA pipes at the same latency as the narrowest measured width."""
+        for u in self.units:
+            if u.lanes == lanes:
+                return u
+        narrowest = min(self.units, key=lambda u: u.lanes)
+        if lanes < narrowest.lanes:
+            return VectorUnit(lanes, narrowest.fma_per_cycle, narrowest.fma_latency,
+                              narrowest.loads_per_cycle)
+        raise ValueError(f"machine model of {self.cpu} has no {lanes}-float vector unit "
+                         f"(it has {[u.lanes for u in self.units]})")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "MachineModel":
+        units = tuple(VectorUnit(**u) for u in d["units"])
+        return cls(d["cpu"], units, d["ghz"], tuple(d["caches"]), d["measured"], d["version"])
+
+    def describe(self) -> str:
+        units = ", ".join(f"{u.lanes} lanes: {u.fma_per_cycle:g} FMA/cycle, latency "
+                          f"{u.fma_latency:g}, {u.loads_per_cycle:g} loads/cycle"
+                          for u in self.units)
+        kib = [c >> 10 for c in self.caches]
+        return (f"{self.cpu} at {self.ghz:.2f} GHz ({'measured' if self.measured else 'assumed'}"
+                f"): {units}; L1d {kib[0]} KiB, L2 {kib[1]} KiB, L3 {kib[2]} KiB")
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """What the schedule space, the estimate and the features need to know of a CPU."""
+
+    name: str
+    lanes: tuple[int, ...]  # vector widths (floats) worth trying, widest first
+    regs: int  # vector registers
+    machine: MachineModel
+
+    def chains(self, lanes: int) -> int:
+        """Fewest accumulator chains a register tile of `lanes`-float vectors should have."""
+        return self.machine.unit(lanes).chains
+
+
+def cpu_info(mcpu: str | None = None) -> CpuInfo:
+    """Vector widths, register count and machine model for the host CPU or a named one.
+    A named CPU runs on the host's hardware, so it shares the host's measured vector
+    units where the host has its widths."""
+    name, features = host_cpu()
+    flags = features.split(",")
+    wide = "+avx512f" in flags
+    host_lanes = (16, 8) if wide else (8,)
+    host_regs = 32 if wide or "+avx512vl" in flags else 16
+    host = host_model(host_lanes, host_regs)
+    if not mcpu or mcpu == name:
+        return CpuInfo(name, host_lanes, host_regs, host)
+    lanes, regs = ((16, 8), 32) if mcpu.startswith(AVX512_CPUS) else ((8,), 16)
+    if set(lanes) <= set(host_lanes):
+        units = tuple(host.unit(n) for n in lanes)
+        return CpuInfo(mcpu, lanes, regs, replace(host, units=units))
+    return CpuInfo(mcpu, lanes, regs, assumed_model(mcpu, lanes))
+
+
+def assumed_model(cpu: str, lanes: tuple[int, ...]) -> MachineModel:
+    """A model for a CPU that is not the host, where nothing can be measured: two FMA
+    pipes at latency 4 and two loads per cycle (x86 cores since Haswell) and common cache
+    sizes. Marked measured=False wherever it is shown."""
+    units = tuple(VectorUnit(n, 2.0, 4.0, 2.0) for n in lanes)
+    return MachineModel(cpu, units, 3.0, (32 << 10, 1 << 20, 32 << 20), measured=False)
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "raytune_kernels", "machine")
+
+
+def model_path(cpu: str, features: str, directory: str | None = None) -> str:
+    digest = hashlib.sha256(f"{cpu}|{features}|{VERSION}".encode()).hexdigest()[:16]
+    return os.path.join(directory or cache_dir(), f"{cpu}-{digest}.json")
+
+
+@functools.cache
+def host_model(lanes: tuple[int, ...], regs: int) -> MachineModel:
+    """The host's model: read from the cache, or measured once and cached."""
+    return load_or_measure(model_path(*host_cpu()), lanes, regs)
+
+
+def load_or_measure(path: str, lanes: tuple[int, ...], regs: int) -> MachineModel:
+    """The model cached at `path` if it is of this version and has every width in
+    `lanes`; otherwise measured now and cached there."""
+    try:
+        with open(path) as f:
+            model = MachineModel.from_json(json.load(f))
+        if model.version == VERSION and {u.lanes for u in model.units} >= set(lanes):
+            return model
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent, unreadable or from another version: measure again
+    model = measure_model(lanes, regs)
+    _save(model, path)
+    return model
+
+
+def _save(model: MachineModel, path: str) -> None:
+    """Atomically, so that processes measuring at once never read half a file."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(model.to_json(), f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: the model is measured again next time, nothing is wrong
+
+
+def measure_model(lanes: tuple[int, ...], regs: int) -> MachineModel:
+    """Run the microbenchmarks on the calling thread (about a second in all)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"the CPU backend targets x86-64; this host is {platform.machine()}")
+    ghz = _clock_ghz()
+    units = tuple(_unit(n, regs, ghz) for n in lanes)
+    return MachineModel(host_cpu()[0], units, round(ghz, 2), os_caches())
+
+
+def _unit(lanes: int, regs: int, ghz: float) -> VectorUnit:
+    per_ns = ghz  # cycles per ns
+    thr = peak_nest(1, lanes, regs)  # two B vectors a step: broadcasts do not bind
+    lat = _chain_nest(lanes)
+    ld = _load_nest(lanes, chains=min(12, regs - 4))
+    tile = thr.tiles[0]
+    fma_per_cycle = PEAK_STEPS * tile.rows * tile.vecs / (_best_ns(thr) * per_ns)
+    latency = _best_ns(lat) * per_ns / STEPS
+    loads_per_cycle = 2 * STEPS * min(12, regs - 4) / (_best_ns(ld) * per_ns)
+    return VectorUnit(lanes, _half(fma_per_cycle), float(max(1, round(latency))),
+                      _half(loads_per_cycle))
+
+
+def _half(x: float) -> float:
+    return max(0.5, round(x * 2) / 2)
+
+
+def _chain_nest(lanes: int) -> LoopNest:
+    """One accumulator: every broadcast FMA waits for the one before."""
+    tile = Tile("t", (1, 1), 1)
+    body = (ZeroTile("t"),
+            For("k", STEPS, SERIAL, (UpdateTile("t", Access("a", Affine()), (0, 1),
+                                                Access("b", Affine())),)),
+            StoreTile("t", Access("out", Affine()), (0, lanes)))
+    bufs = (Buffer("a", 1, "in"), Buffer("b", lanes, "in"), Buffer("out", lanes, "out"))
+    return LoopNest(f"rk_chain_{lanes}", bufs, (tile,), body, lanes)
+
+
+def _load_nest(lanes: int, chains: int) -> LoopNest:
+    """Elementwise FMAs over a window of WINDOW steps that repeats: two vector loads each,
+    at addresses that change every step, so no load is hoisted out of the loop."""
+    tile = Tile("t", (1, chains), 1)
+    step = chains * lanes
+    update = UpdateTile("t", Access("a", Affine((("j", step),))), (0, lanes),
+                        Access("b", Affine((("j", lanes),))), VEC_FMA)
+    body = (ZeroTile("t"),
+            For("k", STEPS // WINDOW, SERIAL, (For("j", WINDOW, SERIAL, (update,)),)),
+            StoreTile("t", Access("out", Affine()), (0, lanes)))
+    bufs = (Buffer("a", WINDOW * step, "in"), Buffer("b", WINDOW * lanes, "in"),
+            Buffer("out", step, "out"))
+    return LoopNest(f"rk_load_{lanes}_{chains}", bufs, (tile,), body, lanes)
+
+
+def _best_ns(nest: LoopNest, tries: int = 7) -> float:
+    """Fastest of `tries` calls of the built nest, in ns, after a warm-up call."""
+    result = build(render(nest))
+    if result.error:
+        raise RuntimeError(f"machine microbenchmark {nest.name}: {result.error}")
+    kernel = LoadedKernel(result.library, nest.name, len(nest.buffers))
+    rng = np.random.default_rng(0)
+    bufs = [aligned(rng.standard_normal(b.size).astype(np.float32) * 1e-3) for b in nest.buffers]
+    ptrs = [b.ctypes.data for b in bufs]
+    return _best_of(lambda: kernel(ptrs, 1), tries)
+
+
+def _best_of(call, tries: int) -> float:
+    call()
+    best = float("inf")
+    for _ in range(tries):
+        start = time.perf_counter_ns()
+        call()
+        best = min(best, time.perf_counter_ns() - start)
+    return best
+
+
+def _clock_ghz() -> float:
+    """Core cycles per ns: CLOCK_LOOPS iterations of CLOCK_ADDS dependent adds."""
+    i64, ptr = ir.IntType(64), ir.PointerType()
+    mod = ir.Module(name="rk_clock")
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [ptr, ir.IntType(32)]), "rk_clock")
+    entry, loop, done = (fn.append_basic_block(n) for n in ("entry", "loop", "done"))
+    b = ir.IRBuilder(entry)
+    b.branch(loop)
+    b.position_at_end(loop)
+    i, x = b.phi(i64), b.phi(i64)
+    adds = ir.InlineAsm(ir.FunctionType(i64, [i64]), "\n".join(["add $$1, $0"] * CLOCK_ADDS),
+                        "=r,0,~{flags}", side_effect=True)
+    y = b.call(adds, [x])
+    nxt = b.add(i, ir.Constant(i64, 1))
+    i.add_incoming(ir.Constant(i64, 0), entry), i.add_incoming(nxt, loop)
+    x.add_incoming(ir.Constant(i64, 0), entry), x.add_incoming(y, loop)
+    b.cbranch(b.icmp_unsigned("<", nxt, ir.Constant(i64, CLOCK_LOOPS)), loop, done)
+    b.position_at_end(done)
+    b.store(y, fn.args[0])
+    b.ret_void()
+    result = build(str(mod))
+    if result.error:
+        raise RuntimeError(f"clock microbenchmark: {result.error}")
+    kernel = LoadedKernel(result.library, "rk_clock", 1)
+    out = np.zeros(1, np.int64)
+    ns = _best_of(lambda: kernel([out.ctypes.data], 1), 9)
+    return CLOCK_ADDS * CLOCK_LOOPS / ns
+
+
+def os_caches() -> tuple[int, int, int]:
+    """(L1d, L2, L3) bytes from sysfs; 0 for a level the OS does not report."""
+    sizes = {1: 0, 2: 0, 3: 0}
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        entries = []
+    for entry in entries:
+        level, kind, size = (_read(os.path.join(root, entry, f))
+                             for f in ("level", "type", "size"))
+        if level in ("1", "2", "3") and kind in ("Data", "Unified") and size:
+            sizes[int(level)] = _bytes(size)
+    return sizes[1], sizes[2], sizes[3]
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _bytes(size: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)

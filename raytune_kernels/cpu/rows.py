@@ -1,0 +1,144 @@
+"""Row kernels: softmax and layer norm over the last axis, and bare elementwise tasks.
+
+Each row of N floats is handled by one iteration of a (parallel) row loop: reductions into
+vector accumulators then across lanes, scalar registers, and a vector map that writes the
+row with the task's epilogue fused. Buffers keep torch's contiguous layout.
+Knobs: the vector width (one that divides N; 1 when none does), the number of independent
+accumulators in each reduction, and whether the row loop runs in parallel.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from raytune_kernels.task import Compute
+from raytune_kernels.cpu.loopnest import (PARALLEL, SERIAL, Access, Affine, Bin, Buffer, For, Ld,
+                                          LdScalar, Let, LoopNest, Map, Num, Reduce, Reg, Un)
+from raytune_kernels.space import Space
+
+ROW_OPS = ("softmax", "layer_norm", "elementwise")
+
+
+class RowLoweringError(ValueError):
+    """A row task whose shape or operands the row lowering does not handle (named)."""
+
+
+@dataclass(frozen=True)
+class RowShape:
+    rows: int
+    n: int
+    channels: int | None  # per-row channel operands (NCHW elementwise), else None
+
+
+def row_shape(c: Compute) -> RowShape:
+    shape = c.output.shape
+    if c.op == "softmax" and c.attr("dim") != len(shape) - 1:
+        raise RowLoweringError(f"softmax over axis {c.attr('dim')} (only the last axis)")
+    if c.op == "layer_norm" and len(c.attr("normalized_shape")) != 1:
+        raise RowLoweringError("layer norm over more than the last axis")
+    if c.op == "elementwise" and len(shape) == 4:
+        if shape[0] != 1:
+            raise RowLoweringError("batched NCHW elementwise tasks")
+        return RowShape(shape[1], shape[2] * shape[3], shape[1])
+    return RowShape(math.prod(shape[:-1]), shape[-1], None)
+
+
+def row_space(c: Compute, lanes_options: tuple[int, ...]) -> Space:
+    n = row_shape(c).n
+    widths = [lanes for lanes in lanes_options if n % lanes == 0] or [1]
+    combos = tuple((lanes, accs) for lanes in widths for accs in (1, 2, 4)
+                   if (n // lanes) % accs == 0)
+    return Space(("lanes", "accs"), combos, (("parallel", (True, False)),))
+
+
+def lower_rows(c: Compute, cfg) -> LoopNest:
+    shape, lanes = row_shape(c), cfg["lanes"]
+    steps = shape.n // lanes
+    row = Affine((("r", shape.n), ("j", lanes)))
+    x = Ld(Access("x", row))
+    body, value, extra = _anchor(c, x, cfg["accs"], steps, lanes)
+    names = [f"e{i}" for i in range(sum(len(e.operands) for e in c.epilogue))]
+    value = _epilogue(c, value, names, shape, row, lanes)
+    body.append(Map(Access("out", row), value, "j", steps))
+    total = shape.rows * shape.n
+    buffers = [Buffer("x", total, "in")] + extra
+    buffers += [Buffer(n, _operand_size(c, i, shape, total), "in") for i, n in enumerate(names)]
+    buffers.append(Buffer("out", total, "out"))
+    loop = For("r", shape.rows, PARALLEL if cfg["parallel"] else SERIAL, tuple(body))
+    return LoopNest(f"k_{c.key()}", tuple(buffers), (), (loop,), lanes)
+
+
+def _anchor(c: Compute, x, accs: int, steps: int, lanes: int):
+    if c.op == "elementwise":
+        return [], x, []
+    if c.op == "softmax":
+        shifted = Un("exp", Bin("sub", x, Reg("max")))
+        body = [Reduce("max", "max", x, "j", steps, accs),
+                Reduce("sum", "sum", shifted, "j", steps, accs),
+                Let("inv", Bin("div", Num(1.0), Reg("sum")))]
+        return body, Bin("mul", shifted, Reg("inv")), []
+    n = steps * lanes
+    centred = Bin("sub", x, Reg("mean"))
+    var = Bin("add", Bin("mul", Reg("sq"), Num(1.0 / n)), Num(c.attr("eps")))
+    body = [Reduce("sum", "sum", x, "j", steps, accs),
+            Let("mean", Bin("mul", Reg("sum"), Num(1.0 / n))),
+            Reduce("sq", "sum", Bin("mul", centred, centred), "j", steps, accs),
+            Let("rstd", Bin("div", Num(1.0), Un("sqrt", var)))]
+    vec = Affine((("j", lanes),))
+    value = Bin("add", Bin("mul", Bin("mul", centred, Reg("rstd")), Ld(Access("w", vec))),
+                Ld(Access("b", vec)))
+    return body, value, [Buffer("w", n, "in"), Buffer("b", n, "in")]
+
+
+def _operand_size(c: Compute, i: int, shape: RowShape, total: int) -> int:
+    spec = [s for e in c.epilogue for s in e.operands][i]
+    return total if math.prod(spec.shape) == total else math.prod(spec.shape)
+
+
+def _epilogue(c: Compute, value, names, shape: RowShape, row: Affine, lanes: int):
+    it = iter(names)
+    total = shape.rows * shape.n
+    for op in c.epilogue:
+        loads = [_operand_load(next(it), spec, shape, row, lanes, total) for spec in op.operands]
+        value = epilogue_expr(op, value, loads)
+    return value
+
+
+def epilogue_expr(op, value, loads: list):
+    """One epilogue op applied to the vector expression `value`, its tensor operands
+    already read as expressions `loads` (row kernels, Winograd's output transform)."""
+    if op.op == "affine":
+        return Bin("add", Bin("mul", value, loads[0]), loads[1])
+    if op.op == "bias":
+        return Bin("add", value, loads[0])
+    if op.op in ("add", "sub", "mul", "div"):
+        other = loads[0] if loads else Num(op.scalar)
+        return Bin(op.op, other, value) if op.reverse else Bin(op.op, value, other)
+    return Un(op.op, value)
+
+
+def _operand_load(name: str, spec, shape: RowShape, row: Affine, lanes: int, total: int):
+    size = math.prod(spec.shape)
+    if size == total:
+        return Ld(Access(name, row))
+    if shape.channels is not None and size == shape.channels:
+        return LdScalar(Access(name, Affine((("r", 1),))))
+    if shape.channels is None and size == shape.n:
+        return Ld(Access(name, Affine((("j", lanes),))))
+    raise RowLoweringError(f"epilogue operand of shape {spec.shape} on rows of {shape.n}")
+
+
+def pack_rows(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
+    flat = [np.ascontiguousarray(t.detach().numpy(), np.float32).ravel() for t in operands]
+    names = ["x"] + (["w", "b"] if c.op == "layer_norm" else [])
+    names += [f"e{i}" for i in range(len(flat) - len(names))]
+    bufs = dict(zip(names, flat))
+    bufs["out"] = np.zeros(c.output.numel, np.float32)
+    return bufs
+
+
+def unpack_rows(c: Compute, cfg, flat: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(flat.copy()).reshape(c.output.shape)

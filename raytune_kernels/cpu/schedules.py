@@ -1,0 +1,133 @@
+"""One entry point per stage for every task kind: its space, its lowering, its layouts.
+
+Tiled computes (conv2d, depthwise, pooling, dense, matmul) go through contractions; row
+computes (softmax, layer norm, elementwise) through row kernels. Target "cuda" has its own
+entry points at the end (cuda/render.py renders CUDA C from the same computes).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from raytune_kernels.task import Compute
+from raytune_kernels.cpu.machine import CpuInfo
+from raytune_kernels.cpu.contraction import contraction
+from raytune_kernels.cpu.im2col import (applicable as im2col_applicable, im2col_space,
+                                        lower_im2col, pack_im2col)
+from raytune_kernels.cpu.loopnest import LoopNest
+from raytune_kernels.cpu.lower import (LoweringError, lower as lower_tiled, pack_operands,
+                                       unpack_output)
+from raytune_kernels.cpu.rows import (ROW_OPS, RowLoweringError, lower_rows, pack_rows, row_shape,
+                                      row_space, unpack_rows)
+from raytune_kernels.space import Config, Space, UnionSpace, contraction_space
+from raytune_kernels.cpu.winograd import (applicable as winograd_applicable, lower_winograd,
+                                          pack_winograd, winograd_space)
+
+
+def unsupported_reason(compute: Compute) -> str | None:
+    """None when the compute can be lowered; otherwise why not, in words."""
+    if compute.op in ROW_OPS:
+        try:
+            row_shape(compute)
+            return None
+        except RowLoweringError as exc:
+            return str(exc)
+    if contraction(compute) is None:
+        return f"no lowering for {compute.describe()}{_why(compute)}"
+    return None
+
+
+def _why(c: Compute) -> str:
+    if c.op == "conv2d" and c.inputs[0].shape[0] != 1:
+        return ": batch > 1 convolutions are not lowered yet"
+    if c.op == "conv2d":
+        per_group = c.output.shape[1] // c.attr("groups")
+        return f": {per_group} output channels per group do not fill 8-float vectors"
+    if c.op == "matmul":
+        return ": broadcast batch dims, or N not a multiple of 8"
+    return ""
+
+
+def space_for(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
+    """The schedule space of a compute on a CPU. Convolutions that im2col or Winograd
+    F(2x2, 3x3) apply to get those algorithms too, under the knob `algorithm`."""
+    reason = unsupported_reason(compute)
+    if reason:
+        raise LoweringError(reason)
+    if compute.op in ROW_OPS:
+        return row_space(compute, cpu.lanes)
+    direct = contraction_space(contraction(compute), cpu)
+    parts = [("direct", direct)]
+    if im2col_applicable(compute):
+        parts.append(("im2col", im2col_space(compute, cpu)))
+    if winograd_applicable(compute):
+        parts.append(("winograd", winograd_space(compute, cpu)))
+    return UnionSpace("algorithm", tuple(parts)) if len(parts) > 1 else direct
+
+
+def lower(compute: Compute, cfg: Config) -> LoopNest:
+    if compute.op in ROW_OPS:
+        return lower_rows(compute, cfg)
+    if cfg.get("algorithm") == "im2col":
+        return lower_im2col(compute, cfg)
+    if cfg.get("algorithm") == "winograd":
+        return lower_winograd(compute, cfg)
+    return lower_tiled(compute, cfg)
+
+
+def pack(compute: Compute, cfg: Config, operands) -> dict[str, np.ndarray]:
+    if compute.op in ROW_OPS:
+        return pack_rows(compute, cfg, operands)
+    if cfg.get("algorithm") == "im2col":
+        return pack_im2col(compute, cfg, operands)
+    if cfg.get("algorithm") == "winograd":
+        return pack_winograd(compute, cfg, operands)
+    return pack_operands(compute, cfg, operands)
+
+
+def unpack(compute: Compute, cfg: Config, flat: np.ndarray) -> torch.Tensor:
+    if compute.op in ROW_OPS:
+        return unpack_rows(compute, cfg, flat)
+    return unpack_output(compute, cfg, flat)
+
+
+def cuda_unsupported_reason(compute: Compute) -> str | None:
+    """None when the compute renders to CUDA; otherwise why not, in words."""
+    from raytune_kernels.cuda.render import cuda_unsupported_reason as reason
+
+    return reason(compute)
+
+
+def cuda_space_for(compute: Compute) -> Space:
+    """The GPU schedule space (threads, shared-memory tiles, unroll, vector widths)."""
+    from raytune_kernels.cuda.render import cuda_space_for as space
+
+    return space(compute)
+
+
+def cuda_render(compute: Compute, cfg: Config):
+    """CUDA C source and launch geometry of one config (a cuda_kernel.CudaKernel)."""
+    from raytune_kernels.cuda.render import render_cuda
+
+    return render_cuda(compute, cfg)
+
+
+def space_for_target(compute: Compute, target) -> Space | UnionSpace:
+    """The schedule space of a compute on a Target: the host CPU's (or -mcpu's) for
+    "llvm", the GPU space for "cuda"."""
+    from raytune_kernels.target import parse_target
+    from raytune_kernels.cpu.machine import cpu_info
+
+    tgt = parse_target(target)
+    return cuda_space_for(compute) if tgt.kind == "cuda" else space_for(compute,
+                                                                        cpu_info(tgt.mcpu))
+
+
+def space_on(compute: Compute, device) -> Space | UnionSpace:
+    """The schedule space of a compute on a device description: a CpuInfo (target llvm)
+    or a codegen.gpu.GpuInfo (target cuda), as the cost model's features dispatch too."""
+    from raytune_kernels.cuda.gpu import GpuInfo
+
+    if isinstance(device, GpuInfo):
+        return cuda_space_for(compute)
+    return space_for(compute, device)

@@ -1,0 +1,166 @@
+"""Layout-transform kernels (NCHW <-> NHWC <-> NCHW[x]c) from the same tile machinery.
+
+A transform is a copy: a tile of (channel block x columns) scalars is loaded from the
+source layout and stored in the destination layout. The channel axis is split as
+c = cq*B + cr*blk + ci, B the larger and blk the smaller block of the two layouts, so that
+every layout's index is affine in the loop variables. The layout ILP times these.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from raytune_kernels.cpu.loopnest import (PARALLEL, SERIAL, SET, Access, Affine, Buffer, For,
+                                          LoopNest, Split, StoreTile, Tile, UpdateTile)
+from raytune_kernels.space import Config, Space
+
+_BLOCKED = re.compile(r"^NCHW(\d+)c$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """NCHW, NHWC or NCHW{x}c for a batch-1 4-D tensor, optionally stored with a spatial
+    border of `pad` (rows, columns) on each side, as conv kernels read their input. A
+    transform writes only the interior; the border is set once when the buffer is made
+    (zeros, or -inf before a max pool) and no kernel writes it afterwards."""
+
+    name: str
+    pad: tuple[int, int] = (0, 0)
+
+    @classmethod
+    def parse(cls, label: str) -> "Layout":
+        """A layout from its label: NCHW, NHWC, NCHW16c, or with a border NCHW16c/p1x1."""
+        name, _, border = label.partition("/p")
+        if not border:
+            return cls(name)
+        try:
+            ph, pw = (int(v) for v in border.split("x"))
+        except ValueError:
+            raise ValueError(f"bad layout label {label!r} (e.g. NCHW16c/p1x1)") from None
+        return cls(name, (ph, pw))
+
+    @property
+    def label(self) -> str:
+        return self.name + (f"/p{self.pad[0]}x{self.pad[1]}" if self.pad != (0, 0) else "")
+
+    @property
+    def block(self) -> int | None:
+        m = _BLOCKED.match(self.name)
+        return int(m.group(1)) if m else None
+
+    def check(self, channels: int) -> None:
+        if self.name not in ("NCHW", "NHWC") and self.block is None:
+            raise ValueError(f"unknown layout {self.name!r} (NCHW, NHWC or NCHW<x>c)")
+        if self.block and channels % self.block:
+            raise ValueError(f"layout {self.name} needs channels divisible by {self.block}, "
+                             f"got {channels}")
+
+    def size(self, shape: tuple[int, ...]) -> int:
+        _, c, h, w = shape
+        return c * (h + 2 * self.pad[0]) * (w + 2 * self.pad[1])
+
+    def pack(self, x: torch.Tensor, border: float = 0.0) -> np.ndarray:
+        """A (1, C, H, W) tensor in this layout, flat (the border filled with `border`)."""
+        if self.pad != (0, 0):
+            x = torch.nn.functional.pad(x, (self.pad[1],) * 2 + (self.pad[0],) * 2,
+                                        value=border)
+        c, h, w = x.shape[1:]
+        if self.name == "NCHW":
+            y = x[0]
+        elif self.name == "NHWC":
+            y = x[0].permute(1, 2, 0)
+        else:
+            y = x[0].reshape(c // self.block, self.block, h, w).permute(0, 2, 3, 1)
+        return np.ascontiguousarray(y.detach().numpy(), np.float32).ravel()
+
+    def unpack(self, flat: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
+        (ph, pw), (_, c, h, w) = self.pad, shape
+        hs, ws = h + 2 * ph, w + 2 * pw
+        t = torch.from_numpy(flat.copy())
+        if self.name == "NCHW":
+            full = t.reshape(1, c, hs, ws)
+        elif self.name == "NHWC":
+            full = t.reshape(hs, ws, c).permute(2, 0, 1).reshape(1, c, hs, ws)
+        else:
+            b = self.block
+            full = t.reshape(c // b, hs, ws, b).permute(0, 3, 1, 2).reshape(1, c, hs, ws)
+        return full[:, :, ph:ph + h, pw:pw + w].contiguous()
+
+    def offset(self, c: int, h: int, w: int, big: int, blk: int) -> int:
+        """Where element (0, 0, 0) lives: past the border."""
+        st = self.strides(c, h, w, big, blk)
+        return self.pad[0] * st["h"] + self.pad[1] * st["w"]
+
+    def strides(self, c: int, h: int, w: int, big: int, blk: int) -> dict[str, int]:
+        """Element strides of the loop variables cq, cr, ci, h, w in this layout."""
+        h, w = h + 2 * self.pad[0], w + 2 * self.pad[1]  # storage dims
+        if self.block is None:
+            s_c = h * w if self.name == "NCHW" else 1
+            s_h, s_w = (w, 1) if self.name == "NCHW" else (w * c, c)
+            return {"cq": big * s_c, "cr": blk * s_c, "ci": s_c, "h": s_h, "w": s_w}
+        x = self.block
+        if x == big:
+            return {"cq": h * w * x, "cr": blk, "ci": 1, "h": w * x, "w": x}
+        return {"cq": (big // x) * h * w * x, "cr": h * w * x, "ci": 1, "h": w * x, "w": x}
+
+
+def blocks(c: int, src: Layout, dst: Layout) -> tuple[int, int]:
+    given = [b for b in (src.block, dst.block) if b]
+    if not given:
+        small = max(d for d in range(1, 17) if c % d == 0)
+        return small, small
+    big, blk = max(given), min(given)
+    if big % blk:
+        raise ValueError(f"cannot transform between blocks {src.block} and {dst.block}")
+    return big, blk
+
+
+def transform_space(shape: tuple[int, ...], src: str, dst: str) -> Space:
+    w = shape[3]
+    widths = tuple(t for t in (1, 2, 4, 7, 8, 14, 16) if t <= w)
+    return Space(("tile_w",), tuple((t,) for t in widths), (("parallel", (True, False)),))
+
+
+def transform_nest(shape: tuple[int, ...], src: "str | Layout", dst: "str | Layout",
+                   cfg: Config) -> LoopNest:
+    _, c, h, w = shape
+    s = src if isinstance(src, Layout) else Layout(src)
+    d = dst if isinstance(dst, Layout) else Layout(dst)
+    s.check(c)
+    d.check(c)
+    big, blk = blocks(c, s, d)
+    ss, ds = s.strides(c, h, w, big, blk), d.strides(c, h, w, big, blk)
+    tw = min(cfg["tile_w"], w)
+    ext = {"cq": c // big, "cr": big // blk, "h": h}
+    variants = [(w // tw, tw, 0)] + ([(1, w % tw, (w // tw) * tw)] if w % tw else [])
+    tiles, body = [], []
+    for n, (count, width, offset) in enumerate(variants):
+        tile = Tile(f"t{n}", (blk, width), 1)
+        tiles.append(tile)
+        live = {**ext, "wt": count}
+        a0 = s.offset(c, h, w, big, blk) + ss["w"] * offset
+        o0 = d.offset(c, h, w, big, blk) + ds["w"] * offset
+        a = Affine(tuple((v, ss[v] if v != "wt" else ss["w"] * width) for v in live), a0)
+        o = Affine(tuple((v, ds[v] if v != "wt" else ds["w"] * width) for v in live), o0)
+        stmts = (UpdateTile(tile.name, Access("src", a), (ss["ci"], ss["w"]), None, SET),
+                 StoreTile(tile.name, Access("dst", o), (ds["ci"], ds["w"])))
+        body.append(_loops(live, stmts, cfg["parallel"]))
+    tag = "_".join(f"{x.name}p{x.pad[0]}x{x.pad[1]}" for x in (s, d))
+    name = f"transform_{tag}_{'x'.join(map(str, shape))}"
+    bufs = (Buffer("src", s.size(shape), "in"), Buffer("dst", d.size(shape), "out"))
+    return LoopNest(name, bufs, tuple(tiles), tuple(body), 1)
+
+
+def _loops(live: dict, stmts: tuple, parallel: bool):
+    inner = (For("wt", live["wt"], SERIAL, stmts),)
+    outer = ("cq", "cr", "h")
+    if parallel:
+        extents = tuple(live[v] for v in outer)
+        return For("p", math.prod(extents), PARALLEL, (Split("p", outer, extents),) + inner)
+    for v in reversed(outer):
+        inner = (For(v, live[v], SERIAL, inner),)
+    return inner[0]

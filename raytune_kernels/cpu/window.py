@@ -1,0 +1,132 @@
+"""Sliding-window computes on channel-blocked layouts: depthwise conv and pooling.
+
+The vector axis is the channel block itself, so A is read as vectors: depthwise conv
+multiplies them by weight vectors (vec_fma), max pooling takes their max (padding reads
+-inf), average pooling sums them and scales in the epilogue.
+input [C/OB][Hp][Wp][OB] (pre-padded), weight [C/OB][KH][KW][OB], output [C/OB][OH][OW][OB].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from raytune_kernels.task import Compute
+from raytune_kernels.cpu.contraction_base import Contraction, as_blocks
+from raytune_kernels.cpu.loopnest import ADD, MAX, VEC_FMA, EpiStep
+
+_MODES = {"depthwise": VEC_FMA, "max": MAX, "avg": ADD}
+
+
+@dataclass(frozen=True)
+class WindowContraction(Contraction):
+    kind: str  # "depthwise", "max" or "avg"
+    c: int
+    h: int
+    w: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    dil: tuple[int, int]
+
+    blocked_reduce = False
+    spatial = ("ko", "oh", "ow")
+    reduce = ("kh", "kw")
+    unrollable = "kw"
+
+    @classmethod
+    def from_compute(cls, c: Compute) -> "WindowContraction | None":
+        n, ch, h, w = c.inputs[0].shape
+        _, k, oh, ow = c.output.shape
+        if c.op == "conv2d":
+            if c.attr("groups") != ch or k != ch:
+                return None  # grouped convs other than depthwise x1: not lowered yet
+            kh, kw = c.inputs[1].shape[2:]
+            kind, dil = "depthwise", c.attr("dilation")
+        else:
+            (kh, kw), kind = c.attr("kernel"), "max" if c.op == "max_pool2d" else "avg"
+            dil = c.attr("dilation", (1, 1))
+            if kind == "avg" and not c.attr("count_include_pad") and c.attr("padding") != (0, 0):
+                return None  # a per-window divisor: not lowered yet
+        self = cls(kind, ch, h, w, kh, kw, oh, ow, c.attr("stride"), c.attr("padding"), dil)
+        hp, wp = self.padded()
+        if (oh - 1) * self.stride[0] + (kh - 1) * dil[0] >= hp or \
+                (ow - 1) * self.stride[1] + (kw - 1) * dil[1] >= wp:
+            return None  # ceil_mode windows hanging off the padded input
+        return self if n == 1 else None
+
+    @property
+    def op(self) -> str:
+        return self.kind
+
+    @property
+    def mode(self) -> str:
+        return _MODES[self.kind]
+
+    @property
+    def has_b(self) -> bool:
+        return self.kind == "depthwise"
+
+    @property
+    def init(self) -> float:
+        return float("-inf") if self.kind == "max" else 0.0
+
+    def pre_epilogue(self) -> tuple:
+        return (EpiStep("mul", scalar=1.0 / (self.kh * self.kw)),) if self.kind == "avg" else ()
+
+    vector_extent = property(lambda self: self.c)
+    tile_extents = property(lambda self: (self.oh, self.ow))
+    reduce_extent = property(lambda self: None)
+
+    def padded(self) -> tuple[int, int]:
+        return self.h + 2 * self.pad[0], self.w + 2 * self.pad[1]
+
+    def extents(self, cfg) -> dict[str, int]:
+        return {"ko": self.c // cfg["ob"], "oh": self.oh // cfg["tile_h"], "kh": self.kh,
+                "kw": self.kw}
+
+    def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
+        ob, th = cfg["ob"], cfg["tile_h"]
+        hp, wp = self.padded()
+        (sh, sw), (dh, dw) = self.stride, self.dil
+        b = self.has_b
+        return {"ko": (hp * wp * ob, b * self.kh * self.kw * ob, self.oh * self.ow * ob),
+                "oh": (th * sh * wp * ob, 0, th * self.ow * ob), "ow": (sw * ob, 0, ob),
+                "kh": (dh * wp * ob, b * self.kw * ob, 0), "kw": (dw * ob, b * ob, 0)}
+
+    def tile_strides(self, cfg):
+        _, wp = self.padded()
+        ob = cfg["ob"]
+        return ((self.stride[0] * wp * ob, self.stride[1] * ob), (self.ow * ob, ob))
+
+    def buffer_sizes(self, cfg) -> dict[str, int]:
+        hp, wp = self.padded()
+        return {"a": self.c * hp * wp, "b": self.c * self.kh * self.kw,
+                "out": self.c * self.oh * self.ow}
+
+    def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
+        ob, (hp, wp) = cfg["ob"], self.padded()
+        value = float("-inf") if self.kind == "max" else 0.0
+        xp = torch.nn.functional.pad(x[0], (self.pad[1],) * 2 + (self.pad[0],) * 2, value=value)
+        return as_blocks(xp.reshape(self.c // ob, ob, hp, wp).permute(0, 2, 3, 1)).ravel()
+
+    def pack_b(self, w: torch.Tensor, cfg) -> np.ndarray:
+        ob = cfg["ob"]
+        return as_blocks(w.reshape(self.c // ob, ob, self.kh, self.kw).permute(0, 2, 3, 1)).ravel()
+
+    def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
+        ob = cfg["ob"]
+        blocked = y[0].reshape(self.c // ob, ob, self.oh, self.ow).permute(0, 2, 3, 1)
+        return as_blocks(blocked).ravel()
+
+    def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
+        ob = cfg["ob"]
+        v = torch.from_numpy(flat.reshape(self.c // ob, self.oh, self.ow, ob))
+        return v.permute(0, 3, 1, 2).reshape(1, self.c, self.oh, self.ow).contiguous()
+
+    def flops(self) -> int:
+        return (2 if self.kind == "depthwise" else 1) * self.c * self.oh * self.ow * self.kh * self.kw

@@ -1,0 +1,128 @@
+"""The one place that touches CuPy and the CUDA device: the cupy import, device queries,
+sticky-error rules, loaded kernels and their launches, CUDA-event timing, the L2 flush,
+and torch's true-float32 mode. Everything is imported and touched inside functions, so
+this module imports on machines without cupy or a GPU."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import tempfile
+
+import torch
+
+from raytune_kernels.cuda.kernel import CudaKernel
+
+
+def has_cupy() -> bool:
+    return importlib.util.find_spec("cupy") is not None
+
+
+# CUDA errors after which the context is corrupt (the same codes in the driver and runtime
+# APIs): launch timeout, device assert, stack error, illegal instruction, misaligned
+# address, invalid address space, invalid PC, launch failure, illegal address.
+STICKY_ERRORS = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
+POISONED = "CUDA context poisoned"
+
+
+def cupy():
+    """The cupy module, imported here only: a heavy optional dependency, used only where
+    a GPU is."""
+    import cupy as cp
+
+    return cp
+
+
+def gpu_count() -> int:
+    """CUDA devices visible to this process; 0 without cupy, a driver or a GPU."""
+    try:
+        return int(cupy().cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def device_arch(device: int = 0) -> str:
+    """The NVRTC arch of a device, e.g. "sm_90" for an H100 (what builders target)."""
+    return f"sm_{cupy().cuda.Device(device).compute_capability}"
+
+
+def device_name(device: int = 0) -> str:
+    """The product name of a device, e.g. "NVIDIA H100 80GB HBM3"."""
+    name = cupy().cuda.runtime.getDeviceProperties(device)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def is_sticky(exc: BaseException) -> bool:
+    """Whether a CUDA error leaves the context unusable (the process must end)."""
+    status = getattr(exc, "status", None)
+    return status in STICKY_ERRORS or "illegal memory access" in str(exc)
+
+
+class LoadedCudaKernel:
+    """A cupy RawKernel loaded from cubin or PTX bytes (cubins are ELF files). The file
+    RawModule reads stays until this object goes, in case cupy loads it lazily."""
+
+    def __init__(self, binary: bytes, name: str):
+        cp = cupy()
+        self._dir = tempfile.TemporaryDirectory(prefix="rk_cuda_")
+        path = os.path.join(self._dir.name, name + (".cubin" if binary[:4] == b"\x7fELF"
+                                                    else ".ptx"))
+        with open(path, "wb") as f:
+            f.write(binary)
+        self.module = cp.RawModule(path=path)
+        self.fn = self.module.get_function(name)
+
+
+class Launch:
+    """One kernel with its device buffers: call it to enqueue a launch."""
+
+    def __init__(self, kernel: CudaKernel, loaded: LoadedCudaKernel, arrays):
+        cp = cupy()
+        self.kernel, self.loaded, self.fn = kernel, loaded, loaded.fn
+        self.buffers = [cp.asarray(a) for a in arrays]
+        self.buffers[-1].fill(float("nan"))
+
+    def __call__(self) -> None:
+        k = self.kernel
+        self.fn(k.grid, k.block, tuple(self.buffers), shared_mem=k.smem_bytes)
+
+    def output(self):
+        return cupy().asnumpy(self.buffers[-1])
+
+
+def event_timer(launch, cp):
+    """run(number): seconds for `number` back-to-back launches, by CUDA events."""
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+
+    def run(number: int) -> float:
+        start.record()
+        for _ in range(number):
+            launch()
+        end.record()
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) / 1e3
+    return run
+
+
+def l2_flusher(cp):
+    """Writes a buffer twice the L2's size: the next repeat starts with a cold L2."""
+    size = int(cp.cuda.Device().attributes.get("L2CacheSize", 50 << 20)) * 2
+    buf = cp.zeros(max(size // 4, 1 << 20), dtype=cp.float32)
+
+    def flush() -> None:
+        cp.add(buf, 1.0, out=buf)
+    return flush
+
+
+@contextlib.contextmanager
+def torch_gpu_mode(benchmark: bool = True):
+    """TF32 off for cuBLAS and cuDNN (true float32), cudnn.benchmark as asked; the old
+    settings come back on exit."""
+    b = torch.backends
+    old = b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark
+    b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = False
+    b.cudnn.benchmark = benchmark
+    try:
+        yield
+    finally:
+        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark = old

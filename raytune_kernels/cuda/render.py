@@ -1,0 +1,190 @@
+"""compute + cuda config -> CudaKernel (source, launch geometry, buffers): one entry point
+per stage for every task kind on target "cuda".
+
+Families: conv2d (any stride, padding, dilation, groups), dense and matmul are tiled GEMMs
+(cuda_gemm); depthwise conv and pooling are sliding windows (cuda_window); softmax and
+layer norm are row reductions and elementwise tasks a flat map (cuda_rows). Convolutions
+and windows on 4-D activations have a knob `layout`: NCHW (torch's contiguous layout) or
+NHWC; everything else reads and writes torch's contiguous layouts. cuda_pack / cuda_unpack
+(cuda_kernel) are the host side of every kernel. Rendering is a pure function of
+(compute, config).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from raytune_kernels.task import Compute
+from raytune_kernels.cuda.epilogue import CudaLoweringError, epilogue_reason, is_full, operand_specs
+from raytune_kernels.cuda.gemm import gemm_space, render_gemm
+from raytune_kernels.cuda.gemm_views import gemm_view
+from raytune_kernels.cuda.kernel import CudaKernel, buffers_of
+from raytune_kernels.cuda.rows import (ROW_OPS, Rows, elementwise_space, render_elementwise,
+                                       render_rows, row_reason, row_space)
+from raytune_kernels.cuda.window import (LAYOUTS, Window, is_window, render_window, window_reason,
+                                         window_space)
+from raytune_kernels.space import Config, Space, UnionSpace
+
+__all__ = ["CudaKernel", "CudaLoweringError", "cuda_layouts", "cuda_pack", "cuda_space_for",
+           "cuda_unpack", "operand_layouts", "render_cuda", "cuda_unsupported_reason"]
+
+GEMM_OPS = ("conv2d", "dense", "matmul")
+
+
+def cuda_unsupported_reason(compute: Compute) -> str | None:
+    """None when the compute renders to CUDA; otherwise why not, in words."""
+    bad = [s.dtype for s in (*compute.inputs, compute.output) if s.dtype != "float32"]
+    if bad:
+        return f"{compute.describe()}: dtype {bad[0]} (the CUDA kernels are float32 only)"
+    try:
+        reason = _anchor_reason(compute) or epilogue_reason(compute)
+        if reason is None:
+            buffers_of(compute)
+            _space(compute)
+    except (CudaLoweringError, ValueError) as exc:
+        reason = str(exc)
+    return None if reason is None else f"{compute.describe()}: {reason}"
+
+
+def _anchor_reason(c: Compute) -> str | None:
+    if c.op in ROW_OPS:
+        return row_reason(c)
+    if c.op == "elementwise":
+        return None if len(c.inputs) == 1 else "elementwise task with several inputs"
+    if is_window(c):
+        return window_reason(c)
+    if c.op in GEMM_OPS:
+        if c.op == "conv2d" and len(c.inputs[0].shape) != 4:
+            return "conv2d on a non-4-D input"
+        gemm_view(c)  # raises with a reason for shapes it cannot view
+        return None
+    return f"no CUDA kernel for op '{c.op}'"
+
+
+def cuda_space_for(compute: Compute) -> Space | UnionSpace:
+    """The GPU schedule space of a compute (raises CudaLoweringError when unsupported)."""
+    reason = cuda_unsupported_reason(compute)
+    if reason:
+        raise CudaLoweringError(reason)
+    return _space(compute)
+
+
+def _space(compute: Compute) -> Space | UnionSpace:
+    if compute.op in ROW_OPS:
+        return row_space(Rows.from_compute(compute))
+    if compute.op == "elementwise":
+        return elementwise_space(compute)
+    if is_window(compute):
+        return window_space(Window.from_compute(compute))
+    if compute.op == "conv2d":
+        return UnionSpace("layout", tuple((lay, gemm_space(gemm_view(compute, lay)))
+                                          for lay in LAYOUTS))
+    return gemm_space(gemm_view(compute))
+
+
+def cuda_layouts(compute: Compute, cfg: Config) -> tuple[str, str]:
+    """(data input's layout, output's layout) of a config's kernel. Epilogue operands of
+    the output's shape (residuals) are read in the output's layout, every other operand
+    (weights as the planner packs them, biases, broadcasts) in torch's."""
+    lay = cfg.get("layout", "NCHW")
+    return lay, lay
+
+
+def render_cuda(compute: Compute, cfg: Config) -> CudaKernel:
+    """CUDA C and launch geometry of one config; a config outside the compute's space
+    raises CudaLoweringError naming the knobs that are wrong."""
+    space = cuda_space_for(compute)
+    problem = union_problem(space, cfg) if isinstance(space, UnionSpace) else \
+        config_problem(space, cfg)
+    if problem:
+        raise CudaLoweringError(f"bad cuda config for {compute.describe()}: {problem}")
+    if compute.op in ROW_OPS:
+        return render_rows(compute, Rows.from_compute(compute), cfg)
+    if compute.op == "elementwise":
+        return render_elementwise(compute, cfg)
+    if is_window(compute):
+        return render_window(compute, Window.from_compute(compute), cfg)
+    return render_gemm(compute, gemm_view(compute, cfg.get("layout", "NCHW")), cfg)
+
+
+def union_problem(space: UnionSpace, cfg: Config) -> str | None:
+    """config_problem for a space with alternatives under space.key."""
+    parts = dict(space.parts)
+    if cfg.get(space.key) not in parts:
+        return f"{space.key}={cfg.get(space.key)!r} is not one of {tuple(parts)}"
+    return config_problem(parts[cfg[space.key]],
+                          Config(tuple(kv for kv in cfg.knobs if kv[0] != space.key)))
+
+
+def config_problem(space: Space, cfg: Config) -> str | None:
+    """None when cfg is a point of space; else what is wrong with it, in words."""
+    have = dict(cfg.knobs)
+    names = set(space.coupled_names) | {n for n, _ in space.independent}
+    missing, extra = sorted(names - set(have)), sorted(set(have) - names)
+    if missing or extra:
+        return f"missing knobs {missing}, unknown knobs {extra}"
+    for name, choices in space.independent:
+        if have[name] not in choices:
+            return f"{name}={have[name]!r} is not one of {choices}"
+    combo = tuple(have[n] for n in space.coupled_names)
+    if combo not in space.coupled:
+        pairs = ", ".join(f"{n}={v!r}" for n, v in zip(space.coupled_names, combo))
+        return f"({pairs}) is not a valid combination of these knobs"
+    return None
+
+
+# ------------------------------------------------------------------ the host side of buffers
+
+def operand_layouts(compute: Compute, cfg: Config) -> list[str]:
+    """The layout of each input buffer, in reference operand order: "NCHW" (torch's
+    contiguous layout, whatever the rank) or "NHWC" (the 4-D tensor permuted to N, H, W,
+    C). An NHWC config reads its data input and its output-shaped epilogue operands
+    (residuals) in NHWC, and a GEMM conv's weight [K][C/g][kh][kw] permuted the same way
+    ([K][kh][kw][C/g]); biases, depthwise weights and broadcasts stay as torch holds them."""
+    lay = cuda_layouts(compute, cfg)[0]
+    out = []
+    for i, _ in enumerate(compute.inputs):
+        gemm_weight = i == 1 and compute.op == "conv2d" and not is_window(compute)
+        out.append(lay if i == 0 or gemm_weight else "NCHW")
+    for op, spec in operand_specs(compute):
+        out.append(lay if is_full(op, spec, compute.output.shape) else "NCHW")
+    return out
+
+
+def to_buffer_layout(x: torch.Tensor, layout: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A torch tensor of logical `shape` as a contiguous tensor in `layout`."""
+    x = x.reshape(shape)
+    return x.permute(0, 2, 3, 1).contiguous() if layout == "NHWC" else x.contiguous()
+
+
+def cuda_pack(compute: Compute, operands, cfg: Config) -> list[np.ndarray]:
+    """Reference-order torch operands -> flat float32 arrays in buffer order and in the
+    config's layouts (out zeroed)."""
+    specs = list(compute.inputs) + [s for _, s in operand_specs(compute)]
+    if len(operands) != len(specs):
+        raise ValueError(f"{compute.describe()} takes {len(specs)} operands, "
+                         f"got {len(operands)}")
+    flat = []
+    layouts = operand_layouts(compute, cfg)
+    for i, (x, spec, lay) in enumerate(zip(operands, specs, layouts)):
+        if tuple(x.shape) != tuple(spec.shape):
+            raise ValueError(f"operand {i} of {compute.describe()} has shape "
+                             f"{tuple(x.shape)}, expected {spec.shape}")
+        shape = compute.output.shape if i >= len(compute.inputs) and lay == "NHWC" \
+            else spec.shape
+        t = to_buffer_layout(x.detach().cpu().float(), lay, shape)
+        flat.append(np.ascontiguousarray(t.numpy(), np.float32).ravel())
+    flat.append(np.zeros(compute.output.numel, np.float32))
+    return flat
+
+
+def cuda_unpack(compute: Compute, flat, cfg: Config) -> torch.Tensor:
+    """The output buffer (numpy array or CPU/GPU torch tensor) in the reference's shape."""
+    t = flat if isinstance(flat, torch.Tensor) else torch.from_numpy(np.asarray(flat).copy())
+    shape = compute.output.shape
+    if t.numel() != compute.output.numel:
+        raise ValueError(f"output of {t.numel()} elements for {shape}")
+    if cuda_layouts(compute, cfg)[1] == "NHWC":
+        n, c, h, w = shape
+        return t.reshape(n, h, w, c).permute(0, 3, 1, 2)
+    return t.reshape(shape)

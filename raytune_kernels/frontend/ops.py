@@ -1,0 +1,396 @@
+"""Translation of captured torch calls into Graph IR nodes.
+
+torch.fx gives torch-level calls (F.conv2d, Tensor.view, nn.Conv2d modules); torch.export
+gives aten calls (aten.conv2d.default). Both are bound to one small signature per op, so a
+single handler per op turns either into a node.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from raytune_kernels.errors import DynamicShapeError, UnsupportedOpError
+
+
+@dataclass(frozen=True)
+class T:
+    """A tensor argument: the graph value that holds it and its concrete example value."""
+
+    ref: str
+    value: torch.Tensor
+
+
+class Builder:
+    """Accumulates nodes and parameters while a capture walks the traced graph."""
+
+    def __init__(self) -> None:
+        self.nodes: list = []
+        self.params: dict[str, torch.Tensor] = {}
+        self._taken: set[str] = set()
+
+    def unique(self, hint: str) -> str:
+        base = hint.replace(".", "_") or "v"
+        name, i = base, 1
+        while name in self._taken:
+            name, i = f"{base}_{i}", i + 1
+        self._taken.add(name)
+        return name
+
+    def param(self, hint: str, tensor: torch.Tensor) -> T:
+        if tensor.dtype != torch.float32:
+            raise UnsupportedOpError(f"parameter of dtype {tensor.dtype}", hint,
+                                     "only float32 networks are supported")
+        name = hint if hint not in self._taken else self.unique(hint)
+        self._taken.add(name)
+        value = tensor.detach().clone().contiguous()
+        self.params[name] = value
+        return T(name, value)
+
+    def node(self, op: str, inputs: list, attrs: dict, out: torch.Tensor, ctx: "Ctx") -> T:
+        from raytune_kernels.frontend.graph import Node
+        name = self.unique(ctx.hint)
+        refs = tuple(t.ref for t in inputs)
+        self.nodes.append(Node(name, op, refs, tuple(sorted(attrs.items())),
+                               tuple(out.shape), ctx.layer))
+        return T(name, out)
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """Where a call came from: its layer (module path) and a name hint for its node."""
+
+    layer: str
+    hint: str
+    what: str
+
+    def unsupported(self, detail: str = "") -> UnsupportedOpError:
+        return UnsupportedOpError(self.what, self.layer, detail)
+
+
+# ---- signatures: one stub per calling convention; binding normalises args/kwargs ----
+
+def _s_conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1): ...
+def _s_linear(input, weight, bias=None): ...
+def _s_addsub(input, other, alpha=1): ...
+def _s_mul(input, other): ...
+def _s_div(input, other, rounding_mode=None): ...
+def _s_unary(input, inplace=False): ...
+def _s_gelu(input, approximate="none"): ...
+def _s_hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False): ...
+def _s_bn_f(input, running_mean, running_var, weight=None, bias=None, training=False,
+            momentum=0.1, eps=1e-5): ...
+def _s_bn_aten(input, weight, bias, running_mean, running_var, training, momentum, eps,
+               cudnn_enabled=True): ...
+def _s_maxpool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False): ...
+def _s_avgpool(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None): ...
+def _s_adaptive(input, output_size): ...
+def _s_softmax(input, dim=None, _stacklevel=3, dtype=None): ...
+def _s_softmax_aten(input, dim, half_to_float=False): ...
+def _s_layernorm(input, normalized_shape, weight=None, bias=None, eps=1e-5,
+                 cudnn_enable=True): ...
+def _s_matmul(input, other): ...
+def _s_cat(tensors, dim=0): ...
+def _s_transpose(input, dim0, dim1): ...
+def _s_permute(input, *dims): ...
+def _s_any(input, *args, **kwargs): ...
+def _s_dropout(input, p=0.5, training=False, inplace=False): ...
+
+
+def bind(stub: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
+    kwargs = {("input" if k == "self" else k): v for k, v in kwargs.items()}
+    bound = inspect.signature(stub).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+# ---- helpers ----
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, (list, tuple)):
+        return (int(v[0]), int(v[-1])) if len(v) in (1, 2) else tuple(v)  # type: ignore
+    return (int(v), int(v))
+
+
+def _need_param(b: Builder, t: Any, ctx: Ctx, role: str) -> T:
+    if not isinstance(t, T) or t.ref not in b.params:
+        raise ctx.unsupported(f"the {role} must be a constant parameter, not a computed tensor")
+    return t
+
+
+def _tensor(t: Any, ctx: Ctx, role: str = "input") -> T:
+    if not isinstance(t, T):
+        raise ctx.unsupported(f"expected a tensor as {role}, got {type(t).__name__}")
+    return t
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+def _conv_padding(padding: Any, weight: torch.Tensor, dilation: tuple, ctx: Ctx) -> tuple:
+    if padding == "valid":
+        return (0, 0)
+    if padding == "same":
+        totals = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
+        if any(t % 2 for t in totals):
+            raise ctx.unsupported("padding='same' with an even kernel pads asymmetrically")
+        return tuple(t // 2 for t in totals)
+    return _pair(padding)
+
+
+# ---- handlers: (builder, bound args, concrete output, ctx) -> T ----
+
+def h_conv2d(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    x, w = _tensor(a["input"], ctx), _need_param(b, a["weight"], ctx, "weight")
+    if x.value.dim() != 4:
+        raise ctx.unsupported(f"conv2d on a {x.value.dim()}-D input (batched NCHW only)")
+    dilation = _pair(a["dilation"])
+    attrs = {"stride": _pair(a["stride"]), "dilation": dilation, "groups": int(a["groups"]),
+             "padding": _conv_padding(a["padding"], w.value, dilation, ctx)}
+    ins = [x, w] + ([_need_param(b, a["bias"], ctx, "bias")] if a["bias"] is not None else [])
+    return b.node("conv2d", ins, attrs, out, ctx)
+
+
+def h_dense(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    x, w = _tensor(a["input"], ctx), _need_param(b, a["weight"], ctx, "weight")
+    ins = [x, w] + ([_need_param(b, a["bias"], ctx, "bias")] if a["bias"] is not None else [])
+    return b.node("dense", ins, {}, out, ctx)
+
+
+def h_matmul(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    x, y = _tensor(a["input"], ctx), _tensor(a["other"], ctx, "other")
+    if x.value.dim() < 2 or y.value.dim() < 2:
+        raise ctx.unsupported("matmul with a 1-D operand (reshape it to 2-D)")
+    return b.node("matmul", [x, y], {}, out, ctx)
+
+
+def _affine(b: Builder, x: T, mean, var, weight, bias, eps: float, out, ctx: Ctx) -> T:
+    scale = (weight if weight is not None else torch.ones_like(var)) / torch.sqrt(var + eps)
+    shift = (bias if bias is not None else torch.zeros_like(mean)) - mean * scale
+    s = b.param(f"{ctx.layer}.scale", scale.float())
+    t = b.param(f"{ctx.layer}.shift", shift.float())
+    return b.node("affine", [x, s, t], {"axis": 1}, out, ctx)
+
+
+def h_batch_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    if a["training"]:
+        raise ctx.unsupported("batch norm in training mode (call model.eval())")
+    val = lambda k: a[k].value if isinstance(a[k], T) else a[k]  # noqa: E731
+    if val("running_mean") is None:
+        raise ctx.unsupported("batch norm without running statistics")
+    return _affine(b, _tensor(a["input"], ctx), val("running_mean"), val("running_var"),
+                   val("weight"), val("bias"), float(a["eps"]), out, ctx)
+
+
+def unary(op: str) -> Callable:
+    def handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+        return b.node(op, [_tensor(a["input"], ctx)], {}, out, ctx)
+    return handler
+
+
+def h_gelu(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    op = {"none": "gelu", "tanh": "gelu_tanh"}[a["approximate"]]
+    return b.node(op, [_tensor(a["input"], ctx)], {}, out, ctx)
+
+
+def h_hardtanh(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    if (float(a["min_val"]), float(a["max_val"])) != (0.0, 6.0):
+        raise ctx.unsupported("hardtanh other than relu6 (min 0, max 6)")
+    return b.node("relu6", [_tensor(a["input"], ctx)], {}, out, ctx)
+
+
+def _scalar(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return None
+
+
+def binary(op: str) -> Callable:
+    def handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+        if a.get("alpha", 1) != 1 or a.get("rounding_mode") is not None:
+            raise ctx.unsupported("alpha or rounding_mode arguments")
+        x, y = a["input"], a["other"]
+        if isinstance(x, T) and isinstance(y, T):
+            return b.node(op, [x, y], {}, out, ctx)
+        tensor, const, reverse = (x, y, False) if isinstance(x, T) else (y, x, True)
+        if _scalar(const) is None:
+            raise ctx.unsupported(f"operand of type {type(const).__name__}")
+        attrs = {"scalar": _scalar(const), "reverse": reverse and op in ("sub", "div")}
+        return b.node(op, [_tensor(tensor, ctx)], attrs, out, ctx)
+    return handler
+
+
+def h_max_pool(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    if a["return_indices"]:
+        raise ctx.unsupported("max pooling that returns indices")
+    k = _pair(a["kernel_size"])
+    attrs = {"kernel": k, "stride": _pair(a["stride"] or k), "padding": _pair(a["padding"]),
+             "dilation": _pair(a["dilation"]), "ceil_mode": bool(a["ceil_mode"])}
+    return b.node("max_pool2d", [_tensor(a["input"], ctx)], attrs, out, ctx)
+
+
+def h_avg_pool(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    if a["divisor_override"] is not None:
+        raise ctx.unsupported("avg pooling with divisor_override")
+    k = _pair(a["kernel_size"])
+    attrs = {"kernel": k, "stride": _pair(a["stride"] or k), "padding": _pair(a["padding"]),
+             "ceil_mode": bool(a["ceil_mode"]),
+             "count_include_pad": bool(a["count_include_pad"])}
+    return b.node("avg_pool2d", [_tensor(a["input"], ctx)], attrs, out, ctx)
+
+
+def h_adaptive_avg(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    x = _tensor(a["input"], ctx)
+    (h, w), (oh, ow) = x.value.shape[-2:], out.shape[-2:]
+    if h % oh == 0 and w % ow == 0:  # an ordinary average pool: one compute definition
+        k = (h // oh, w // ow)
+        attrs = {"kernel": k, "stride": k, "padding": (0, 0), "ceil_mode": False,
+                 "count_include_pad": True}
+        return b.node("avg_pool2d", [x], attrs, out, ctx)
+    return b.node("adaptive_avg_pool2d", [x], {"output_size": (oh, ow)}, out, ctx)
+
+
+def h_reshape(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    x = _tensor(a["input"], ctx)
+    if tuple(out.shape) == tuple(x.value.shape):
+        return T(x.ref, out)
+    return b.node("reshape", [x], {"shape": tuple(out.shape)}, out, ctx)
+
+
+def h_alias(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    if a.get("training"):
+        raise ctx.unsupported("dropout in training mode (call model.eval())")
+    x = _tensor(a["input"], ctx)
+    if out.dtype != x.value.dtype or tuple(out.shape) != tuple(x.value.shape):
+        raise ctx.unsupported("a copy that changes dtype or shape")
+    return T(x.ref, out)
+
+
+def _permute(b: Builder, x: T, dims: tuple, out: torch.Tensor, ctx: Ctx) -> T:
+    dims = tuple(_dim(int(d), x.value.dim()) for d in dims)
+    if dims == tuple(range(len(dims))):
+        return T(x.ref, out)
+    return b.node("permute", [x], {"dims": dims}, out, ctx)
+
+
+def h_permute(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    dims = a["dims"][0] if len(a["dims"]) == 1 and isinstance(a["dims"][0], (list, tuple)) \
+        else a["dims"]
+    return _permute(b, _tensor(a["input"], ctx), tuple(dims), out, ctx)
+
+
+def h_transpose(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    x = _tensor(a["input"], ctx)
+    dims = list(range(x.value.dim()))
+    i, j = _dim(a["dim0"], len(dims)), _dim(a["dim1"], len(dims))
+    dims[i], dims[j] = dims[j], dims[i]
+    return _permute(b, x, tuple(dims), out, ctx)
+
+
+def h_t(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    x = _tensor(a["input"], ctx)
+    return _permute(b, x, tuple(reversed(range(x.value.dim()))), out, ctx)
+
+
+def h_cat(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    xs = [_tensor(t, ctx) for t in a["tensors"]]
+    return b.node("concat", xs, {"dim": _dim(int(a["dim"]), out.dim())}, out, ctx)
+
+
+def h_softmax(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    if a["dim"] is None or a.get("dtype") is not None or a.get("half_to_float"):
+        raise ctx.unsupported("softmax needs an explicit dim and no dtype change")
+    x = _tensor(a["input"], ctx)
+    return b.node("softmax", [x], {"dim": _dim(int(a["dim"]), out.dim())}, out, ctx)
+
+
+def h_layer_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    x, shape = _tensor(a["input"], ctx), tuple(int(s) for s in a["normalized_shape"])
+    w = _need_param(b, a["weight"], ctx, "weight") if a["weight"] is not None \
+        else b.param(f"{ctx.layer}.ln_weight", torch.ones(shape))
+    bias = _need_param(b, a["bias"], ctx, "bias") if a["bias"] is not None \
+        else b.param(f"{ctx.layer}.ln_bias", torch.zeros(shape))
+    attrs = {"normalized_shape": shape, "eps": float(a["eps"])}
+    return b.node("layer_norm", [x, w, bias], attrs, out, ctx)
+
+
+_TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
+    ((F.conv2d, torch.conv2d, "aten::conv2d"), _s_conv2d, h_conv2d),
+    ((F.linear, "aten::linear"), _s_linear, h_dense),
+    ((torch.matmul, operator.matmul, torch.bmm, "matmul", "bmm", "aten::matmul", "aten::bmm"),
+     _s_matmul, h_matmul),
+    ((F.batch_norm,), _s_bn_f, h_batch_norm),
+    (("aten::batch_norm",), _s_bn_aten, h_batch_norm),
+    ((torch.relu, F.relu, "relu", "relu_", "aten::relu", "aten::relu_"), _s_unary,
+     unary("relu")),
+    ((F.relu6,), _s_unary, unary("relu6")),
+    ((F.hardtanh, "aten::hardtanh", "aten::hardtanh_"), _s_hardtanh, h_hardtanh),
+    ((F.gelu, "aten::gelu"), _s_gelu, h_gelu),
+    ((torch.sigmoid, F.sigmoid, "sigmoid", "aten::sigmoid"), _s_unary, unary("sigmoid")),
+    ((F.silu, "aten::silu", "aten::silu_"), _s_unary, unary("silu")),
+    ((torch.tanh, F.tanh, "tanh", "aten::tanh"), _s_unary, unary("tanh")),
+    ((operator.add, operator.iadd, torch.add, "add", "add_", "aten::add", "aten::add_"),
+     _s_addsub, binary("add")),
+    ((operator.sub, operator.isub, torch.sub, "sub", "sub_", "aten::sub"), _s_addsub,
+     binary("sub")),
+    ((operator.mul, operator.imul, torch.mul, "mul", "mul_", "aten::mul", "aten::mul_"),
+     _s_mul, binary("mul")),
+    ((operator.truediv, operator.itruediv, torch.div, "div", "div_", "aten::div"), _s_div,
+     binary("div")),
+    ((F.max_pool2d, torch.max_pool2d, "aten::max_pool2d"), _s_maxpool, h_max_pool),
+    ((F.avg_pool2d, "aten::avg_pool2d"), _s_avgpool, h_avg_pool),
+    ((F.adaptive_avg_pool2d, "aten::adaptive_avg_pool2d"), _s_adaptive, h_adaptive_avg),
+    ((torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze, "flatten", "view",
+      "reshape", "squeeze", "unsqueeze", "unflatten", "view_as", "reshape_as",
+      "aten::flatten", "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::squeeze",
+      "aten::unsqueeze", "aten::unflatten"), _s_any, h_reshape),
+    ((torch.permute, "permute", "aten::permute"), _s_permute, h_permute),
+    ((torch.transpose, "transpose", "aten::transpose"), _s_transpose, h_transpose),
+    ((torch.t, "t", "aten::t"), _s_any, h_t),
+    ((torch.cat, torch.concat, "aten::cat"), _s_cat, h_cat),
+    ((F.softmax, torch.softmax, "softmax", "aten::softmax"), _s_softmax, h_softmax),
+    (("aten::_softmax",), _s_softmax_aten, h_softmax),
+    ((F.layer_norm, "aten::layer_norm"), _s_layernorm, h_layer_norm),
+    ((F.dropout, "aten::dropout"), _s_dropout, h_alias),
+    (("contiguous", "clone", "detach", "aten::contiguous", "aten::clone", "aten::alias",
+      "aten::detach", torch.clone), _s_any, h_alias),
+]
+
+TABLE: dict[Any, tuple[Callable, Callable]] = {
+    key: (stub, handler) for keys, stub, handler in _TORCH_FUNCS for key in keys
+}
+
+# Ops whose output shape depends on tensor values: refused as dynamic shapes.
+DATA_DEPENDENT = frozenset({
+    torch.nonzero, torch.masked_select, torch.unique, torch.argwhere, "nonzero",
+    "masked_select", "unique", "item", "tolist", "aten::nonzero", "aten::masked_select",
+    "aten::unique", "aten::_unique2", "aten::item", "aten::_local_scalar_dense",
+})
+
+
+def lookup(target: Any) -> tuple[Callable, Callable] | None:
+    schema = getattr(target, "_schema", None)
+    key = schema.name if schema is not None else target
+    try:
+        return TABLE.get(key)
+    except TypeError:  # unhashable target
+        return None
+
+
+def check_static(target: Any, ctx: Ctx) -> None:
+    schema = getattr(target, "_schema", None)
+    key = schema.name if schema is not None else target
+    try:
+        dynamic = key in DATA_DEPENDENT
+    except TypeError:
+        dynamic = False
+    if dynamic:
+        raise DynamicShapeError(f"'{ctx.what}' has an output shape that depends on values",
+                                ctx.layer)

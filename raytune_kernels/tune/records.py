@@ -1,0 +1,224 @@
+"""Tuning records: append-only JSON lines, one per measured candidate.
+
+Plain data only: loading a records file parses JSON and never executes anything (no
+pickle, no eval). A malformed line is skipped with one warning that counts them, so a
+half-written last line from a killed writer loses only itself.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from raytune_kernels.version import __version__
+
+SCHEMA = 1
+
+
+def versions() -> dict[str, str]:
+    import llvmlite
+    import torch
+
+    return {"raytune_kernels": __version__, "llvmlite": llvmlite.__version__,
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+class MalformedRecord(ValueError):
+    """A records line that is not a valid record (says what is wrong)."""
+
+
+@dataclass(frozen=True)
+class Record:
+    task_key: str
+    target: str
+    device: str  # CPU name or GPU name
+    config: dict
+    times: tuple[float, ...]
+    error_kind: str | None = None
+    error_msg: str = ""
+    build_s: float = 0.0
+    run_s: float = 0.0
+    timestamp: float = field(default_factory=time.time)
+    versions: dict = field(default_factory=dict)
+    schema: int = SCHEMA
+    threads: int = 1  # threads the kernel ran with: part of what the time means
+    cold_weights: bool = False  # timed with its weights out of cache, as in a network
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None and bool(self.times)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times) if self.ok else math.inf
+
+    def config_key(self) -> str:
+        return json.dumps(self.config, sort_keys=True)
+
+    def to_json(self) -> dict:
+        return {"schema": self.schema, "task_key": self.task_key, "target": self.target,
+                "device": self.device, "config": self.config, "times": list(self.times),
+                "error_kind": self.error_kind, "error_msg": self.error_msg,
+                "build_s": self.build_s, "run_s": self.run_s, "timestamp": self.timestamp,
+                "versions": self.versions, "threads": self.threads,
+                "cold_weights": self.cold_weights}
+
+    @classmethod
+    def from_json(cls, d: object) -> "Record":
+        if not isinstance(d, dict):
+            raise MalformedRecord(f"a record is a JSON object, got {type(d).__name__}")
+        _require(d, {"task_key": str, "target": str, "device": str, "config": dict,
+                     "times": list})
+        if d.get("schema", SCHEMA) > SCHEMA:
+            raise MalformedRecord(f"schema {d['schema']} is newer than {SCHEMA}")
+        times = tuple(d["times"])
+        if not all(isinstance(t, (int, float)) and t >= 0 for t in times):
+            raise MalformedRecord("times must be non-negative numbers")
+        return cls(d["task_key"], d["target"], d["device"], d["config"], tuple(map(float, times)),
+                   d.get("error_kind"), str(d.get("error_msg", "")), float(d.get("build_s", 0)),
+                   float(d.get("run_s", 0)), float(d.get("timestamp", 0)),
+                   dict(d.get("versions", {})), int(d.get("schema", SCHEMA)),
+                   _threads(d.get("threads", 1)), bool(d.get("cold_weights", False)))
+
+
+def _threads(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise MalformedRecord(f"threads must be a positive integer, got {value!r}")
+    return value
+
+
+def _require(d: dict, fields: dict) -> None:
+    for name, kind in fields.items():
+        if name not in d:
+            raise MalformedRecord(f"missing field '{name}'")
+        if not isinstance(d[name], kind):
+            raise MalformedRecord(f"field '{name}' should be {kind.__name__}")
+
+
+class RecordWriter:
+    """The single writer of a records file: appends batches, flushed and fsynced, so a
+    killed driver loses at most the batch in flight. Fails early on an unwritable path."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            self._f = open(path, "a", encoding="utf-8")
+        except OSError as exc:
+            raise OSError(f"cannot write records to {path!r}: {exc.strerror}") from None
+        if self._f.tell() and not _ends_with_newline(path):
+            self._f.write("\n")  # end a line torn by a killed writer; it stays one bad line
+
+    def write_batch(self, records: Iterable[Record]) -> None:
+        text = "".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in records)
+        self._f.write(text)
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> "RecordWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _ends_with_newline(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+@dataclass
+class Loaded:
+    records: list[Record]
+    skipped: int = 0
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records)
+
+
+def load_records(path: str) -> Loaded:
+    """Every valid record of a file; malformed lines are counted, warned about, skipped."""
+    out, skipped, first = [], 0, ""
+    if not os.path.exists(path):
+        return Loaded([])
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(Record.from_json(json.loads(line)))
+            except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
+                skipped += 1
+                first = first or f"line {number}: {exc}"
+    if skipped:
+        warnings.warn(f"{path}: skipped {skipped} malformed record line(s), first at {first}",
+                      stacklevel=2)
+    return Loaded(out, skipped)
+
+
+def best_per_task(records: Iterable[Record], target: str | None = None,
+                  threads: int | None = None) -> dict[str, Record]:
+    """Apply-history-best: the fastest valid record of each task (for one target and,
+    when given, one thread count)."""
+    best: dict[str, Record] = {}
+    for r in records:
+        if r.ok and (target is None or r.target == target) and \
+                (threads is None or r.threads == threads):
+            if r.task_key not in best or r.median < best[r.task_key].median:
+                best[r.task_key] = r
+    return best
+
+
+def top_k(records: Iterable[Record], task_key: str, k: int) -> list[Record]:
+    valid = [r for r in records if r.ok and r.task_key == task_key]
+    return sorted(valid, key=lambda r: r.median)[:k]
+
+
+# The knobs that decide which data layouts a config's kernel reads and writes: the CPU's
+# channel blocks and output layout (layout/costs.layouts_of), the GPU's `layout`
+# (cuda/render.cuda_layouts). tests/tune/test_records.py checks they stay in step.
+LAYOUT_KNOBS = ("layout", "cb", "ob", "out_layout")
+
+
+def distill_key(r: Record) -> tuple:
+    """What compile_network tells apart among a task's records: target, threads, cold or
+    warm weights, and the layouts the kernel reads and writes (the layout ILP weighs the
+    best record of each layout against the transforms it saves)."""
+    layout = tuple((k, str(r.config[k])) for k in LAYOUT_KNOBS if k in r.config)
+    return r.task_key, r.target, r.threads, r.cold_weights, layout
+
+
+def distill(src: str, dst: str, k: int = 1) -> int:
+    """Write the best k valid records of every task to `dst`, per target, thread count,
+    weight temperature and layout (distill_key): compiling from `dst` sees the same
+    candidates as compiling from `src`."""
+    records = load_records(src).records
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        if r.ok:
+            groups.setdefault(distill_key(r), []).append(r)
+    kept = [r for g in groups.values() for r in sorted(g, key=lambda r: r.median)[:k]]
+    tmp = dst + ".tmp"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    with RecordWriter(tmp) as w:
+        w.write_batch(kept)
+    os.replace(tmp, dst)
+    return len(kept)
+
+
+def record_of(task_key: str, target: str, device: str, config: dict, result,
+              threads: int = 1, cold_weights: bool = False) -> Record:
+    """A Record from a MeasureResult (anything with times/error_kind/error_msg/build_s/run_s)."""
+    return Record(task_key, target, device, config, tuple(result.times), result.error_kind,
+                  result.error_msg, result.build_s, result.run_s, time.time(), versions(),
+                  threads=threads, cold_weights=cold_weights)

@@ -1,0 +1,189 @@
+"""The tuning loop, Ray-free: rounds of (pick a task, propose a batch, measure, record,
+learn) until the trial budget is spent or every task has converged.
+
+What it is plugged into decides where things run: `measure` is any function from
+(task, config) pairs to MeasureResults (the Ray pipeline, or the fake measurer in tests),
+and the SearchPool holds the searches and the cost model (locally here; as search actors
+and a cost-model actor in actors/). The Tuner is the single writer of records.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from raytune_kernels.cpu.machine import CpuInfo
+from raytune_kernels.cuda.gpu import GpuInfo
+from raytune_kernels.cpu.schedules import space_on
+from raytune_kernels.space import Config
+from raytune_kernels.tune.cost_model import CostModel, training_set
+from raytune_kernels.measure import MeasureResult
+from raytune_kernels.tune.records import Record, RecordWriter, record_of
+from raytune_kernels.tune.task_scheduler import SchedulerOptions, TaskScheduler
+from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
+from raytune_kernels.task import Task
+
+Measure = Callable[[list[tuple[Task, Config]]], list[MeasureResult]]
+
+
+class SearchPool(Protocol):
+    def propose(self, key: str, n: int) -> list[Config]: ...
+    def observe(self, key: str, cfgs: list[Config], seconds: list[float]) -> None: ...
+    def learn(self, records: list[Record]) -> None: ...
+    def exhausted(self, key: str) -> bool: ...
+
+
+class LocalSearchPool:
+    """One evolutionary search per task and one cost model, all in this process. `device`
+    is what the target tunes for: a CpuInfo (llvm) or a GpuInfo (cuda); it picks the
+    schedule space and the cost model's features."""
+
+    def __init__(self, tasks: list[Task], device: CpuInfo | GpuInfo, seed: int = 0,
+                 opts: SearchOptions = SearchOptions()):
+        self.tasks = {t.key: t for t in tasks}
+        self.device, self.model, self.records, self.features = device, CostModel(), [], {}
+        self.searches = {t.key: EvolutionarySearch(t, space_on(t.compute, device), device, seed,
+                                                   opts) for t in tasks}
+
+    def propose(self, key: str, n: int) -> list[Config]:
+        return self.searches[key].propose(n, self.model)
+
+    def observe(self, key: str, cfgs: list[Config], seconds: list[float]) -> None:
+        self.searches[key].observe(cfgs, seconds)
+
+    def learn(self, records: list[Record]) -> None:
+        self.records += records
+        self.model.fit(training_set(self.tasks, self.records, self.device, self.features))
+
+    def exhausted(self, key: str) -> bool:
+        return self.searches[key].exhausted
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    trials: int = 200
+    batch: int = 8
+    seed: int = 0
+    threads: int = 1  # threads every candidate runs with; records at other counts are ignored
+    cold_weights: bool = True  # weights out of cache while timed (see MeasureOptions)
+    scheduler: SchedulerOptions = SchedulerOptions()
+    search: SearchOptions = SearchOptions()
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    id: int
+    key: str
+    compute: str
+    weight: int
+    trials: int
+    latency_s: float
+    gflops: float
+
+
+@dataclass(frozen=True)
+class RoundSummary:
+    round: int
+    task_id: int
+    rows: tuple[TaskRow, ...]
+    estimated_s: float
+    trials: int
+    budget: int
+    elapsed_s: float
+    valid: int
+    errors: dict[str, int]
+
+
+@dataclass
+class TuningResult:
+    """Per-task best records, the estimated network latency, the records path."""
+
+    best: dict[str, Record]
+    estimated_latency_s: float
+    records: str | None
+    trials: int
+    tasks: list[Task] = field(default_factory=list)
+
+
+class Tuner:
+    def __init__(self, tasks: list[Task], target: str, device: str, measure: Measure,
+                 pool: SearchPool, writer: RecordWriter | None = None,
+                 history: list[Record] = (), opts: TuneOptions = TuneOptions()):
+        self.tasks, self.target, self.device = tasks, target, device
+        self.measure, self.pool, self.writer, self.opts = measure, pool, writer, opts
+        self.scheduler = TaskScheduler(tasks, opts.seed, opts.scheduler)
+        self.records: list[Record] = []
+        self.round, self.start = 0, time.perf_counter()
+        self._resume([r for r in history if r.target == target and r.threads == opts.threads
+                      and r.cold_weights == opts.cold_weights])
+
+    def _resume(self, history: list[Record]) -> None:
+        index = {t.key: i for i, t in enumerate(self.tasks)}
+        mine = [r for r in history if r.task_key in index]
+        for i, task in enumerate(self.tasks):
+            recs = [r for r in mine if r.task_key == task.key]
+            if recs:
+                cfgs = [Config.from_json(r.config) for r in recs]
+                self.pool.observe(task.key, cfgs, [r.median for r in recs])
+                self.scheduler.resume(i, [r.median for r in recs])
+        self.records = list(mine)
+        if mine:
+            self.pool.learn(mine)  # a resumed run starts with a trained model
+
+    def step(self) -> RoundSummary | None:
+        """One round; None when the budget is spent or every task has converged."""
+        while self.spent < self.opts.trials:
+            i = self.scheduler.next_task()
+            if i is None:
+                return None
+            task = self.tasks[i]
+            n = min(self.opts.batch, self.opts.trials - self.spent)
+            cfgs = self.pool.propose(task.key, n)
+            if not cfgs:  # nothing left to try for this task
+                self.scheduler.update(i, [], exhausted=True)
+                continue
+            return self._run_round(i, task, cfgs)
+        return None
+
+    def _run_round(self, i: int, task: Task, cfgs: list[Config]) -> RoundSummary:
+        results = self.measure([(task, c) for c in cfgs])
+        new = [record_of(task.key, self.target, self.device, c.to_json(), r, self.opts.threads,
+                         self.opts.cold_weights) for c, r in zip(cfgs, results)]
+        if self.writer is not None:
+            self.writer.write_batch(new)
+        self.records += new
+        seconds = [r.median for r in results]
+        self.pool.observe(task.key, cfgs, seconds)
+        self.scheduler.update(i, seconds, self.pool.exhausted(task.key))
+        self.pool.learn(new)
+        self.round += 1
+        errors: dict[str, int] = {}
+        for r in results:
+            if r.error_kind:
+                errors[r.error_kind] = errors.get(r.error_kind, 0) + 1
+        return RoundSummary(self.round, i, self.rows(), self.scheduler.objective(), self.spent,
+                            self.opts.trials, time.perf_counter() - self.start,
+                            sum(r.ok for r in results), errors)
+
+    @property
+    def spent(self) -> int:
+        """Trials spent: this run's and, on resume, the earlier runs' on these tasks."""
+        return len(self.records)
+
+    def rows(self) -> tuple[TaskRow, ...]:
+        return tuple(TaskRow(i, s.task.key, s.task.compute.describe(), s.task.weight, s.trials,
+                             s.best, s.task.flops / s.best / 1e9 if math.isfinite(s.best) else 0.0)
+                     for i, s in enumerate(self.scheduler.states))
+
+    def run(self, on_round: Callable[[RoundSummary], None] | None = None) -> TuningResult:
+        while (summary := self.step()) is not None:
+            if on_round:
+                on_round(summary)
+        return self.result()
+
+    def result(self) -> TuningResult:
+        from raytune_kernels.tune.records import best_per_task
+        best = best_per_task(self.records, self.target, self.opts.threads)
+        path = self.writer.path if self.writer else None
+        return TuningResult(best, self.scheduler.objective(), path, self.spent, self.tasks)

@@ -1,0 +1,250 @@
+"""compile_network() for real: records measured here, kernels built, the network checked."""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import raytune_kernels as rk
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.kernel import build_for
+from raytune_kernels.cpu.schedules import lower, space_for
+from raytune_kernels.space import Config
+from raytune_kernels.measure import MeasureOptions, measure_built
+from raytune_kernels.compile.api import compile_network
+from raytune_kernels.compile.cpu_network import check_network
+from raytune_kernels.errors import CompileError
+from raytune_kernels.tune.records import record_of
+
+QUICK = MeasureOptions(threads=1, min_repeat_ms=1, repeats=3)
+
+
+class Small(torch.nn.Module):
+    """Conv+BN+ReLU, max pool, a residual block, global pool, a dense layer whose 10
+    outputs do not fill a vector block (its output is padded inside the kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(16)
+        self.pool = torch.nn.MaxPool2d(3, 2, 1)
+        self.conv2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.conv3 = torch.nn.Conv2d(16, 16, 1)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = self.pool(torch.relu(self.bn1(self.conv1(x))))
+        z = torch.relu(self.conv3(torch.relu(self.conv2(y))) + y)
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(z, 1), 1))
+
+
+def measured_records(model, inputs, per_task=5, threads=1, skip=(), seed=0):
+    """A few random configs of every task, really built and measured."""
+    cpu, rng, out = cpu_info(), random.Random(seed), []
+    opts = MeasureOptions(threads=threads, min_repeat_ms=1, repeats=3)
+    for task in rk.extract_tasks(model, inputs):
+        if task.compute.op in skip:
+            continue
+        space = space_for(task.compute, cpu)
+        for cfg in {space.sample(rng) for _ in range(per_task)}:
+            built = build_for(task.compute, cfg)
+            result = measure_built(task.compute, cfg, built.library, opts, built.seconds) \
+                if built.library else None
+            if result is not None:
+                out.append(record_of(task.key, "llvm", cpu.name, cfg.to_json(), result,
+                                     threads))
+    return out
+
+
+@pytest.fixture(scope="module")
+def small():
+    torch.manual_seed(0)
+    model = Small().eval()
+    with torch.no_grad():  # give batch norm non-trivial statistics
+        model.bn1.running_mean.uniform_(-0.5, 0.5)
+        model.bn1.running_var.uniform_(0.5, 2.0)
+    inputs = (torch.randn(1, 3, 16, 16),)
+    return model, inputs, measured_records(model, inputs)
+
+
+@pytest.fixture(scope="module")
+def net(small):
+    model, inputs, records = small
+    return compile_network(model, inputs, records)
+
+
+def test_compiled_network_equals_the_model_on_new_inputs(small, net):
+    model, _, _ = small
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+    kinds = {s.kind for s in net.steps}
+    assert "kernel" in kinds and "torch" not in kinds
+    assert "glue" not in kinds  # flatten and the padded dense output are views, not copies
+
+
+def test_buffers_are_reused_and_weights_packed_once(net):
+    arrays = list(net._arrays.values())
+    assert len({id(a) for a in arrays}) < len(arrays)  # dead values' buffers reused
+    x = torch.randn(1, 3, 16, 16)
+    first, second = net(x), net(x)
+    assert torch.equal(first, second)  # no state leaks from one call to the next
+
+
+def test_a_task_without_records_is_an_error_or_runs_torch(small):
+    model, inputs, records = small
+    dense = next(t for t in rk.extract_tasks(model, inputs) if t.compute.op == "dense")
+    partial = [r for r in records if r.task_key != dense.key]
+    with pytest.raises(CompileError, match=r"layer fc.*fallback='torch'"):
+        compile_network(model, inputs, partial)
+    net = compile_network(model, inputs, partial, fallback="torch")
+    assert [s.name for s in net.steps if s.kind == "torch"] == ["fc"]
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_fallback_uses_torch_where_the_tuned_kernel_is_slower(small):
+    model, inputs, records = small
+    conv2 = next(t for t in rk.extract_tasks(model, inputs) if "conv2" in t.layers)
+    slow = [r if r.task_key != conv2.key else
+            type(r)(**{**r.__dict__, "times": (1.0, 1.0, 1.0)}) for r in records]
+    net = compile_network(model, inputs, slow, fallback="torch")
+    assert "conv2" in [s.name for s in net.steps if s.kind == "torch"]
+    assert any(s.kind == "kernel" for s in net.steps)
+
+
+def test_records_at_another_thread_count_do_not_count(small):
+    model, inputs, records = small
+    with pytest.raises(CompileError, match="at 2 thread"):
+        compile_network(model, inputs, records, threads=2)
+    with pytest.raises(CompileError, match="does not exist"):
+        compile_network(model, inputs, "/nonexistent/records.jsonl")
+
+
+def test_uniform_layout_baseline_compiles_and_is_correct(small, net):
+    model, inputs, records = small
+    uni = compile_network(model, inputs, records, layout="uniform")
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(uni(x), model(x), atol=1e-4, rtol=1e-4)
+    assert net.plan.cost <= uni.plan.cost + 1e-12  # the ILP's optimum is never worse
+
+
+def test_bad_input_shape_is_named(net):
+    with pytest.raises(ValueError, match=r"shape \(1, 3, 8, 8\), compiled for \(1, 3, 16, 16\)"):
+        net(torch.randn(1, 3, 8, 8))
+
+
+def test_a_wrong_kernel_is_caught_and_located(small):
+    model, inputs, records = small
+    net = compile_network(model, inputs, records)
+    step = next(s for s in net.steps if s.name == "conv2")
+    weights = next(o for o in step.operands if isinstance(o, np.ndarray) and o.size > 16)
+    weights *= 2.0  # sabotage the packed weights in place
+    with pytest.raises(CompileError, match="first divergence at step conv2"):
+        check_network(net, model, inputs, 1e-3)
+
+
+def test_profile_table_chart_and_fidelity(net, tmp_path, capsys):
+    png = str(tmp_path / "profile.png")
+    prof = net.profile(png=png)
+    assert len(prof.rows) == len(net.steps) and all(r.ours_s > 0 for r in prof.rows)
+    kernels = [r for r in prof.rows if r.kind == "kernel"]
+    assert all(r.torch_s and r.torch_s > 0 for r in kernels)
+    out = capsys.readouterr().out
+    assert "end to end" in out and "conv2" in out
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    text = net.fidelity(prof.end_to_end_s, prof)
+    assert text.startswith("estimated") and "measured" in text
+    far = net.fidelity(net.estimated_s * 2, prof)
+    assert "steps timed alone" in far
+
+
+def test_compile_command_checks_and_times_against_torch(small, tmp_path, capsys):
+    from raytune_kernels.cli import main
+    from raytune_kernels.tune.records import RecordWriter
+
+    model, inputs, records = small
+    path = tmp_path / "small.py"
+    path.write_text("import torch\nfrom tests.compile.test_cpu_network import Small\n"
+                    "def make():\n    torch.manual_seed(0)\n"
+                    "    return Small().eval(), (torch.randn(1, 3, 16, 16),)\n")
+    rec = str(tmp_path / "r.jsonl")
+    with RecordWriter(rec) as w:
+        w.write_batch(records)
+    # a fresh Small(): batch norm keeps default statistics, same tasks except the folded conv1
+    code = main(["compile", f"{path}:make", "--records", rec, "--fallback", "torch",
+                 "--profile"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "checked against the model" in out and "PyTorch eager" in out
+    assert "end to end" in out and out.strip().splitlines()[-1].startswith(("estimated", "steps"))
+    assert main(["compile", f"{path}:make", "--records", str(tmp_path / "none.jsonl")]) == 2
+
+
+def test_blocks_that_do_not_nest_go_through_their_common_block():
+    from raytune_kernels.layout.costs import fastest_transform
+    from raytune_kernels.compile.cpu_network import transform_cost, via_layout
+
+    assert via_layout("NCHW48c", "NCHW32c/p1x1") == "NCHW16c"
+    assert via_layout("NCHW16c", "NCHW32c") is None and via_layout("NHWC", "NCHW8c") is None
+    shape = (1, 96, 6, 6)
+    assert fastest_transform(shape, "NCHW48c", "NCHW32c", QUICK)[1] is None
+    assert 0 < transform_cost(shape, "NCHW48c", "NCHW32c/p1x1", QUICK) < 1e-2
+
+
+def test_a_transformer_layer_compiles_with_row_kernels_and_glue(zoo_models):
+    """Dense, batched matmul, softmax and layer norm kernels, with permutes run as glue."""
+    model, inputs = zoo_models["bert_layer"]
+    net = compile_network(model, inputs, measured_records(model, inputs, per_task=2))
+    kinds = {s.kind for s in net.steps}
+    assert kinds == {"kernel", "glue"}
+    x = torch.randn_like(inputs[0])
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_targets_and_options_are_checked_before_any_work(small):
+    model, inputs, records = small
+    with pytest.raises(rk.UnknownTargetError):
+        compile_network(model, inputs, records, target="rocm")
+    with pytest.raises(CompileError, match="no cuda record for sm_90"):  # llvm records
+        compile_network(model, inputs, records, target="cuda -arch=sm_90")
+    with pytest.raises(CompileError, match="fallback must be None or 'torch'"):
+        compile_network(model, inputs, records, fallback="onnx")
+    with pytest.raises(CompileError, match="layout must be 'ilp' or 'uniform'"):
+        compile_network(model, inputs, records, layout="nhwc")
+
+
+def test_winograd_steps_share_one_workspace():
+    """Two Winograd convs of different sizes: both steps use the same V and M arrays (the
+    larger need), and the network still equals the model."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU()).eval()
+    inputs = (torch.randn(1, 16, 8, 8),)
+    cpu, rng, records = cpu_info(), random.Random(0), []
+    opts = MeasureOptions(threads=1, min_repeat_ms=1, repeats=3)
+    for task in rk.extract_tasks(model, inputs):
+        space = space_for(task.compute, cpu)
+        part = dict(space.parts)["winograd"]
+        cfg = space._tag("winograd", part.sample(rng))
+        built = build_for(task.compute, cfg)
+        result = measure_built(task.compute, cfg, built.library, opts, built.seconds)
+        records.append(record_of(task.key, "llvm", cpu.name, cfg.to_json(), result))
+    net = compile_network(model, inputs, records)  # checked against the model
+    nests = {t.key: lower(t.compute, Config.from_json(r.config))
+             for t, r in zip(rk.extract_tasks(model, inputs), records)}
+    kernels = [s for s in net.steps if s.kind == "kernel"]
+    assert len(kernels) == 2
+    for name in ("v", "m"):
+        arrays, sizes = [], []
+        for s in kernels:
+            names = [b.name for b in nests[s.key].buffers]
+            arrays.append(s.operands[names.index(name)])
+            sizes.append(nests[s.key].buffers[names.index(name)].size)
+        assert arrays[0] is arrays[1] and arrays[0].size == max(sizes)
+        if name == "m":  # the second conv needs more: the first step was re-pointed
+            assert sizes[1] > sizes[0]

@@ -1,0 +1,359 @@
+"""compile_network() on a cuda target without a GPU: real kernels built by NVRTC from
+records, the plan (packed weights, arena offsets, launch order, torch steps) run through
+the CPU CUDA emulator and compared with the model; and, where a GPU is visible, the same
+network run by cupy and benchmarked with CUDA events."""
+import dataclasses
+import math
+import random
+
+import numpy as np
+
+import pytest
+import torch
+
+import raytune_kernels as rk
+from tests.support import cuda_emulate
+from raytune_kernels.cuda.build import build_cuda, nvrtc_unavailable
+from raytune_kernels.cuda.render import cuda_space_for
+from raytune_kernels.measure import MeasureResult
+from raytune_kernels.errors import CompileError
+from raytune_kernels.compile.cuda_network import (ALIGN, NCHW, NHWC, GBuf, GpuNetwork, GpuStep,
+                                                  assign_offsets, check_gpu_network,
+                                                  compile_network_cuda, cuda_records, same_order,
+                                                  to_layout)
+from raytune_kernels.frontend.partition import TaskStep
+from raytune_kernels.tune.records import record_of
+from raytune_kernels.tune.timing import TimingOptions
+
+from tests.support.gpu_emulator import EmulatorDevice
+from tests.cuda.test_measure import _has_gpu
+
+ARCH = "sm_90"
+TARGET = f"cuda -arch={ARCH}"
+pytestmark = [
+    pytest.mark.skipif(nvrtc_unavailable() is not None,
+                       reason=f"NVRTC unavailable: {nvrtc_unavailable()}"),
+    pytest.mark.skipif(cuda_emulate.compiler() is None,
+                       reason="no C++ compiler for the CUDA emulator")]
+
+
+def tiny():
+    """conv 16->32 3x3 + relu, max pool, flatten, linear: three tasks and a reshape.
+    Batch 2: a 1-row dense with 10 outputs has no CUDA GEMM tiling."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(32 * 3 * 3, 10)).eval()
+    return model, (torch.randn(2, 16, 6, 6),)
+
+
+def cuda_records_for(model, inputs, arch=ARCH, skip=(), seed=0, layout="NCHW",
+                     times=None):
+    """One config per task that really builds for `arch`, in `layout` where the task has
+    layouts, recorded with a made-up time (what is checked here is the network, not the
+    speed): `times` maps an op to its seconds, 1e-5 otherwise."""
+    rng, out = random.Random(seed), []
+    for task in rk.extract_tasks(model, inputs, target="cuda"):
+        if task.compute.op in skip:
+            continue
+        space = cuda_space_for(task.compute)
+        for _ in range(200):
+            cfg = space.sample(rng)
+            if cfg.get("layout", layout) != layout:
+                continue
+            built = build_cuda(task.compute, cfg, arch)
+            if built.error is None:
+                break
+        assert built.error is None and cfg.get("layout", layout) == layout, built.error
+        t = (times or {}).get(task.compute.op, 1e-5)
+        result = MeasureResult(times=(t, t * 1.1), build_s=built.seconds)
+        out.append(record_of(task.key, f"cuda -arch={arch}", "emulated", cfg.to_json(),
+                             result))
+    return out
+
+
+@pytest.fixture(scope="module")
+def case():
+    model, inputs = tiny()
+    return model, inputs, cuda_records_for(model, inputs)
+
+
+@pytest.fixture(scope="module")
+def net(case):
+    model, inputs, records = case
+    return compile_network_cuda(model, inputs, records, TARGET, device=EmulatorDevice)
+
+
+def test_the_plan_runs_on_the_emulator_and_equals_the_model(case, net):
+    model, _, _ = case
+    assert [s.kind for s in net.steps] == ["kernel"] * 3  # flatten is a view, no step
+    assert all(s.binary[:4] == b"\x7fELF" for s in net.steps)  # cubins for sm_90
+    before = net.device.launches
+    x = torch.randn(2, 16, 6, 6)
+    with torch.no_grad():
+        want = model(x)
+    got = net(x)
+    assert net.device.launches == before + 3
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_weights_are_packed_once_and_buffers_never_overlap_while_live(net):
+    plan = net.plan
+    params = dict(net.part.graph.params)
+    assert len(plan.consts) == len(params)  # each parameter packed once, as the kernel reads
+    assert sorted(c.size for c in plan.consts) == sorted(p.numel() for p in params.values())
+    bufs = plan.inputs + plan.outputs + [s.out for s in plan.steps]
+    assert all(b.offset >= 0 and b.offset % ALIGN == 0 for b in bufs)
+    assert max(b.offset + b.size for b in bufs) <= plan.arena_floats
+    for s in plan.steps:
+        for r in s.reads:
+            assert r.offset + r.size <= s.out.offset or s.out.offset + s.out.size <= r.offset
+    for p in plan.inputs + plan.outputs:  # pinned: no other buffer shares their range
+        for b in bufs:
+            if b is not p and b.root is not p.root:
+                assert b.offset + b.size <= p.offset or p.offset + p.size <= b.offset
+
+
+def test_profile_and_fidelity_run_every_step(net, capsys):
+    once = TimingOptions(warmup=0, min_repeat_ms=0, repeats=1)  # the emulator is slow
+    prof = net.profile(opts=once)
+    assert [r.name for r in prof.rows] == ["0", "2", "4"]
+    assert all(r.ours_s > 0 and r.torch_s > 0 and r.estimate_s == pytest.approx(1.05e-5)
+               for r in prof.rows)
+    assert "ours us" in capsys.readouterr().out
+    text = net.fidelity(prof.end_to_end_s, prof)
+    assert net.estimated_s == pytest.approx(3 * 1.05e-5)
+    assert text.startswith("estimated 0.03") and "not in the estimate" not in text
+    assert "kernels slower in the network than in their records: " in text
+
+
+def test_a_dead_buffer_range_is_reused():
+    x, d = GBuf(100, (100,), pinned=True), GBuf(70, (70,), pinned=True)
+    a, b, c = GBuf(100, (100,)), GBuf(130, (130,)), GBuf(90, (90,))
+    steps = [GpuStep(n, "glue", (), [i], o) for n, i, o in
+             [("a", x, a), ("b", a, b), ("c", b, c), ("d", c, d)]]
+    arena = assign_offsets(steps, [x, d])
+    assert (x.offset, d.offset, a.offset, b.offset) == (0, 2 * ALIGN, 4 * ALIGN, 6 * ALIGN)
+    assert c.offset == a.offset and arena == 9 * ALIGN  # a is dead once b is written
+
+
+def test_a_record_whose_config_no_longer_renders_is_named(case):
+    model, inputs, records = case
+    stale = [dataclasses.replace(r, config={"tiles": 3}) if r is records[0] else r
+             for r in records]
+    with pytest.raises(CompileError, match=r"layer 0 \(task \w+, conv2d .*no longer renders"):
+        compile_network_cuda(model, inputs, stale, TARGET, device=EmulatorDevice)
+
+
+def test_a_wrong_step_is_named(case, net):
+    model, inputs, _ = case
+    fresh = GpuNetwork(net.plan, EmulatorDevice(net.plan))
+    fresh.device.consts[1].add_(1.0)  # the conv's bias (constants come in operand order)
+    with pytest.raises(CompileError, match=r"first divergence at step 0 \(kernel"):
+        check_gpu_network(fresh, model, inputs, 1e-3)
+
+
+def test_missing_records_name_the_layer(case):
+    model, inputs, records = case
+    few = [r for r in records if "max_pool2d" not in _describe(model, inputs, r.task_key)]
+    with pytest.raises(CompileError, match=r"layer 2: max_pool2d 2x32x6x6 \(task \w+\)"):
+        rk.compile_network(model, inputs, few, target=TARGET)
+    other_arch = cuda_records(records, "sm_80", plain_ok=False)
+    assert other_arch == []  # records are per arch
+
+
+def _describe(model, inputs, key):
+    return next(t.compute.describe() for t in rk.extract_tasks(model, inputs) if t.key == key)
+
+
+def test_fallback_torch_runs_the_missing_step_in_torch(case):
+    model, inputs, records = case
+    few = [r for r in records if "max_pool2d" not in _describe(model, inputs, r.task_key)]
+    net = compile_network_cuda(model, inputs, few, TARGET, fallback="torch",
+                               device=EmulatorDevice)
+    assert [(s.name, s.kind) for s in net.steps] == [("0", "kernel"), ("2", "torch"),
+                                                      ("4", "kernel")]
+    with pytest.raises(CompileError, match="fallback must be None or 'torch'"):
+        compile_network_cuda(model, inputs, records, TARGET, fallback="onnx")
+
+
+def _steps(net):
+    return [(s.name, s.kind, s.out.layout) for s in net.steps]
+
+
+def test_layouts_that_disagree_get_a_transform(case):
+    model, inputs, records = case
+    nhwc = cuda_records_for(model, inputs, layout=NHWC)
+    conv = rk.extract_tasks(model, inputs, target="cuda")[0].key
+    mixed = [r for r in nhwc if r.task_key == conv] + \
+        [r for r in records if r.task_key != conv]
+    net = compile_network_cuda(model, inputs, mixed, TARGET, device=EmulatorDevice)
+    assert _steps(net) == [
+        ("input_1: NCHW -> NHWC", "transform", NHWC), ("0", "kernel", NHWC),
+        ("_1: NHWC -> NCHW", "transform", NCHW), ("2", "kernel", NCHW),
+        ("4", "kernel", NCHW)]
+    assert net.steps[2].reads == [net.steps[1].out]
+    # the weight as the NHWC kernel reads it: [K][kh][kw][C]
+    w = dict(net.part.graph.params)[next(a for a in net.part.steps[0].args
+                                         if a in net.part.graph.params)]
+    assert any(c.shape == (32, 3, 3, 16) and np.array_equal(c, w.permute(0, 2, 3, 1).numpy())
+               for c in net.plan.consts)
+    with pytest.raises(CompileError, match="2-D value from NCHW to NHWC"):
+        to_layout(torch.zeros(2, 3), NCHW, NHWC)
+    x = torch.randn(2, 3, 4, 5)
+    assert torch.equal(to_layout(x, NCHW, NHWC), x.permute(0, 2, 3, 1))
+    assert torch.equal(to_layout(to_layout(x, NCHW, NHWC), NHWC, NCHW), x)
+
+
+class CheapTransforms(EmulatorDevice):
+    transform_s = 1e-9  # per float: 1.2 us for the input, 0.6 us for the pooled value
+
+    @classmethod
+    def transform_seconds(cls, shape, src, dst):
+        return cls.transform_s * math.prod(shape)
+
+
+class DearTransforms(CheapTransforms):
+    transform_s = 1e-7  # per float: 115 us for the input
+
+
+@pytest.fixture(scope="module")
+def both_layouts(case):
+    """Records in both layouts: NHWC conv 4x faster than NCHW, pools about equal."""
+    model, inputs, _ = case
+    fast = {"conv2d": 1e-5, "max_pool2d": 1e-5}
+    slow = {"conv2d": 4e-5, "max_pool2d": 1.2e-5}
+    return (cuda_records_for(model, inputs, layout=NHWC, times=fast, seed=1)
+            + cuda_records_for(model, inputs, layout=NCHW, times=slow, seed=2))
+
+
+def test_the_layout_ilp_weighs_kernels_against_transforms(case, both_layouts):
+    model, inputs, _ = case
+    cheap = compile_network_cuda(model, inputs, both_layouts, TARGET, device=CheapTransforms)
+    assert _steps(cheap) == [  # NHWC from the input to the pool: transforms are cheap
+        ("input_1: NCHW -> NHWC", "transform", NHWC), ("0", "kernel", NHWC),
+        ("2", "kernel", NHWC), ("_2: NHWC -> NCHW", "transform", NCHW),
+        ("4", "kernel", NCHW)]
+    plan = cheap.plan.layout_plan
+    assert plan.cost == pytest.approx(1e-9 * (2 * 16 * 36 + 2 * 32 * 9) + 3 * 1.05e-5)
+    assert "kernels writing 1 NCHW, 2 NHWC" in cheap.plan.summary()
+    dear = compile_network_cuda(model, inputs, both_layouts, TARGET, device=DearTransforms)
+    assert _steps(dear) == [("0", "kernel", NCHW), ("2", "kernel", NCHW),
+                            ("4", "kernel", NCHW)]  # 115 us to transform beats 30 us saved
+    assert dear.plan.layout_plan.cost == pytest.approx(1.05 * (4e-5 + 1.2e-5 + 1e-5))
+    # the network's estimate is the tuner's: each task's best record, whatever its layout
+    assert dear.estimated_s == pytest.approx(3 * 1.05e-5) == cheap.estimated_s
+
+
+def test_uniform_keeps_one_layout_where_it_can(case, both_layouts):
+    model, inputs, _ = case
+    net = compile_network_cuda(model, inputs, both_layouts, TARGET, layout="uniform",
+                               device=DearTransforms)
+    assert [lay for _, _, lay in _steps(net)] == [NCHW] * 3
+    with pytest.raises(CompileError, match="layout must be 'ilp' or 'uniform'"):
+        compile_network_cuda(model, inputs, both_layouts, TARGET, layout="NHWC",
+                             device=DearTransforms)
+
+
+class FastTorchPool(EmulatorDevice):
+    @classmethod
+    def torch_seconds(cls, compute):
+        return 1e-6 if compute.op == "max_pool2d" else 1.0
+
+
+def test_fallback_torch_runs_a_step_where_torch_is_faster(case):
+    model, inputs, records = case
+    net = compile_network_cuda(model, inputs, records, TARGET, fallback="torch",
+                               device=FastTorchPool)
+    assert [(s.name, s.kind) for s in net.steps] == [("0", "kernel"), ("2", "torch"),
+                                                      ("4", "kernel")]
+    assert net.steps[1].estimate == 1e-6
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU names the arch of a plain 'cuda' target")
+def test_a_plain_cuda_target_needs_an_arch_without_a_gpu(case):
+    model, inputs, records = case
+    with pytest.raises(CompileError, match="needs a visible GPU"):
+        rk.compile_network(model, inputs, records, target="cuda")
+
+
+@pytest.fixture(scope="module")
+def gpu_arch():
+    pytest.importorskip("cupy")
+    if not _has_gpu() or not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible to cupy and torch")
+    from raytune_kernels.cuda.measure import device_arch
+    return device_arch()
+
+
+def test_on_the_gpu_the_network_equals_the_model_and_benchmarks(gpu_arch):
+    model, inputs = tiny()
+    records = cuda_records_for(model, inputs, arch=gpu_arch)
+    net = rk.compile_network(model, inputs, records, target=f"cuda -arch={gpu_arch}")
+    x = torch.randn(2, 16, 6, 6)
+    with torch.no_grad():
+        want = model(x)
+    got = net(x.cuda())
+    assert got.is_cuda and torch.allclose(got.cpu(), want, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(net(x), want, atol=1e-4, rtol=1e-4)  # CPU in, CPU out
+    seconds = net.benchmark()
+    assert 0 < seconds < 0.1
+
+
+def test_on_the_gpu_fallback_torch_runs_on_device_tensors(gpu_arch):
+    model, inputs = tiny()
+    records = cuda_records_for(model, inputs, arch=gpu_arch, skip=("max_pool2d",))
+    net = rk.compile_network(model, inputs, records, target=f"cuda -arch={gpu_arch}",
+                             fallback="torch")
+    assert "torch" in [s.kind for s in net.steps]
+    x = torch.randn(2, 16, 6, 6)
+    with torch.no_grad():
+        assert torch.allclose(net(x.cuda()).cpu(), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_layout_change_of_the_same_bytes_copies_nothing():
+    """After a global pool, NHWC and NCHW hold the same order: flatten reads the pooled
+    NHWC value in place (an alias), no transform step."""
+    assert same_order((2, 32, 1, 1), NHWC, NCHW) and same_order((2, 1, 5, 5), NCHW, NHWC)
+    assert not same_order((2, 32, 2, 1), NHWC, NCHW)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(16, 32)).eval()
+    inputs = (torch.randn(2, 8, 5, 5),)
+    records = cuda_records_for(model, inputs, layout=NHWC)
+    net = compile_network_cuda(model, inputs, records, TARGET, device=CheapTransforms)
+    assert _steps(net) == [("input_1: NCHW -> NHWC", "transform", NHWC), ("0", "kernel", NHWC),
+                           ("1", "kernel", NHWC), ("3", "kernel", NCHW)]
+    assert net.steps[3].reads[0].root is net.steps[2].out  # flatten: a view of a relabel
+
+
+@pytest.fixture(scope="module")
+def resnet18_both(zoo_models):
+    """ResNet-18's records in both layouts: NHWC kernels 2x faster than NCHW ones."""
+    model, inputs = zoo_models["resnet18"]
+    times = {op: 1e-5 for op in ("conv2d", "max_pool2d", "adaptive_avg_pool2d")}
+    slow = {op: 2e-5 for op in times}
+    return model, inputs, (cuda_records_for(model, inputs, layout=NHWC, times=times, seed=3)
+                           + cuda_records_for(model, inputs, layout=NCHW, times=slow, seed=4))
+
+
+def test_resnet18_is_planned_in_one_layout_with_transforms_only_at_its_ends(resnet18_both):
+    """A whole network through the layout ILP and the planner (every kernel built by NVRTC,
+    nothing run): with NHWC kernels faster and transforms cheap, the one transform is
+    the input's; the residual adds read NHWC; the pooled 512x1x1 value is relabelled for
+    flatten; with transforms dear, it stays NCHW and has none."""
+    model, inputs, records = resnet18_both
+    net = compile_network_cuda(model, inputs, records, TARGET, device=CheapTransforms,
+                               check=False)
+    transforms = [s.name for s in net.steps if s.kind == "transform"]
+    assert transforms == ["x: NCHW -> NHWC"]
+    kernels = [s for s in net.steps if s.kind == "kernel"]
+    n_tasks = sum(isinstance(s, TaskStep) for s in net.part.steps)
+    assert len(kernels) == n_tasks == 23 and all(s.out.layout == NHWC for s in kernels[:-1])
+    assert all(r.layout == NHWC for s in kernels[:-1] for r in s.reads)
+    assert kernels[-1].out.layout == NCHW  # the dense
+    dear = compile_network_cuda(model, inputs, records, TARGET, device=DearTransforms,
+                                check=False)
+    assert [s.kind for s in dear.steps] == ["kernel"] * 23
+    assert all(s.out.layout == NCHW for s in dear.steps)
+    assert dear.plan.layout_plan.cost > net.plan.layout_plan.cost

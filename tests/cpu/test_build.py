@@ -1,0 +1,56 @@
+
+import numpy as np
+
+from raytune_kernels.cpu.build import build, LoadedKernel
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.llvm.ir import render
+from tests.cpu.test_loopnest import matmul_nest
+
+
+def test_bad_ir_is_a_build_error_as_data():
+    result = build("define void @f( {")
+    assert result.library is None and "error" in result.error.lower()
+
+
+def test_built_library_loads_from_bytes_and_runs():
+    nest = matmul_nest()
+    result = build(render(nest))
+    assert result.error is None and result.library[:4] == b"\x7fELF"
+    rng = np.random.default_rng(0)
+    a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((4, 6), (6, 16), (16,)))
+    out = np.zeros((4, 16), np.float32)
+    kernel = LoadedKernel(result.library, nest.name, 4)
+    kernel([x.ctypes.data for x in (a, b, bias, out)], 2)
+    np.testing.assert_allclose(out, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_info_knows_named_cpus():
+    assert cpu_info("haswell").lanes == (8,) and cpu_info("haswell").regs == 16
+    assert cpu_info("znver4").lanes == (16, 8)
+    assert cpu_info().lanes[-1] == 8
+
+
+def test_one_openmp_runtime_beside_torch():
+    """torch bundles a libgomp with the system's SONAME: after our kernels load there must
+    still be a single OpenMP runtime mapped in the process."""
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent("""
+        import torch
+        import numpy as np
+        from raytune_kernels.cpu.build import LoadedKernel, build
+        from raytune_kernels.cpu.llvm.ir import render
+        from tests.cpu.test_loopnest import matmul_nest
+        nest = matmul_nest()
+        k = LoadedKernel(build(render(nest)).library, nest.name, 4)
+        bufs = [np.ones(64, np.float32) for _ in range(4)]
+        k([b.ctypes.data for b in bufs], 2)
+        torch.ones(1000, 1000) @ torch.ones(1000, 1000)
+        maps = open("/proc/self/maps").read().splitlines()
+        print(len({line.split()[-1] for line in maps if "libgomp" in line}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1"

@@ -1,0 +1,109 @@
+"""The analytic cycle estimate: bounded by the machine's peak, latency-bound tiles cost
+more, it follows the machine model it is given, and (a timing test, run with -m timing)
+its order agrees with real measurements of random configs on this host."""
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+import raytune_kernels as rk
+from raytune_kernels.cpu.machine import CpuInfo, VectorUnit, assumed_model, cpu_info
+from raytune_kernels.cpu.kernel import build_for
+from raytune_kernels.cpu.schedules import lower, space_for
+from raytune_kernels.space import Config
+from raytune_kernels.tune.cost_model import CostModel
+from raytune_kernels.cpu.estimate import cycles
+from raytune_kernels.measure import MeasureOptions, measure_built
+from raytune_kernels.tune.search import EvolutionarySearch
+
+CPU = CpuInfo("test", (16, 8), 32, assumed_model("test", (16, 8)))
+
+
+def conv(c=64, hw=28, k=64):
+    model = torch.nn.Conv2d(c, k, 3, padding=1).eval()
+    (task,) = rk.extract_tasks(model, torch.randn(1, c, hw, hw))
+    return task
+
+
+def test_no_config_beats_the_fma_peak(zoo_models):
+    model, inputs = zoo_models["bert_layer"]
+    for task in rk.extract_tasks(model, inputs):
+        space, rng = space_for(task.compute, CPU), random.Random(0)
+        for cfg in (space.sample(rng) for _ in range(20)):
+            nest = lower(task.compute, cfg)
+            per_cycle = task.compute.flops() / cycles(nest, CPU.machine)
+            pipes = CPU.machine.unit(nest.lanes).fma_per_cycle
+            assert 0 < per_cycle <= 2 * pipes * nest.lanes, (task.compute.describe(), cfg)
+
+
+def test_too_few_accumulators_wait_on_the_fma_latency():
+    task = conv()
+    base = dict(algorithm="direct", cb=16, out_layout="blocked", parallel=1,
+                reduce_order=("co", "kh", "kw"), spatial_order=("ko", "oh", "ow"), unroll=True,
+                lanes=8, ob=8)
+    space = space_for(task.compute, CPU)
+    full = Config.of(**base, tile_h=1, tile_w=14)  # 14 accumulator chains
+    assert full in space
+    starved = Config.of(**base, tile_h=1, tile_w=2)  # 2 chains: below the space's minimum
+    per_flop = [cycles(lower(task.compute, c), CPU.machine) for c in (full, starved)]
+    assert per_flop[1] > 2 * per_flop[0]
+
+
+def test_the_estimate_follows_the_machine_model():
+    """7 chains starve two FMA pipes at latency 4 (8 needed) but keep one pipe at latency
+    5 busy: the two-pipe model prefers 14 chains, the one-pipe model finds them equal."""
+    task = conv()
+    base = dict(algorithm="direct", cb=16, out_layout="blocked", parallel=1,
+                reduce_order=("co", "kh", "kw"), spatial_order=("ko", "oh", "ow"), unroll=True,
+                lanes=8, ob=8, tile_h=1)
+    one_pipe = VectorUnit(8, fma_per_cycle=1.0, fma_latency=5.0, loads_per_cycle=2.0)
+    models = {"two": CPU.machine, "one": replace(CPU.machine, units=(one_pipe,))}
+    nests = [lower(task.compute, Config.of(**base, tile_w=w)) for w in (7, 14)]
+    ratio = {k: cycles(nests[0], m) / cycles(nests[1], m) for k, m in models.items()}
+    assert ratio["two"] > 1.05 and ratio["one"] == pytest.approx(1.0, abs=0.02), ratio
+
+
+@pytest.mark.timing
+def test_estimate_orders_real_measurements():
+    """On 24 random configs of a convolution built and timed here, the estimate ranks
+    them in nearly the measured order (rank correlation 0.7 to 0.95 over ResNet-18's
+    convolutions at 160 configs each)."""
+    task, cpu = conv(), cpu_info()
+    space, rng = space_for(task.compute, cpu), random.Random(1)
+    cfgs = list(dict.fromkeys(space.sample(rng) for _ in range(40)))[:24]
+    opts = MeasureOptions(threads=1, min_repeat_ms=2, repeats=3)
+    times, estimates = [], []
+    for cfg in cfgs:
+        built = build_for(task.compute, cfg)
+        result = measure_built(task.compute, cfg, built.library, opts, built.seconds)
+        assert result.ok, result.error_msg
+        times.append(result.median)
+        estimates.append(cycles(lower(task.compute, cfg), cpu.machine))
+    ranks = [np.argsort(np.argsort(v)) for v in (estimates, times)]
+    assert np.corrcoef(*ranks)[0, 1] > 0.5
+
+
+def test_untrained_search_ranks_by_the_estimate_and_sample_stays_random():
+    task = conv()
+    search = EvolutionarySearch(task, space_for(task.compute, CPU), CPU, seed=3)
+    guided = search.propose(8, CostModel())
+    blind = search.sample(64)
+    cost = lambda cfgs: sorted(cycles(lower(task.compute, c), CPU.machine)  # noqa: E731
+                               for c in cfgs)
+    # the 7 estimate-ranked picks (one of 8 is the random epsilon) beat a random sample
+    assert cost(guided)[6] < cost(blind)[len(blind) // 4]
+    assert len(set(guided)) == 8 and len(set(blind)) == 64
+
+
+@pytest.mark.parametrize("arch", ["sm_90"])
+def test_gpu_search_without_a_model_explores_at_random(arch):
+    pytest.importorskip("cupy")
+    from raytune_kernels.cuda.gpu import gpu_info
+    from raytune_kernels.cpu.schedules import space_on
+
+    task, gpu = conv(), gpu_info(arch)
+    search = EvolutionarySearch(task, space_on(task.compute, gpu), gpu, seed=0)
+    got = search.propose(8, CostModel())
+    assert len(set(got)) == 8 and all(c in space_on(task.compute, gpu) for c in got)

@@ -1,0 +1,144 @@
+"""Property tests: sampled configs of every lowerable zoo task compile and match torch."""
+import random
+
+import pytest
+import torch
+
+import raytune_kernels as rk
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.kernel import run_candidate
+from raytune_kernels.cpu.loopnest import interpret
+from raytune_kernels.cpu.lower import LoweringError
+from raytune_kernels.cpu.schedules import lower, pack, space_for, unpack, unsupported_reason
+from raytune_kernels.space import Config
+from raytune_kernels.measure import random_operands
+from raytune_kernels.frontend.reference import reference
+
+
+def operands(compute, seed=0):
+    """Random operands scaled like trained weights (the measurer's own generator)."""
+    return random_operands(compute, seed)
+
+
+def lowerable(name, zoo_models):
+    model, inputs = zoo_models[name]
+    tasks = rk.extract_tasks(model, inputs)
+    assert [unsupported_reason(t.compute) for t in tasks] == [None] * len(tasks)
+    return tasks
+
+
+def check_configs(task, n, seed):
+    space = space_for(task.compute, cpu_info())
+    ops = operands(task.compute, seed)
+    expected = reference(task.compute, *ops)
+    rng = random.Random(seed)
+    for _ in range(n):
+        cfg = space.sample(rng)
+        got = run_candidate(task.compute, cfg, ops, threads=2)
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), \
+            (task.compute.describe(), cfg, (got - expected).abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_layer"])
+def test_sampled_configs_match_reference(zoo_models, name):
+    for i, task in enumerate(lowerable(name, zoo_models)):
+        check_configs(task, 2, seed=i)
+
+
+class SqueezeExcite(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.Conv2d(16, 16, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        s = torch.sigmoid(self.fc(torch.nn.functional.adaptive_avg_pool2d(y, 1)))
+        return torch.sigmoid(y * s - 0.5)
+
+
+def test_elementwise_task_with_a_channel_operand_compiles_and_interprets():
+    tasks = rk.extract_tasks(SqueezeExcite().eval(), (torch.randn(1, 16, 8, 8),))
+    (task,) = [t for t in tasks if t.compute.op == "elementwise"]
+    ops = [torch.randn(s.shape) for s in task.compute.inputs]
+    ops += [torch.randn(s.shape) for e in task.compute.epilogue for s in e.operands]
+    expected = reference(task.compute, *ops)
+    for cfg in space_for(task.compute, cpu_info()):
+        assert torch.allclose(run_candidate(task.compute, cfg, ops, 2), expected, atol=1e-5)
+        bufs = pack(task.compute, cfg, ops)
+        interpret(lower(task.compute, cfg), bufs)
+        assert torch.allclose(unpack(task.compute, cfg, bufs["out"]), expected, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_layer", "resnet50"])
+def test_many_sampled_configs_match_reference(zoo_models, name):
+    for i, task in enumerate(lowerable(name, zoo_models)):
+        check_configs(task, 8, seed=100 + i)
+
+
+def test_bad_config_is_a_named_lowering_error(zoo_models):
+    task = lowerable("resnet18", zoo_models)[2]
+    assert task.compute.describe().startswith("conv2d 1x64x56x56")
+    cfg = Config.of(lanes=16, ob=48, tile_h=5, tile_w=3, cb=7, spatial_order=("ko", "oh", "ow"),
+                    reduce_order=("co", "kh", "kw"), parallel=1, unroll=False)
+    with pytest.raises(LoweringError) as info:
+        lower(task.compute, cfg)
+    for knob in ("ob=48", "tile_h=5", "cb=7"):
+        assert knob in str(info.value)
+
+
+def test_im2col_configs_match_reference(zoo_models):
+    """The alternative algorithm, sampled on purpose (it is a small part of the space)."""
+    convs = [t for t in lowerable("resnet18", zoo_models)
+             if t.compute.op == "conv2d" and t.compute.inputs[0].shape[1] % 8 == 0]
+    assert len(convs) == 17  # every conv but the 3-channel stem
+    for i, task in enumerate(convs):
+        space = space_for(task.compute, cpu_info())
+        im2col = dict(space.parts)["im2col"]
+        cfg = space._tag("im2col", im2col.sample(random.Random(i)))
+        ops = operands(task.compute, i)
+        got = run_candidate(task.compute, cfg, ops, threads=2)
+        assert torch.allclose(got, reference(task.compute, *ops), rtol=1e-4, atol=1e-4), cfg
+
+
+def test_grouped_and_dilated_convs_match_reference():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(32, 64, 3, padding=2, dilation=2, groups=4), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 3, stride=2, groups=2), torch.nn.Conv2d(64, 36, 1, groups=2))
+    tasks = rk.extract_tasks(model.eval(), (torch.randn(1, 32, 12, 12),))
+    assert "18 output channels per group" in unsupported_reason(tasks[-1].compute)
+    for i, task in enumerate(tasks[:2]):
+        check_configs(task, 4, seed=i)
+
+
+class Small(torch.nn.Module):
+    """One small layer of every task kind, for the (slow) numpy interpreter."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.dw = torch.nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16)
+        self.fc = torch.nn.Linear(16, 32)
+        self.ln = torch.nn.LayerNorm(32)
+
+    def forward(self, x):
+        y = torch.nn.functional.relu6(self.dw(torch.relu(self.conv(x))))
+        y = torch.nn.functional.max_pool2d(y, 2) + torch.nn.functional.avg_pool2d(y, 2)
+        z = self.ln(self.fc(y.flatten(2).transpose(1, 2)))
+        return torch.softmax(torch.matmul(z, z.transpose(1, 2)), dim=-1)
+
+
+def test_interpreter_defines_every_task_kind():
+    tasks = rk.extract_tasks(Small().eval(), (torch.randn(1, 8, 16, 16),))
+    kinds = {t.compute.op for t in tasks}
+    assert kinds == {"conv2d", "max_pool2d", "avg_pool2d", "dense", "layer_norm", "matmul",
+                     "softmax"}
+    for i, task in enumerate(tasks):
+        ops = operands(task.compute, i)
+        expected = reference(task.compute, *ops)
+        space = space_for(task.compute, cpu_info())
+        for cfg in (space.sample(random.Random(i)), space.sample(random.Random(i + 50))):
+            bufs = pack(task.compute, cfg, ops)
+            interpret(lower(task.compute, cfg), bufs)
+            got = unpack(task.compute, cfg, bufs["out"])
+            assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), (task.compute.op, cfg)

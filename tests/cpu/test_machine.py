@@ -1,0 +1,64 @@
+"""The machine model: measured on this host within what hardware can do, cached per CPU
+and feature string, re-measured when the cache is stale or broken."""
+import json
+
+from raytune_kernels.cpu.build import host_cpu
+from raytune_kernels.cpu.machine import (VERSION, MachineModel, VectorUnit, assumed_model,
+                                         cpu_info, load_or_measure, measure_model, model_path,
+                                         os_caches)
+
+
+def test_measured_model_is_physical():
+    """Any x86 core: 0.5-4 vector FMAs a cycle at latency 2-8, at 0.5-7 GHz. The host's
+    widest unit keeps at least 4 and at most 16 accumulator chains busy."""
+    cpu = cpu_info()
+    model = measure_model(cpu.lanes, cpu.regs)
+    assert model.measured and model.cpu == host_cpu()[0] and 0.5 < model.ghz < 7
+    assert [u.lanes for u in model.units] == list(cpu.lanes)
+    for u in model.units:
+        assert 0.5 <= u.fma_per_cycle <= 4 and 2 <= u.fma_latency <= 8, u
+        assert u.loads_per_cycle >= 0.5 and 2 <= u.chains <= 16, u
+    assert 4 <= cpu.chains(cpu.lanes[0]) <= 16
+
+
+def test_caches_come_from_the_os():
+    l1, l2, l3 = os_caches()
+    present = [c for c in (l1, l2, l3) if c]
+    assert present == sorted(present) and all(c >= 4096 for c in present)
+
+
+def test_narrower_vectors_share_the_narrowest_unit():
+    model = assumed_model("x", (16, 8))
+    assert model.unit(1) == VectorUnit(1, 2.0, 4.0, 2.0) and model.unit(8).lanes == 8
+    try:
+        assumed_model("x", (8,)).unit(16)
+    except ValueError as e:
+        assert "no 16-float vector unit" in str(e)
+    else:
+        raise AssertionError("a wider unit than measured was invented")
+
+
+def test_json_round_trip():
+    model = assumed_model("znver1", (8,))
+    assert MachineModel.from_json(json.loads(json.dumps(model.to_json()))) == model
+
+
+def test_cache_is_read_back_and_replaced_when_stale(tmp_path):
+    path = str(tmp_path / "m.json")
+    cached = assumed_model(host_cpu()[0], (8,))  # unmistakable: measured=False
+    with open(path, "w") as f:
+        json.dump(cached.to_json(), f)
+    assert load_or_measure(path, (8,), 16) == cached  # read, not measured
+    for stale in ({**cached.to_json(), "version": VERSION + 1}, "{not json"):
+        with open(path, "w") as f:
+            f.write(stale if isinstance(stale, str) else json.dumps(stale))
+        fresh = load_or_measure(path, (8,), 16)
+        assert fresh.measured and fresh.version == VERSION
+        with open(path) as f:
+            assert MachineModel.from_json(json.load(f)) == fresh  # and cached again
+
+
+def test_cache_file_names_the_cpu_and_its_features(tmp_path):
+    a = model_path("znver1", "+avx2,+fma", str(tmp_path))
+    b = model_path("znver1", "+avx2,+fma,+avx512f", str(tmp_path))
+    assert a != b and "znver1" in a and a.startswith(str(tmp_path))

@@ -1,0 +1,65 @@
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from raytune_kernels.cpu.build import LoadedKernel, build
+from raytune_kernels.cpu.build import aligned
+from raytune_kernels.cpu.llvm.ir import render
+from raytune_kernels.cpu.loopnest import interpret
+from raytune_kernels.cpu.transform import Layout, transform_nest, transform_space
+
+LAYOUTS = ["NCHW", "NHWC", "NCHW8c", "NCHW16c", "NCHW32c"]
+
+
+@pytest.mark.parametrize("src, dst", [p for p in itertools.permutations(LAYOUTS, 2)])
+def test_every_transform_compiles_and_moves_data(src, dst):
+    shape = (1, 64, 5, 9)
+    x = torch.randn(shape)
+    for cfg in list(transform_space(shape, src, dst))[::5]:
+        nest = transform_nest(shape, src, dst, cfg)
+        result = build(render(nest))
+        assert result.error is None, result.error
+        inp, out = aligned(Layout(src).pack(x)), aligned(np.zeros(x.numel(), np.float32))
+        LoadedKernel(result.library, nest.name, 2)([inp.ctypes.data, out.ctypes.data], 2)
+        assert torch.equal(Layout(dst).unpack(out, shape), x), (src, dst, cfg)
+
+
+def test_transform_interprets_the_same():
+    shape = (1, 32, 3, 7)
+    x = torch.randn(shape)
+    cfg = next(iter(transform_space(shape, "NCHW", "NCHW16c")))
+    bufs = {"src": Layout("NCHW").pack(x), "dst": np.zeros(x.numel(), np.float32)}
+    interpret(transform_nest(shape, "NCHW", "NCHW16c", cfg), bufs)
+    assert torch.equal(Layout("NCHW16c").unpack(bufs["dst"], shape), x)
+
+
+def test_bad_layouts_are_named():
+    cfg = next(iter(transform_space((1, 24, 4, 4), "NCHW", "NHWC")))
+    with pytest.raises(ValueError, match="divisible by 16"):
+        transform_nest((1, 24, 4, 4), "NCHW", "NCHW16c", cfg)
+    with pytest.raises(ValueError, match="unknown layout 'NWHC'"):
+        transform_nest((1, 24, 4, 4), "NCHW", "NWHC", cfg)
+
+
+def test_pad_and_pack_produces_the_conv_kernels_input():
+    """NCHW -> padded NCHW16c by our own kernel equals what the conv kernel reads."""
+    import raytune_kernels as rk
+    from raytune_kernels.cpu.contraction import Conv2dContraction
+    from raytune_kernels.space import Config
+    model = torch.nn.Conv2d(32, 16, 3, padding=1)
+    task = rk.extract_tasks(model.eval(), (torch.randn(1, 32, 7, 9),))[0]
+    con = Conv2dContraction.from_compute(task.compute)
+    x = torch.randn(1, 32, 7, 9)
+    expected = con.pack_a(x, Config.of(cb=16))
+    dst = Layout("NCHW16c", pad=(1, 1))
+    for cfg in transform_space(x.shape, "NCHW", "NCHW16c"):
+        nest = transform_nest(tuple(x.shape), Layout("NCHW"), dst, cfg)
+        result = build(render(nest))
+        assert result.error is None, result.error
+        inp = aligned(Layout("NCHW").pack(x))
+        out = aligned(np.full(dst.size(tuple(x.shape)), 0.0, np.float32))  # border set once
+        LoadedKernel(result.library, nest.name, 2)([inp.ctypes.data, out.ctypes.data], 2)
+        assert np.array_equal(out, expected)
+        assert torch.equal(dst.unpack(out, tuple(x.shape)), x)

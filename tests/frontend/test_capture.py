@@ -1,0 +1,162 @@
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import raytune_kernels as rk
+from raytune_kernels.frontend.partition import execute, partition
+
+
+def ops_of(graph):
+    return [n.op for n in graph.nodes]
+
+
+def check_same(model, *inputs, atol=1e-5):
+    """Capture, partition and execute through references; compare with the model."""
+    graph = rk.capture(model, inputs)
+    with torch.no_grad():
+        expected = model(*inputs)
+    got = execute(partition(graph), inputs)
+    expected = expected if isinstance(expected, (tuple, list)) else [expected]
+    for e, g in zip(expected, got):
+        assert (e - g).abs().max().item() <= atol
+    return graph
+
+
+class ConvZoo(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.strided = nn.Conv2d(4, 8, 3, stride=2, padding=1)
+        self.dilated = nn.Conv2d(8, 8, 3, padding=2, dilation=2, bias=False)
+        self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=2)
+        self.depthwise = nn.Conv2d(8, 8, 3, padding="same", groups=8)
+        self.bn = nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        y = self.bn(self.dilated(self.strided(x)))
+        return F.silu(self.depthwise(torch.sigmoid(self.grouped(y))))
+
+
+def test_conv_variants_capture_and_fold_batch_norm():
+    model = ConvZoo().eval()
+    model.bn.running_mean.uniform_(-1, 1)
+    model.bn.running_var.uniform_(0.5, 2)
+    graph = check_same(model, torch.randn(1, 4, 16, 16))
+    assert ops_of(graph) == ["conv2d", "conv2d", "conv2d", "sigmoid", "conv2d", "silu"]
+    convs = [n for n in graph.nodes if n.op == "conv2d"]
+    assert [c.attr("groups") for c in convs] == [1, 1, 2, 8]
+    assert convs[0].attr("stride") == (2, 2) and convs[1].attr("dilation") == (2, 2)
+    assert convs[3].attr("padding") == (1, 1)
+    assert len(convs[1].inputs) == 3  # the folded batch norm gave the bias-free conv a bias
+
+
+def test_batch_norm_not_folded_when_conv_output_is_shared():
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.bn(y) + y
+
+    graph = check_same(Shared().eval(), torch.randn(1, 3, 5, 5))
+    assert ops_of(graph) == ["conv2d", "affine", "add"]
+
+
+class Mixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 32)
+        self.bn = nn.BatchNorm1d(32)
+        self.ln = nn.LayerNorm(64)
+        self.pool = nn.AvgPool2d(2)
+
+    def forward(self, x, a, b):
+        h = torch.max_pool2d(x, 2) + self.pool(x)
+        h = F.adaptive_avg_pool2d(h, 1).view(h.size(0), -1)
+        h = torch.relu(self.bn(self.fc(h))) * 0.5
+        z = torch.cat([h, 1.0 - h], dim=1)
+        s = torch.bmm(a, b.transpose(1, 2))
+        return F.gelu(self.ln(z.reshape(2, 64, 1).flatten(1))), \
+            F.softmax(s / 4.0, dim=-1), F.relu6(s)
+
+
+def test_mixed_ops_capture_and_run():
+    model = Mixed().eval()
+    inputs = (torch.randn(2, 16, 4, 4), torch.randn(3, 5, 7), torch.randn(3, 6, 7))
+    graph = check_same(model, *inputs)
+    ops = ops_of(graph)
+    for op in ("max_pool2d", "avg_pool2d", "reshape", "dense", "concat", "permute",
+               "matmul", "softmax", "layer_norm", "gelu", "relu6", "div", "sub"):
+        assert op in ops, op
+    assert "affine" not in ops  # BatchNorm1d folded into the dense before it
+    sub = next(n for n in graph.nodes if n.op == "sub")
+    assert sub.attr("scalar") == 1.0 and sub.attr("reverse") is True
+
+
+def test_layer_names_are_module_paths():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.ReLU(), nn.Conv2d(4, 4, 1)))
+    graph = rk.capture(model, (torch.randn(1, 3, 8, 8),))
+    assert [n.layer for n in graph.nodes] == ["0", "1.0", "1.1"]
+
+
+class Cumsum(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, 1)
+
+
+def test_unsupported_op_names_op_and_layer():
+    model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.Sequential(nn.ReLU(), Cumsum()))
+    with pytest.raises(rk.UnsupportedOpError) as info:
+        rk.capture(model, (torch.randn(1, 3, 4, 4),))
+    assert info.value.op == "cumsum" and info.value.layer.startswith("1.1")
+    assert "cumsum" in str(info.value) and "'1.1" in str(info.value)
+
+
+def test_unsupported_module_names_its_type():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Softplus())
+    with pytest.raises(rk.UnsupportedOpError, match="'Softplus' in layer '1'"):
+        rk.capture(model, (torch.randn(2, 4),))
+
+
+class NonZero(nn.Module):
+    def forward(self, x):
+        return torch.nonzero(x)
+
+
+class ValueBranch(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+
+def test_value_dependent_shapes_are_refused():
+    with pytest.raises(rk.DynamicShapeError, match="nonzero"):
+        rk.capture(nn.Sequential(nn.ReLU(), NonZero()), (torch.randn(4, 4),))
+    with pytest.raises(rk.DynamicShapeError, match="depends on tensor values"):
+        rk.capture(ValueBranch(), (torch.randn(4),))
+
+
+class ShapeBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        if y.shape[-1] > 4:  # fx cannot trace this; torch.export specialises it
+            y = F.max_pool2d(y, 2)
+        return torch.relu(y)
+
+
+def test_shape_control_flow_goes_through_export():
+    graph = check_same(ShapeBranch().eval(), torch.randn(1, 3, 8, 8))
+    assert ops_of(graph) == ["conv2d", "max_pool2d", "relu"]
+    assert graph.nodes[0].layer == "conv"
+
+
+def test_non_float_inputs_are_refused():
+    with pytest.raises(rk.CaptureError, match="dtype torch.int64"):
+        rk.capture(nn.ReLU(), (torch.ones(3, dtype=torch.int64),))

@@ -1,0 +1,187 @@
+"""Run a rendered CUDA kernel on the CPU: a NULL device that still executes the kernel's
+own code, so the CUDA renderer is checked against the torch reference without a GPU.
+
+The kernel's CUDA C is compiled as C++20 with a small shim: each thread of a block is a
+std::thread, __syncthreads is a std::barrier over the block, a warp shuffle exchanges
+through an array between two barriers over the warp, and blocks run one after another
+(so `__shared__` arrays can be function statics). Buffers are heap arrays of exactly
+their size and the program is built with AddressSanitizer: an out-of-bounds access (an
+illegal memory access on a GPU) fails the run with ASan's report, and the alignment
+sanitizer fails a float4 access that a GPU would fault on as misaligned (buffers are
+256-byte aligned, as cudaMalloc's are). The output starts as NaN, so an element the kernel
+never writes cannot pass the check.
+This is for tests: it is slow (a thread per CUDA thread), so use small shapes.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+
+from raytune_kernels.cuda.kernel import CudaKernel
+
+SHIM = r"""
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <thread>
+#include <vector>
+struct rk_dim3 { unsigned x, y, z; };
+static thread_local rk_dim3 threadIdx, blockIdx;
+static rk_dim3 blockDim, gridDim;
+static std::barrier<>* rk_block_bar;
+static std::barrier<>* rk_warp_bar[32];
+static float rk_shfl[32][32];
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __restrict__ __restrict
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+static inline float2 make_float2(float a, float b) { return {a, b}; }
+static inline void __syncthreads() { rk_block_bar->arrive_and_wait(); }
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float __shfl_xor_sync(unsigned, float v, int off) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  rk_shfl[w][lane] = v;
+  rk_warp_bar[w]->arrive_and_wait();
+  const float r = rk_shfl[w][lane ^ off];
+  rk_warp_bar[w]->arrive_and_wait();
+  return r;
+}
+using std::max;
+using std::min;
+"""
+
+RUNTIME = r"""
+template <class F>
+static void rk_launch(rk_dim3 grid, unsigned threads, F kernel) {
+  gridDim = grid;
+  blockDim = {threads, 1, 1};
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+  for (unsigned by = 0; by < grid.y; ++by)
+  for (unsigned bx = 0; bx < grid.x; ++bx) {
+    std::barrier<> block(threads);
+    std::vector<std::barrier<>*> warps;
+    for (unsigned w = 0; w * 32 < threads; ++w)
+      warps.push_back(rk_warp_bar[w] = new std::barrier<>(std::min(32u, threads - w * 32)));
+    rk_block_bar = &block;
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] {
+        threadIdx = {t, 0, 0};
+        blockIdx = {bx, by, bz};
+        kernel();
+      });
+    for (auto& t : ts) t.join();
+    for (auto* w : warps) delete w;
+  }
+}
+
+static bool rk_run(FILE* in, FILE* out, const std::vector<long>& sizes, rk_dim3 grid,
+                   unsigned threads, void (*call)(float**)) {
+  std::vector<float*> b(sizes.size());
+  bool ok = true;
+  for (size_t i = 0; i < sizes.size(); ++i) {  // exact sizes (ASan guards the ends),
+    // aligned as cudaMalloc aligns, so the alignment sanitizer sees what a GPU would
+    b[i] = static_cast<float*>(::operator new[](sizes[i] * 4, std::align_val_t(256)));
+    ok = ok && std::fread(b[i], 4, sizes[i], in) == (size_t)sizes[i];
+  }
+  if (ok) rk_launch(grid, threads, [&] { call(b.data()); });
+  std::fwrite(b.back(), 4, sizes.back(), out);
+  for (auto* p : b) ::operator delete[](p, std::align_val_t(256));
+  return ok;
+}
+"""
+FLAGS = ("-std=c++20", "-O1", "-pthread", "-fno-omit-frame-pointer", "-fno-strict-aliasing",
+         "-Wno-unknown-pragmas")
+SANITIZERS = {  # bounds and float4 alignment, or data races between a block's threads
+    "address": ("-fsanitize=address,alignment", "-fno-sanitize-recover=alignment"),
+    "thread": ("-fsanitize=thread",),
+}
+
+
+class EmulationError(RuntimeError):
+    """The emulated kernel did not compile or did not run cleanly (ASan's report)."""
+
+
+def compiler() -> str | None:
+    """The C++ compiler the emulator uses, or None when there is none."""
+    return shutil.which("g++") or shutil.which("clang++")
+
+
+def _unit(i: int, kernel: CudaKernel) -> str:
+    """Kernel i in its own namespace under its own name (two configs of one compute share
+    a kernel name), and a caller unpacking the buffer array into its arguments."""
+    name = f"{kernel.name}_{i}"
+    args = ", ".join(f"b[{j}]" for j in range(len(kernel.buffers)))
+    return (f"namespace rk_k{i} {{\n{kernel.source.replace(kernel.name, name)}\n"
+            f"static void call(float** b) {{ {name}({args}); }}\n}}\n")
+
+
+def _main(kernels: list[CudaKernel]) -> str:
+    runs = []
+    for i, k in enumerate(kernels):
+        sizes = ", ".join(str(b.size) for b in k.buffers)
+        runs.append(f"ok = rk_run(in, out, {{{sizes}}}, {{{k.grid[0]}u, {k.grid[1]}u, "
+                    f"{k.grid[2]}u}}, {k.threads}u, rk_k{i}::call) && ok;")
+    return ("int main(int argc, char** argv) {\n"
+            "  FILE* in = std::fopen(argv[1], \"rb\"); FILE* out = std::fopen(argv[2], \"wb\");\n"
+            "  bool ok = in && out;\n  " + "\n  ".join(runs) +
+            "\n  std::fclose(in); std::fclose(out);\n  return ok ? 0 : 3;\n}\n")
+
+
+def emulate(kernel: CudaKernel, arrays: list[np.ndarray], sanitizer: str = "address",
+            timeout_s: float = 120.0) -> np.ndarray:
+    """Run `kernel` on flat float32 arrays in buffer order (the output's content is
+    ignored: it starts as NaN); returns the output buffer."""
+    return emulate_many([(kernel, arrays)], sanitizer, timeout_s)[0]
+
+
+def emulate_many(runs: list[tuple[CudaKernel, list[np.ndarray]]], sanitizer: str = "address",
+                 timeout_s: float = 300.0) -> list[np.ndarray]:
+    """Run several kernels from one compiled program (the C++ headers cost most of a
+    build, so tests batch their kernels); returns each kernel's output buffer.
+    sanitizer "address" checks bounds and alignment; "thread" reports a data race, such
+    as shared memory read and written by two threads with no barrier between them."""
+    if sanitizer not in SANITIZERS:
+        raise ValueError(f"sanitizer {sanitizer!r}: expected one of {sorted(SANITIZERS)}")
+    cxx = compiler()
+    if cxx is None:
+        raise EmulationError("no C++ compiler (g++ or clang++) to emulate CUDA with")
+    data = []
+    for kernel, arrays in runs:
+        if [a.size for a in arrays] != [b.size for b in kernel.buffers]:
+            raise ValueError(f"arrays of sizes {[a.size for a in arrays]} for buffers "
+                             f"{[(b.name, b.size) for b in kernel.buffers]}")
+        data += [np.asarray(a, np.float32).ravel() for a in arrays[:-1]]
+        data.append(np.full(kernel.buffers[-1].size, np.nan, np.float32))
+    kernels = [k for k, _ in runs]
+    with tempfile.TemporaryDirectory(prefix="rk_emu_") as d:
+        src, exe = os.path.join(d, "k.cpp"), os.path.join(d, "k")
+        with open(src, "w") as f:
+            f.write(SHIM + RUNTIME + "".join(_unit(i, k) for i, k in enumerate(kernels))
+                    + _main(kernels))
+        proc = subprocess.run([cxx, *FLAGS, *SANITIZERS[sanitizer], src, "-o", exe],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            raise EmulationError(f"emulator build failed:\n{proc.stderr[-4000:]}")
+        np.concatenate(data).tofile(os.path.join(d, "in.bin"))
+        run = subprocess.run([exe, os.path.join(d, "in.bin"), os.path.join(d, "out.bin")],
+                             capture_output=True, text=True, timeout=timeout_s)
+        if run.returncode:
+            raise EmulationError(f"emulated kernel failed ({run.returncode}):\n"
+                                 f"{run.stderr[-4000:]}")
+        flat = np.fromfile(os.path.join(d, "out.bin"), np.float32)
+    bounds = np.cumsum([0] + [k.buffers[-1].size for k in kernels])
+    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

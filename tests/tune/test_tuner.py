@@ -1,0 +1,166 @@
+"""Search, scheduler and tuner against the fake measurer (analytic timings)."""
+import collections
+import math
+import random
+
+import pytest
+
+import raytune_kernels as rk
+from raytune_kernels.cpu.machine import CpuInfo, assumed_model
+from raytune_kernels.cpu.schedules import space_for
+from raytune_kernels.tune.cost_model import CostModel
+from tests.support.fake import FakeMeasurer
+from raytune_kernels.tune.records import RecordWriter, load_records
+from raytune_kernels.tune.task_scheduler import TaskScheduler
+from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
+from raytune_kernels.task import Compute, Task, TensorSpec
+from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
+
+CPU = CpuInfo("test", (16, 8), 32, assumed_model("test", (16, 8)))
+
+
+@pytest.fixture(scope="module")
+def tasks(zoo_models):
+    model, inputs = zoo_models["resnet18"]
+    return rk.extract_tasks(model, inputs)
+
+
+def fake_measure(fake):
+    return lambda items: [fake.measure(t, c) for t, c in items]
+
+
+def tune(tasks, trials, path=None, history=(), seed=0, batch=8):
+    """Tune against the fake. Its timings follow no machine, so the search runs on the
+    cost model alone, without the analytic estimate of cycles (tests/cpu/test_estimate.py)."""
+    fake = FakeMeasurer()
+    writer = RecordWriter(path) if path else None
+    opts = SearchOptions(estimate_trials=0)
+    tuner = Tuner(tasks, "llvm", "test", fake_measure(fake),
+                  LocalSearchPool(tasks, CPU, seed, opts), writer, list(history),
+                  TuneOptions(trials=trials, batch=batch, seed=seed, search=opts))
+    result = tuner.run()
+    if writer:
+        writer.close()
+    return tuner, result, fake
+
+
+def test_search_never_repeats_a_config(tasks):
+    task = tasks[3]
+    search = EvolutionarySearch(task, space_for(task.compute, CPU), CPU, seed=1)
+    fake, model, seen = FakeMeasurer(), CostModel(), set()
+    from raytune_kernels.tune.cost_model import training_set
+    from raytune_kernels.tune.records import record_of
+    records = []
+    for _ in range(12):
+        cfgs = search.propose(8, model)
+        assert len(cfgs) == 8 and not (set(cfgs) & seen) and len(set(cfgs)) == 8
+        seen |= set(cfgs)
+        results = [fake.measure(task, c) for c in cfgs]
+        search.observe(cfgs, [r.median for r in results])
+        records += [record_of(task.key, "llvm", "t", c.to_json(), r) for c, r in zip(cfgs, results)]
+        model.fit(training_set({task.key: task}, records, CPU))
+    assert model.trained
+
+
+def test_search_stops_when_the_space_is_exhausted():
+    c = Compute("softmax", (TensorSpec((4, 16)),), TensorSpec((4, 16)), (("dim", 1),))
+    task = Task(c.key(), c, 1)
+    space = space_for(c, CPU)
+    search = EvolutionarySearch(task, space, CPU)
+    got = search.propose(100, CostModel())
+    assert len(got) == space.count() < 100
+    search.observe(got, [1.0] * len(got))
+    assert search.exhausted and search.propose(4, CostModel()) == []
+
+
+def test_model_guided_search_beats_random_on_the_fake(tasks):
+    """Same budget: the guided search's best is faster than random sampling's, as a
+    geometric mean over seeds (single seeds can lose; the model is seeded, so this is
+    deterministic)."""
+    task = tasks[12]
+    space = space_for(task.compute, CPU)
+    fake = FakeMeasurer()
+    ratios = []
+    for seed in range(6):
+        _, r, _ = tune([task], 96, seed=seed)
+        rng = random.Random(seed)
+        random_best = min(fake.measure(task, space.sample(rng)).median for _ in range(96))
+        ratios.append(r.best[task.key].median / random_best)
+    assert math.prod(ratios) ** (1 / len(ratios)) < 0.85, ratios
+
+
+def test_scheduler_favours_heavy_tasks_with_room(tasks):
+    light = tasks[20]  # the 1 MFLOP dense layer
+    heavy = tasks[2]   # a 3x3 conv, weight 2
+    tuner, result, _ = tune([light, heavy], 160)
+    trials = {s.task.key: s.trials for s in tuner.scheduler.states}
+    assert trials[heavy.key] > 2 * trials[light.key]
+    assert result.trials == 160 and math.isfinite(result.estimated_latency_s)
+
+
+def test_scheduler_warms_up_every_task_first(tasks):
+    sched = TaskScheduler(tasks[:5])
+    order = []
+    for _ in range(5):
+        i = sched.next_task()
+        order.append(i)
+        sched.update(i, [1.0])
+    assert order == [0, 1, 2, 3, 4]
+
+
+def test_resume_continues_exactly(tasks, tmp_path):
+    some = [tasks[2], tasks[5], tasks[20]]
+    path = str(tmp_path / "r.jsonl")
+    tune(some, 40, path)
+    first = load_records(path).records
+    assert len(first) == 40
+    tuner, result, fake = tune(some, 72, path, history=first)
+    records = load_records(path).records
+    assert len(records) == 72 and fake.calls == 32 and tuner.spent == 72
+    per_task = collections.Counter((r.task_key, r.config_key()) for r in records)
+    assert max(per_task.values()) == 1  # nothing measured twice across the two runs
+    first_best = {k: min(r.median for r in first if r.task_key == k) for k in result.best}
+    assert all(result.best[k].median <= first_best[k] for k in result.best)
+    _, again, fake = tune(some, 72, path, history=records)
+    assert fake.calls == 0 and again.trials == 72
+
+
+def test_records_at_another_thread_count_are_not_resumed(tasks, tmp_path):
+    """A time at 1 thread says nothing about the same kernel at 2: a run at 2 threads
+    measures afresh and writes its records with threads=2."""
+    some = [tasks[2]]
+    path = str(tmp_path / "r.jsonl")
+    tune(some, 16, path)
+    fake = FakeMeasurer()
+    tuner = Tuner(some, "llvm", "test", fake_measure(fake), LocalSearchPool(some, CPU), None,
+                  load_records(path).records, TuneOptions(trials=16, threads=2))
+    tuner.run()
+    assert fake.calls == 16 and {r.threads for r in tuner.records} == {2}
+
+
+def test_a_resumed_run_starts_with_a_trained_model(tasks, tmp_path):
+    some = [tasks[2], tasks[5]]
+    path = str(tmp_path / "r.jsonl")
+    tune(some, 32, path)
+    pool = LocalSearchPool(some, CPU)
+    Tuner(some, "llvm", "test", fake_measure(FakeMeasurer()), pool, None,
+          load_records(path).records, TuneOptions(trials=64))
+    assert pool.model.trained
+
+
+def test_progress_table_fits_a_log_and_states_the_estimate(tasks):
+    import io
+
+    from rich.console import Console
+
+    from raytune_kernels.tune.progress import ProgressView
+    from raytune_kernels.tune.tuner import RoundSummary
+    tuner, _, _ = tune(tasks[:3], 24)
+    out = io.StringIO()
+    view = ProgressView(24, Console(file=out, width=80), table_every=1)
+    with view:
+        view.update(RoundSummary(3, 0, tuner.rows(), tuner.scheduler.objective(), 24, 24, 1.0,
+                                 8, {}))
+    text = out.getvalue()
+    assert "Estimated total latency:" in text and "Trials: 24/24" in text
+    assert all(len(line) <= 80 for line in text.splitlines())
