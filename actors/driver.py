@@ -3,13 +3,15 @@ actors; it imports them only when called, so the core stays importable without R
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Sequence
 
 import torch
 
+from raytune_kernels.compile.api import compile_network as compile_here
 from raytune_kernels.cpu.machine import cpu_info
-from raytune_kernels.cpu.schedules import cuda_unsupported_reason, unsupported_reason
+from raytune_kernels.backend import unsupported_on
 from raytune_kernels.errors import RaytuneError
 from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.tune.records import RecordWriter, load_records
@@ -20,6 +22,23 @@ from raytune_kernels.tune.tuner import TuneOptions, TuningResult
 
 class TuneError(RaytuneError):
     """Tuning could not start (bad address, unwritable records, unsupported target)."""
+
+
+def compile_network(*args, **kwargs):
+    """compile.api.compile_network; on a running Ray session (this process called
+    ray.init, or tune_network started one) its layout problems are solved in the
+    LayoutActor, without one in this process. Ray is never started for it."""
+    if kwargs.get("solver", 0) is None:
+        del kwargs["solver"]
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized() and "solver" not in kwargs:
+        from actors.layout_actor import solve_on_ray
+
+        kwargs["solver"] = solve_on_ray
+    return compile_here(*args, **kwargs)
+
+
+compile_network.__doc__ += "\n\n" + (compile_here.__doc__ or "")
 
 
 def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
@@ -131,8 +150,7 @@ def _initial(ray, actor):
 
 
 def _tunable(tasks, tgt: Target):
-    reason_of = cuda_unsupported_reason if tgt.kind == "cuda" else unsupported_reason
-    reasons = [reason_of(t.compute) for t in tasks]
+    reasons = [unsupported_on(tgt)(t.compute) for t in tasks]
     skipped = [(t, r) for t, r in zip(tasks, reasons) if r]
     if skipped:
         warnings.warn(f"not tuned for {tgt.kind} (no kernel for them yet): " +

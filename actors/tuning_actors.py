@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import ray
 
+from raytune_kernels.backend import Backend, backend_for
 from raytune_kernels.cpu.machine import CpuInfo
-from raytune_kernels.cuda.gpu import ArchMismatchError, GpuInfo, check_measurable, gpu_info
-from raytune_kernels.cpu.schedules import space_on
+from raytune_kernels.cuda.gpu import ArchMismatchError, check_measurable, gpu_info
 from raytune_kernels.space import Config
 from raytune_kernels.tune.cost_model import CostModel, training_set
 from raytune_kernels.tune.records import Record, RecordWriter
@@ -27,29 +27,29 @@ ON_HEAD = {"resources": {"node:__internal_head__": 0.001}}
 
 @ray.remote(num_cpus=0)
 class CostModelActor:
-    """`device` (a CpuInfo for llvm, a GpuInfo for cuda) picks the features."""
+    """The target's `backend` gives the features."""
 
-    def __init__(self, tasks: list[dict], device: CpuInfo | GpuInfo):
+    def __init__(self, tasks: list[dict], backend: Backend):
         self.tasks = {t["key"]: Task.from_json(t) for t in tasks}
-        self.device, self.model, self.records, self.features = device, CostModel(), [], {}
+        self.backend, self.model, self.records, self.features = backend, CostModel(), [], {}
 
     def learn(self, records: list[dict]) -> bytes | None:
         self.records += [Record.from_json(r) for r in records]
-        self.model.fit(training_set(self.tasks, self.records, self.device, self.features))
+        self.model.fit(training_set(self.tasks, self.records, self.backend.featurize,
+                                    self.features))
         return self.model.save()
 
 
 @ray.remote(num_cpus=0)
 class SearchActor:
     """Evolutionary searches for a group of tasks, predicting with a local booster copy.
-    `device` (a CpuInfo for llvm, a GpuInfo for cuda) picks the spaces and features."""
+    The target's `backend` gives the spaces, features and estimate."""
 
-    def __init__(self, tasks: list[dict], device: CpuInfo | GpuInfo, seed: int,
-                 opts: SearchOptions):
+    def __init__(self, tasks: list[dict], backend: Backend, seed: int, opts: SearchOptions):
         self.searches = {}
         for d in tasks:
             t = Task.from_json(d)
-            self.searches[t.key] = EvolutionarySearch(t, space_on(t.compute, device), device,
+            self.searches[t.key] = EvolutionarySearch(t, backend.space(t.compute), backend,
                                                       seed, opts)
         self.model = CostModel()
 
@@ -69,14 +69,14 @@ class SearchActor:
 class RaySearchPool:
     """The SearchPool of the core Tuner, backed by search actors and the cost model actor."""
 
-    def __init__(self, tasks: list[Task], device: CpuInfo | GpuInfo, seed: int,
+    def __init__(self, tasks: list[Task], backend: Backend, seed: int,
                  opts: SearchOptions, num_search: int = 2):
         groups = [tasks[i::num_search] for i in range(min(num_search, len(tasks)))]
-        self.actors = [SearchActor.options(**ON_HEAD).remote([t.to_json() for t in g], device,
+        self.actors = [SearchActor.options(**ON_HEAD).remote([t.to_json() for t in g], backend,
                                                              seed, opts) for g in groups]
         self.owner = {t.key: a for g, a in zip(groups, self.actors) for t in g}
         self.model = CostModelActor.options(**ON_HEAD).remote([t.to_json() for t in tasks],
-                                                              device)
+                                                              backend)
         self._exhausted: set[str] = set()
 
     def propose(self, key: str, n: int) -> list[Config]:
@@ -120,7 +120,7 @@ class TaskSchedulerActor:
             self.pipeline, info = _cpu_pipeline(measure_opts, mcpu, num_measurers,
                                                 num_builders, cluster), cpu
         self.writer = RecordWriter(records) if records else None
-        pool = RaySearchPool(task_list, info, opts.seed, opts.search)
+        pool = RaySearchPool(task_list, backend_for(target, info), opts.seed, opts.search)
         self.tuner = Tuner(task_list, target, device, self.pipeline.run, pool, self.writer,
                            [Record.from_json(r) for r in history], opts)
 

@@ -27,6 +27,7 @@ from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cpu.kernel import build_for
 from raytune_kernels.measure import MeasureOptions, MeasureResult, measure_built
 from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
+from raytune_kernels.backend import cpu_backend
 
 OPTS = MeasureOptions(threads=1, min_repeat_ms=5, repeats=3)
 TASKS = ("conv2d 1x64x56x56 -> 64ch k3x3 s1 +bias+relu",
@@ -71,9 +72,9 @@ def run(task, strategy: str, trials: int, seed: int, pool, shared=None) -> list[
     """Tune `task` alone; with `shared` (a LocalSearchPool over all benchmark tasks), the
     search uses that pool's one cost model, already trained on the tasks tuned before."""
     if strategy == "model":
-        search = shared or LocalSearchPool([task], cpu_info(), seed)
+        search = shared or LocalSearchPool([task], cpu_backend(cpu_info()), seed)
     else:
-        search = RandomPool([task], cpu_info(), seed)
+        search = RandomPool([task], cpu_backend(cpu_info()), seed)
     tuner = Tuner([task], "llvm", cpu_info().name, measure_fn(pool), search, None, [],
                   TuneOptions(trials=trials, batch=8, seed=seed))
     tuner.run()
@@ -98,7 +99,8 @@ def main() -> None:
     to95 = {"model": [], "random": []}
     finals = []
     with ProcessPoolExecutor(2) as pool:
-        shared = {seed: LocalSearchPool(tasks, cpu_info(), seed) if args.shared_model else None
+        backend = cpu_backend(cpu_info())
+        shared = {seed: LocalSearchPool(tasks, backend, seed) if args.shared_model else None
                   for seed in range(args.seeds)}
         for task in tasks:
             for seed in range(args.seeds):

@@ -9,7 +9,6 @@ from raytune_kernels.errors import (CaptureError, CompileError, DynamicShapeErro
                                     UnknownModelError, UnknownTargetError, UnsupportedOpError)
 from raytune_kernels.frontend.capture import capture
 from raytune_kernels.frontend.graph import Graph, Node
-from raytune_kernels.compile.api import compile_network
 from raytune_kernels.compile.cpu_network import CompiledNetwork
 from raytune_kernels.frontend.partition import Partition, execute, partition
 from raytune_kernels.target import Target, parse_target
@@ -26,6 +25,14 @@ def extract_tasks(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor
     """
     parse_target(target)
     return list(partition(capture(model, example_inputs)).tasks)
+
+
+def compile_network(*args, **kwargs):
+    """Compile a tuned model; see raytune_kernels.compile.api.compile_network. On a running
+    Ray session the layout problem is solved in the LayoutActor (actors.driver)."""
+    from actors.driver import compile_network as run
+
+    return run(*args, **kwargs)
 
 
 def tune_network(*args, **kwargs):

@@ -6,9 +6,11 @@ from typing import Iterable, Sequence
 
 import torch
 
+from raytune_kernels.compile.choose import Solver
 from raytune_kernels.compile.cpu_network import compile_network_cpu
 from raytune_kernels.compile.cuda_network import compile_network_cuda
 from raytune_kernels.errors import CompileError
+from raytune_kernels.layout.problem import solve_ilp
 from raytune_kernels.target import parse_target
 from raytune_kernels.tune.records import Record
 
@@ -18,7 +20,7 @@ def compile_network(model: torch.nn.Module,
                     records: "str | Iterable[Record]", target: str = "llvm",
                     fallback: str | None = None, threads: int = 1, layout: str = "ilp",
                     time_limit_s: float = 20.0, check: bool = True, atol: float = 1e-3,
-                    verbose: bool = False):
+                    verbose: bool = False, solver: Solver = solve_ilp):
     """Compile `model` from the best kernels in `records` for `target`.
 
     On "llvm" targets: a cpu_network.CompiledNetwork from the records measured at
@@ -28,14 +30,18 @@ def compile_network(model: torch.nn.Module,
     PyTorch's kernel; with it, any step whose best kernel is slower than PyTorch's
     measured time for it runs PyTorch's too. With `check`, the output is compared with
     model(x) (max abs error <= atol). On "cuda" targets: a cuda_network.GpuNetwork (the
-    same calls, run on the GPU; `threads` is an option of the CPU path only)."""
+    same calls, run on the GPU; `threads` is an option of the CPU path only).
+
+    `solver` solves the layout problem: PuLP/CBC in this process by default. Called as
+    raytune_kernels.compile_network on a running Ray session, it is the LayoutActor's
+    (actors/layout_actor.py)."""
     tgt = parse_target(target)
     if tgt.kind == "cuda":
         return compile_network_cuda(model, example_inputs, records, tgt, fallback=fallback,
                                     check=check, atol=atol, verbose=verbose, layout=layout,
-                                    time_limit_s=time_limit_s)
+                                    time_limit_s=time_limit_s, solver=solver)
     if tgt.kind != "llvm":
         raise CompileError(f"target {target!r}: no network compiler for this target kind")
     return compile_network_cpu(model, example_inputs, records, tgt, fallback=fallback,
                                threads=threads, layout=layout, time_limit_s=time_limit_s,
-                               check=check, atol=atol, verbose=verbose)
+                               check=check, atol=atol, verbose=verbose, solver=solver)

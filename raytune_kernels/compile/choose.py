@@ -7,12 +7,16 @@ from typing import Callable
 
 from raytune_kernels.frontend.partition import GlueStep, Partition
 from raytune_kernels.layout.graph import NCHW, Candidate, layout_problem
-from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
+from raytune_kernels.layout.problem import LayoutPlan, LayoutProblem, solve_ilp
 from raytune_kernels.tune.records import Record
 
 TORCH = "torch"  # the config of a candidate that runs PyTorch's kernel
 KEEP = 4  # candidates kept per step (the fastest, within SLACK of the best)
 SLACK = 1.3
+
+# solves a layout problem within a time limit: solve_ilp in this process, or the
+# LayoutActor's on a Ray session (actors/layout_actor.py)
+Solver = Callable[[LayoutProblem, float], LayoutPlan]
 
 
 def estimated_latency(part: Partition, best: dict[str, Record],
@@ -37,17 +41,18 @@ def prune(cands: list[Candidate], family_of: Callable | None) -> list[Candidate]
 
 
 def choose(part: Partition, cands: list[list[Candidate]], layout: str,
-            transform: Callable[[tuple, str, str], float], time_limit_s: float
-            ) -> tuple[LayoutPlan, list[Candidate]]:
+            transform: Callable[[tuple, str, str], float], time_limit_s: float,
+            solver: Solver = solve_ilp) -> tuple[LayoutPlan, list[Candidate]]:
     """The layout plan and each step's candidate: by the ILP over every candidate, or
-    ("uniform") the best plan that keeps one layout family wherever a step has it."""
+    ("uniform") the best plan that keeps one layout family wherever a step has it.
+    `solver` solves each layout problem."""
     def solve(per_step: list[list[Candidate]]):
         by_node = {}
         for s, cs in zip(part.steps, per_step):
             by_node[s.node if isinstance(s, GlueStep) else id(s)] = cs
         problem, node_cands = layout_problem(
             part, lambda s: by_node[s.name if hasattr(s, "op") else id(s)], transform)
-        plan = solve_ilp(problem, time_limit_s)
+        plan = solver(problem, time_limit_s)
         n0 = len(part.graph.inputs)
         return plan, [node_cands[n0 + i][plan.choice[n0 + i]] for i in range(len(part.steps))]
 

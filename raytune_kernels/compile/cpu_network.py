@@ -21,7 +21,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from raytune_kernels.compile.choose import TORCH, choose, estimated_latency, layout_family, prune
+from raytune_kernels.compile.choose import (TORCH, Solver, choose, estimated_latency,
+                                            layout_family, prune)
 from raytune_kernels.compile.report import Profile, ProfileRow, Reporting
 from raytune_kernels.cpu.build import LoadedKernel, aligned, build
 from raytune_kernels.cpu.contraction import contraction
@@ -33,7 +34,7 @@ from raytune_kernels.space import Config
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.capture import capture
-from raytune_kernels.layout.problem import LayoutPlan
+from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
 from raytune_kernels.layout.costs import (candidates_from_records, fastest_transform,
                                           transform_kernel)
 from raytune_kernels.layout.graph import NCHW, Candidate
@@ -516,7 +517,7 @@ def compile_network_cpu(model: torch.nn.Module,
                         records: "str | Iterable[Record]", target: "str | Target" = "llvm",
                         fallback: str | None = None, threads: int = 1, layout: str = "ilp",
                         time_limit_s: float = 20.0, check: bool = True, atol: float = 1e-3,
-                        verbose: bool = False) -> CompiledNetwork:
+                        verbose: bool = False, solver: Solver = solve_ilp) -> CompiledNetwork:
     """compile_network() for an llvm target (see compile.api, which dispatches here)."""
     tgt = parse_target(target)
     if tgt.kind != "llvm":
@@ -538,7 +539,8 @@ def compile_network_cpu(model: torch.nn.Module,
                     for t in part.tasks}
     cands = _candidates(part, recs, fallback, tseconds, threads, family_of=layout_family)
     plan, chosen = choose(part, cands, layout,
-                           lambda shape, a, b: transform_cost(shape, a, b, opts), time_limit_s)
+                           lambda shape, a, b: transform_cost(shape, a, b, opts), time_limit_s,
+                          solver)
     planner = _Planner(part, tgt.mcpu, opts)
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):

@@ -38,10 +38,10 @@ from raytune_kernels.cuda.render import (cuda_layouts, cuda_unsupported_reason, 
                                          render_cuda, to_buffer_layout)
 from raytune_kernels.space import Config
 from raytune_kernels.frontend.capture import capture
-from raytune_kernels.layout.problem import LayoutPlan
+from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
 from raytune_kernels.layout.costs import candidates_from_records
 from raytune_kernels.layout.graph import Candidate
-from raytune_kernels.compile.choose import TORCH, choose, estimated_latency
+from raytune_kernels.compile.choose import TORCH, Solver, choose, estimated_latency
 from raytune_kernels.compile.report import Profile, ProfileRow, Reporting
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition, run_glue,
@@ -361,14 +361,14 @@ def step_candidates(part: Partition, records: list[Record],
 
 
 def choose_layouts(part: Partition, cands: list[list[Candidate]], layout: str,
-                   transform_s: Callable[[tuple, str, str], float], time_limit_s: float
-                   ) -> tuple[LayoutPlan, list[Candidate | None]]:
+                   transform_s: Callable[[tuple, str, str], float], time_limit_s: float,
+                   solver: Solver = solve_ilp) -> tuple[LayoutPlan, list[Candidate | None]]:
     """Each step's candidate: the layout ILP over all of them ("ilp"), or the best plan
     that keeps one layout wherever a step has it ("uniform"). Transforms between layouts
     of the same memory order cost nothing."""
     def transform(shape, a, b):
         return 0.0 if same_order(tuple(shape), a, b) else transform_s(tuple(shape), a, b)
-    plan, chosen = choose(part, cands, layout, transform, time_limit_s)
+    plan, chosen = choose(part, cands, layout, transform, time_limit_s, solver)
     return plan, [c if isinstance(s, TaskStep) else None for s, c in zip(part.steps, chosen)]
 
 
@@ -622,7 +622,8 @@ def compile_network_cuda(model: torch.nn.Module,
                          fallback: str | None = None, check: bool = True, atol: float = 1e-3,
                          verbose: bool = False, layout: str = "ilp",
                          time_limit_s: float = 20.0,
-                         device: "type[Device] | None" = None) -> GpuNetwork:
+                         device: "type[Device] | None" = None,
+                         solver: Solver = solve_ilp) -> GpuNetwork:
     """Compile `model` for a cuda target from the records for its arch.
 
     Each step runs the best record of the layout the layout ILP gives it (layout="ilp"),
@@ -656,7 +657,7 @@ def compile_network_cuda(model: torch.nn.Module,
         torch_s = {t.key: device.torch_seconds(t.compute) for t in part.tasks}
     cands = step_candidates(part, recs, torch_s)
     layout_plan, chosen = choose_layouts(part, cands, layout, device.transform_seconds,
-                                         time_limit_s)
+                                         time_limit_s, solver)
     plan = plan_network(part, chosen, arch, estimated_latency(part, best, torch_s),
                         layout_plan)
     net = GpuNetwork(plan, device(plan))

@@ -12,14 +12,11 @@ from __future__ import annotations
 import math
 import os
 
-import numpy as np
 
 from raytune_kernels.cpu.machine import CpuInfo
-from raytune_kernels.cuda.gpu import GpuInfo
 from raytune_kernels.cpu.loopnest import PARALLEL, UNROLL, For, LoopNest, Reduce, UpdateTile
 from raytune_kernels.cpu.schedules import lower
 from raytune_kernels.space import Config
-from raytune_kernels.cuda.features import featurize_cuda
 from raytune_kernels.task import Compute
 
 OPS = ("conv2d", "dense", "matmul", "max_pool2d", "avg_pool2d", "softmax", "layer_norm",
@@ -90,14 +87,7 @@ def _tile_bytes(cfg: Config, rows: int, cols: int, vecs: int, lanes: int) -> flo
     return 4.0 * cb * (rows * cols + vecs * lanes)
 
 
-def featurize(compute: Compute, cfg: Config, device: CpuInfo | GpuInfo) -> list[float]:
-    """Features of a config on the device it is tuned for: the loop nest's on a CPU
-    (target llvm), the rendered CUDA kernel's on a GPU (target cuda)."""
-    if isinstance(device, GpuInfo):
-        return featurize_cuda(compute, cfg, device)
-    return featurize_nest(compute, cfg, lower(compute, cfg), device)
+def featurize(compute: Compute, cfg: Config, cpu: CpuInfo) -> list[float]:
+    """Features of a config on the CPU it is tuned for, read off its loop nest."""
+    return featurize_nest(compute, cfg, lower(compute, cfg), cpu)
 
-
-def feature_matrix(compute: Compute, cfgs: list[Config], device: CpuInfo | GpuInfo
-                   ) -> np.ndarray:
-    return np.asarray([featurize(compute, c, device) for c in cfgs], dtype=np.float32)

@@ -1,8 +1,8 @@
 """One entry point per stage for every task kind: its space, its lowering, its layouts.
 
 Tiled computes (conv2d, depthwise, pooling, dense, matmul) go through contractions; row
-computes (softmax, layer norm, elementwise) through row kernels. Target "cuda" has its own
-entry points at the end (cuda/render.py renders CUDA C from the same computes).
+computes (softmax, layer norm, elementwise) through row kernels. The CUDA entry points
+are in cuda/render.py; backend.py puts either set behind one Backend.
 """
 from __future__ import annotations
 
@@ -89,45 +89,3 @@ def unpack(compute: Compute, cfg: Config, flat: np.ndarray) -> torch.Tensor:
     if compute.op in ROW_OPS:
         return unpack_rows(compute, cfg, flat)
     return unpack_output(compute, cfg, flat)
-
-
-def cuda_unsupported_reason(compute: Compute) -> str | None:
-    """None when the compute renders to CUDA; otherwise why not, in words."""
-    from raytune_kernels.cuda.render import cuda_unsupported_reason as reason
-
-    return reason(compute)
-
-
-def cuda_space_for(compute: Compute) -> Space:
-    """The GPU schedule space (threads, shared-memory tiles, unroll, vector widths)."""
-    from raytune_kernels.cuda.render import cuda_space_for as space
-
-    return space(compute)
-
-
-def cuda_render(compute: Compute, cfg: Config):
-    """CUDA C source and launch geometry of one config (a cuda_kernel.CudaKernel)."""
-    from raytune_kernels.cuda.render import render_cuda
-
-    return render_cuda(compute, cfg)
-
-
-def space_for_target(compute: Compute, target) -> Space | UnionSpace:
-    """The schedule space of a compute on a Target: the host CPU's (or -mcpu's) for
-    "llvm", the GPU space for "cuda"."""
-    from raytune_kernels.target import parse_target
-    from raytune_kernels.cpu.machine import cpu_info
-
-    tgt = parse_target(target)
-    return cuda_space_for(compute) if tgt.kind == "cuda" else space_for(compute,
-                                                                        cpu_info(tgt.mcpu))
-
-
-def space_on(compute: Compute, device) -> Space | UnionSpace:
-    """The schedule space of a compute on a device description: a CpuInfo (target llvm)
-    or a codegen.gpu.GpuInfo (target cuda), as the cost model's features dispatch too."""
-    from raytune_kernels.cuda.gpu import GpuInfo
-
-    if isinstance(device, GpuInfo):
-        return cuda_space_for(compute)
-    return space_for(compute, device)

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
-from raytune_kernels.cpu.machine import CpuInfo
 from raytune_kernels.space import Config
-from raytune_kernels.cpu.features import featurize
 from raytune_kernels.tune.records import Record
-from raytune_kernels.task import Task
+from raytune_kernels.task import Compute, Task
+
+Featurize = Callable[[Compute, Config], list[float]]  # a backend's features (backend.py)
 
 PARAMS = {"objective": "rank:pairwise", "eta": 0.2, "max_depth": 6, "min_child_weight": 1,
           "subsample": 0.9, "lambda": 1.0, "verbosity": 0, "nthread": 1, "seed": 0}
@@ -34,7 +34,7 @@ class TrainingSet:
         return len(self.labels)
 
 
-def training_set(tasks: dict[str, Task], records: Iterable[Record], cpu: CpuInfo,
+def training_set(tasks: dict[str, Task], records: Iterable[Record], featurize: Featurize,
                  cache: dict | None = None) -> TrainingSet:
     """Features and normalised-throughput labels of every record of a known task.
     `cache` keeps each (task, config)'s features across calls: retraining every round
@@ -49,7 +49,7 @@ def training_set(tasks: dict[str, Task], records: Iterable[Record], cpu: CpuInfo
         best = min(r.median for r in recs)
         rows = []
         for r in recs:
-            x = _features(tasks[key], r, cpu, cache)
+            x = _features(tasks[key], r, featurize, cache)
             if x is not None:
                 rows.append((x, best / r.median if r.ok and math.isfinite(best) else 0.0))
         if len(rows) >= 2:
@@ -59,11 +59,11 @@ def training_set(tasks: dict[str, Task], records: Iterable[Record], cpu: CpuInfo
     return out
 
 
-def _features(task: Task, r: Record, cpu: CpuInfo, cache: dict) -> list[float] | None:
+def _features(task: Task, r: Record, featurize: Featurize, cache: dict) -> list[float] | None:
     key = (task.key, r.config_key())
     if key not in cache:
         try:
-            cache[key] = featurize(task.compute, Config.from_json(r.config), cpu)
+            cache[key] = featurize(task.compute, Config.from_json(r.config))
         except Exception:  # a record from an older space that no longer lowers
             cache[key] = None
     return cache[key]

@@ -3,13 +3,16 @@
 The population is seeded from the best measured configs and random samples, evolved by
 mutation and crossover for a few generations, and ranked by the cost model together with a
 pool of fresh random samples (evolution alone drifts to where the model over-rates
-configs; fresh samples keep whole regions of the space in view). On a CPU the ranking
-blends the model with the analytic estimate of each candidate's cycles (estimate.py): the
-estimate alone before any measurement, the model more as the task's own measurements
-grow, since a model trained on other tasks' records has learnt their good configs rather
-than this task's. A fraction epsilon of every batch is random, so neither guide blinds
-the search. A config already measured for the
-task (errors included) is never proposed again.
+configs; fresh samples keep whole regions of the space in view). Where the backend has
+an analytic estimate (the CPU's cycles, cpu/estimate.py) the ranking blends the model
+with it: the estimate alone before any measurement, the model more as the task's own
+measurements grow, since a model trained on other tasks' records has learnt their good
+configs rather than this task's. A fraction epsilon of every batch is random, so neither
+guide blinds the search. A config already measured for the task (errors included) is
+never proposed again.
+
+The search knows no backend's internals: the backend's `analyze` (features and estimate
+of a batch of configs, see backend.py) and the cost model are its plug-ins.
 """
 from __future__ import annotations
 
@@ -19,12 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raytune_kernels.cpu.machine import CpuInfo
+from raytune_kernels.backend import Backend
 from raytune_kernels.space import Config
-from raytune_kernels.cpu.schedules import lower
 from raytune_kernels.tune.cost_model import CostModel
-from raytune_kernels.cpu.estimate import cycles
-from raytune_kernels.cpu.features import feature_matrix, featurize_nest
 from raytune_kernels.task import Task
 
 
@@ -40,9 +40,12 @@ class SearchOptions:
 
 
 class EvolutionarySearch:
-    def __init__(self, task: Task, space, cpu: CpuInfo, seed: int = 0,
+    def __init__(self, task: Task, space, backend: Backend, seed: int = 0,
                  opts: SearchOptions = SearchOptions()):
-        self.task, self.space, self.cpu, self.opts = task, space, cpu, opts
+        """`backend` gives the features and estimate (backend.analyze); `space` is
+        normally backend.space(task.compute)."""
+        self.task, self.space, self.opts = task, space, opts
+        self.analyze, self.has_estimate = backend.analyze, backend.has_estimate
         self.rng = random.Random(f"{seed}:{task.key}")
         self.measured: dict[Config, float] = {}
 
@@ -73,8 +76,8 @@ class EvolutionarySearch:
 
     @property
     def _estimating(self) -> bool:
-        """Whether the analytic estimate guides this search: CPU loop nests only."""
-        return isinstance(self.cpu, CpuInfo) and self.opts.estimate_trials > 0
+        """Whether the analytic estimate guides this search (a backend that has one)."""
+        return self.has_estimate and self.opts.estimate_trials > 0
 
     def sample(self, n: int) -> list[Config]:
         """n distinct random configs not measured yet (the unguided baseline's proposals)."""
@@ -96,7 +99,9 @@ class EvolutionarySearch:
         if not self._estimating:
             return None
         pool = self._random(self.opts.population + self.opts.fresh, set())
-        return sorted(pool, key=lambda c: cycles(lower(self.task.compute, c), self.cpu.machine))
+        _, cost = self.analyze(self.task.compute, pool, features=False)
+        order = np.argsort(cost, kind="stable")
+        return [pool[i] for i in order]
 
     def _evolve(self, model: CostModel) -> list[Config]:
         ranked_measured = sorted((c for c, t in self.measured.items() if math.isfinite(t)),
@@ -140,16 +145,10 @@ class EvolutionarySearch:
         new = [c for c in dict.fromkeys(cfgs) if c not in scores]
         if not new:
             return
-        compute = self.task.compute
-        if self._estimating:  # one lowering per config serves the features and the estimate
-            nests = [lower(compute, c) for c in new]
-            x = np.asarray([featurize_nest(compute, c, n, self.cpu) for c, n in zip(new, nests)],
-                           dtype=np.float32)
-            estimates = [-cycles(n, self.cpu.machine) for n in nests]
-        else:
-            x, estimates = feature_matrix(compute, new, self.cpu), [0.0] * len(new)
+        x, cost = self.analyze(self.task.compute, new)  # one lowering serves both
+        estimates = -cost if self._estimating else np.zeros(len(new))
         for c, s, e in zip(new, model.predict(x), estimates):
-            scores[c] = (float(s), e)
+            scores[c] = (float(s), float(e))
 
 
 def _fractional_ranks(values: list[float]) -> np.ndarray:

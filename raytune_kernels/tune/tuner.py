@@ -13,9 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from raytune_kernels.cpu.machine import CpuInfo
-from raytune_kernels.cuda.gpu import GpuInfo
-from raytune_kernels.cpu.schedules import space_on
+from raytune_kernels.backend import Backend
 from raytune_kernels.space import Config
 from raytune_kernels.tune.cost_model import CostModel, training_set
 from raytune_kernels.measure import MeasureResult
@@ -35,15 +33,14 @@ class SearchPool(Protocol):
 
 
 class LocalSearchPool:
-    """One evolutionary search per task and one cost model, all in this process. `device`
-    is what the target tunes for: a CpuInfo (llvm) or a GpuInfo (cuda); it picks the
-    schedule space and the cost model's features."""
+    """One evolutionary search per task and one cost model, all in this process. The
+    target's `backend` gives the schedule spaces, the features and the estimate."""
 
-    def __init__(self, tasks: list[Task], device: CpuInfo | GpuInfo, seed: int = 0,
+    def __init__(self, tasks: list[Task], backend: Backend, seed: int = 0,
                  opts: SearchOptions = SearchOptions()):
         self.tasks = {t.key: t for t in tasks}
-        self.device, self.model, self.records, self.features = device, CostModel(), [], {}
-        self.searches = {t.key: EvolutionarySearch(t, space_on(t.compute, device), device, seed,
+        self.backend, self.model, self.records, self.features = backend, CostModel(), [], {}
+        self.searches = {t.key: EvolutionarySearch(t, backend.space(t.compute), backend, seed,
                                                    opts) for t in tasks}
 
     def propose(self, key: str, n: int) -> list[Config]:
@@ -54,7 +51,8 @@ class LocalSearchPool:
 
     def learn(self, records: list[Record]) -> None:
         self.records += records
-        self.model.fit(training_set(self.tasks, self.records, self.device, self.features))
+        self.model.fit(training_set(self.tasks, self.records, self.backend.featurize,
+                                     self.features))
 
     def exhausted(self, key: str) -> bool:
         return self.searches[key].exhausted

@@ -16,6 +16,7 @@ from raytune_kernels.cuda.gpu import gpu_info
 from raytune_kernels.tune.records import load_records
 from raytune_kernels.tune.search import SearchOptions
 from raytune_kernels.tune.tuner import TuneOptions, Tuner
+from raytune_kernels.backend import cuda_backend
 
 from tests.tune.test_tuner_cuda import NvrtcThenFake
 from tests.actors.test_tune import Tiny
@@ -91,7 +92,7 @@ def test_search_and_cost_model_actors_tune_cuda_tasks(ray_session):
 
     tasks = rk.extract_tasks(TinyGpu().eval(), (torch.randn(1, 16, 8, 8),), target="cuda")
     measure = NvrtcThenFake()
-    pool = RaySearchPool(tasks, gpu_info("sm_90"), 0, SearchOptions(population=32,
+    pool = RaySearchPool(tasks, cuda_backend(gpu_info("sm_90")), 0, SearchOptions(population=32,
                                                                      generations=2))
     tuner = Tuner(tasks, "cuda -arch=sm_90", "fake H100", measure, pool,
                   opts=TuneOptions(trials=20, batch=4))

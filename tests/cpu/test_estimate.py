@@ -17,6 +17,7 @@ from raytune_kernels.tune.cost_model import CostModel
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.measure import MeasureOptions, measure_built
 from raytune_kernels.tune.search import EvolutionarySearch
+from raytune_kernels.backend import cpu_backend
 
 CPU = CpuInfo("test", (16, 8), 32, assumed_model("test", (16, 8)))
 
@@ -87,7 +88,7 @@ def test_estimate_orders_real_measurements():
 
 def test_untrained_search_ranks_by_the_estimate_and_sample_stays_random():
     task = conv()
-    search = EvolutionarySearch(task, space_for(task.compute, CPU), CPU, seed=3)
+    search = EvolutionarySearch(task, space_for(task.compute, CPU), cpu_backend(CPU), seed=3)
     guided = search.propose(8, CostModel())
     blind = search.sample(64)
     cost = lambda cfgs: sorted(cycles(lower(task.compute, c), CPU.machine)  # noqa: E731
@@ -100,10 +101,10 @@ def test_untrained_search_ranks_by_the_estimate_and_sample_stays_random():
 @pytest.mark.parametrize("arch", ["sm_90"])
 def test_gpu_search_without_a_model_explores_at_random(arch):
     pytest.importorskip("cupy")
-    from raytune_kernels.cuda.gpu import gpu_info
-    from raytune_kernels.cpu.schedules import space_on
+    from raytune_kernels.backend import backend_for
 
-    task, gpu = conv(), gpu_info(arch)
-    search = EvolutionarySearch(task, space_on(task.compute, gpu), gpu, seed=0)
+    task, backend = conv(), backend_for(f"cuda -arch={arch}")
+    space = backend.space(task.compute)
+    search = EvolutionarySearch(task, space, backend, seed=0)
     got = search.propose(8, CostModel())
-    assert len(set(got)) == 8 and all(c in space_on(task.compute, gpu) for c in got)
+    assert len(set(got)) == 8 and all(c in space for c in got)

@@ -2,15 +2,12 @@
 import math
 import random
 
-import numpy as np
 import pytest
 
 from raytune_kernels.cuda.render import cuda_space_for, render_cuda
 from raytune_kernels.cuda.gpu import GpuInfo, gpu_info
-from raytune_kernels.cpu.schedules import space_on
 from raytune_kernels.space import Config
 from raytune_kernels.errors import UnknownTargetError
-from raytune_kernels.cpu.features import feature_matrix, featurize
 from raytune_kernels.cuda.features import blocks_per_sm, family, featurize_cuda, shared_bytes
 
 from tests.support.cuda_cases import CASES
@@ -67,16 +64,3 @@ def test_occupancy_follows_the_kernel_and_the_arch():
     # more SMs: the same grid fills a smaller part of one wave
     small = GpuInfo("sm_90", 66, H100.smem_per_sm, 2048, 32)
     assert featurize_cuda(compute, cfg, small) != featurize_cuda(compute, cfg, H100)
-
-
-def test_the_device_picks_the_space_and_the_features():
-    from raytune_kernels.cpu.machine import CpuInfo, assumed_model
-    compute = CASES["softmax_last"]
-    assert space_on(compute, H100) == cuda_space_for(compute)
-    cfg = _configs(compute)[0]
-    assert featurize(compute, cfg, H100) == featurize_cuda(compute, cfg, H100)
-    m = feature_matrix(compute, _configs(compute), H100)
-    assert m.dtype == np.float32 and m.shape[0] == len(_configs(compute))
-    cpu = CpuInfo("test", (16, 8), 32, assumed_model("test", (16, 8)))
-    assert set(space_on(compute, cpu).sample(random.Random(0)).to_json()) != \
-        set(cfg.to_json())  # the CPU's row space, not the GPU's

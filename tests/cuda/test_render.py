@@ -20,7 +20,6 @@ from raytune_kernels.cuda.gemm_views import gemm_view
 from raytune_kernels.cuda.render import (CudaLoweringError, cuda_pack, cuda_space_for,
                                          cuda_layouts, cuda_unpack, cuda_unsupported_reason,
                                          operand_layouts, render_cuda)
-from raytune_kernels.cpu.schedules import space_for_target
 from raytune_kernels.space import Config
 from raytune_kernels.measure import random_operands
 from raytune_kernels.frontend.reference import reference
@@ -158,13 +157,6 @@ def test_pack_checks_operands_and_unpack_restores_the_shape():
         cuda_pack(c, [ops[0], ops[1].T, *ops[2:]], cfg)
     with pytest.raises(ValueError, match="takes 4 operands, got 3"):
         cuda_pack(c, ops[:3], cfg)
-
-
-def test_space_for_target_dispatches_on_the_target():
-    c = CASES["dense_bias_gelu"]
-    assert space_for_target(c, "cuda") == cuda_space_for(c)
-    assert space_for_target(c, "cuda -arch=sm_90") == cuda_space_for(c)
-    assert "lanes" in space_for_target(c, "llvm").coupled_names
 
 
 def _emulate_samples(names, per_case: int, seed: int):

@@ -15,8 +15,10 @@ from raytune_kernels.tune.task_scheduler import TaskScheduler
 from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
 from raytune_kernels.task import Compute, Task, TensorSpec
 from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
+from raytune_kernels.backend import cpu_backend
 
 CPU = CpuInfo("test", (16, 8), 32, assumed_model("test", (16, 8)))
+BACKEND = cpu_backend(CPU)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def tune(tasks, trials, path=None, history=(), seed=0, batch=8):
     writer = RecordWriter(path) if path else None
     opts = SearchOptions(estimate_trials=0)
     tuner = Tuner(tasks, "llvm", "test", fake_measure(fake),
-                  LocalSearchPool(tasks, CPU, seed, opts), writer, list(history),
+                  LocalSearchPool(tasks, BACKEND, seed, opts), writer, list(history),
                   TuneOptions(trials=trials, batch=batch, seed=seed, search=opts))
     result = tuner.run()
     if writer:
@@ -46,7 +48,7 @@ def tune(tasks, trials, path=None, history=(), seed=0, batch=8):
 
 def test_search_never_repeats_a_config(tasks):
     task = tasks[3]
-    search = EvolutionarySearch(task, space_for(task.compute, CPU), CPU, seed=1)
+    search = EvolutionarySearch(task, space_for(task.compute, CPU), BACKEND, seed=1)
     fake, model, seen = FakeMeasurer(), CostModel(), set()
     from raytune_kernels.tune.cost_model import training_set
     from raytune_kernels.tune.records import record_of
@@ -58,7 +60,7 @@ def test_search_never_repeats_a_config(tasks):
         results = [fake.measure(task, c) for c in cfgs]
         search.observe(cfgs, [r.median for r in results])
         records += [record_of(task.key, "llvm", "t", c.to_json(), r) for c, r in zip(cfgs, results)]
-        model.fit(training_set({task.key: task}, records, CPU))
+        model.fit(training_set({task.key: task}, records, BACKEND.featurize))
     assert model.trained
 
 
@@ -66,7 +68,7 @@ def test_search_stops_when_the_space_is_exhausted():
     c = Compute("softmax", (TensorSpec((4, 16)),), TensorSpec((4, 16)), (("dim", 1),))
     task = Task(c.key(), c, 1)
     space = space_for(c, CPU)
-    search = EvolutionarySearch(task, space, CPU)
+    search = EvolutionarySearch(task, space, BACKEND)
     got = search.propose(100, CostModel())
     assert len(got) == space.count() < 100
     search.observe(got, [1.0] * len(got))
@@ -132,7 +134,7 @@ def test_records_at_another_thread_count_are_not_resumed(tasks, tmp_path):
     path = str(tmp_path / "r.jsonl")
     tune(some, 16, path)
     fake = FakeMeasurer()
-    tuner = Tuner(some, "llvm", "test", fake_measure(fake), LocalSearchPool(some, CPU), None,
+    tuner = Tuner(some, "llvm", "test", fake_measure(fake), LocalSearchPool(some, BACKEND), None,
                   load_records(path).records, TuneOptions(trials=16, threads=2))
     tuner.run()
     assert fake.calls == 16 and {r.threads for r in tuner.records} == {2}
@@ -142,7 +144,7 @@ def test_a_resumed_run_starts_with_a_trained_model(tasks, tmp_path):
     some = [tasks[2], tasks[5]]
     path = str(tmp_path / "r.jsonl")
     tune(some, 32, path)
-    pool = LocalSearchPool(some, CPU)
+    pool = LocalSearchPool(some, BACKEND)
     Tuner(some, "llvm", "test", fake_measure(FakeMeasurer()), pool, None,
           load_records(path).records, TuneOptions(trials=64))
     assert pool.model.trained

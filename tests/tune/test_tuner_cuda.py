@@ -14,6 +14,7 @@ from raytune_kernels.measure import BUILD_ERROR, MeasureResult
 from raytune_kernels.tune.records import RecordWriter, load_records
 from raytune_kernels.tune.search import SearchOptions
 from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
+from raytune_kernels.backend import cuda_backend
 
 pytestmark = pytest.mark.skipif(nvrtc_unavailable() is not None,
                                 reason=f"NVRTC unavailable: {nvrtc_unavailable()}")
@@ -54,7 +55,7 @@ class NvrtcThenFake:
 def test_cuda_tuning_compiles_every_proposal_and_learns(cuda_tasks, tmp_path):
     path, trials = str(tmp_path / "cuda.jsonl"), 24
     measure = NvrtcThenFake()
-    pool = LocalSearchPool(cuda_tasks, gpu_info(ARCH), seed=0,
+    pool = LocalSearchPool(cuda_tasks, cuda_backend(gpu_info(ARCH)), seed=0,
                            opts=SearchOptions(population=32, generations=2))
     with RecordWriter(path) as writer:
         tuner = Tuner(cuda_tasks, TARGET, "fake H100", measure, pool, writer,
@@ -79,10 +80,11 @@ def test_a_resumed_cuda_run_skips_other_targets_records(cuda_tasks, tmp_path):
     task = cuda_tasks[2]
     with RecordWriter(path) as writer:
         Tuner([task], "cuda -arch=sm_80", "fake A100", NvrtcThenFake("sm_80"),
-              LocalSearchPool([task], gpu_info("sm_80")), writer,
+              LocalSearchPool([task], cuda_backend(gpu_info("sm_80"))), writer,
               opts=TuneOptions(trials=4, batch=4)).run()
     measure = NvrtcThenFake()
-    tuner = Tuner([task], TARGET, "fake H100", measure, LocalSearchPool([task], gpu_info(ARCH)),
-                  None, load_records(path).records, TuneOptions(trials=4, batch=4))
+    pool = LocalSearchPool([task], cuda_backend(gpu_info(ARCH)))
+    tuner = Tuner([task], TARGET, "fake H100", measure, pool, None,
+                  load_records(path).records, TuneOptions(trials=4, batch=4))
     tuner.run()
     assert len(measure.builds) == 4 and {r.target for r in tuner.records} == {TARGET}

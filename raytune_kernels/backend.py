@@ -1,0 +1,129 @@
+"""A target's code generator as one value: what it can lower, its schedule spaces, the
+layouts a config reads and writes, the cost model's features, the analytic estimate when
+there is one, and how operands travel to and from its buffers.
+
+Everything above the backends (the search, the cost model, the tuner, the actors, the
+driver) asks the Backend instead of branching on the target's kind; `backend_for` is the
+one place that does. A Backend holds module-level functions (some bound to the device by
+functools.partial), so it pickles and travels to actors as it is.
+
+Build and measure are not fields: they run in the builder and measurer actors, which the
+pipeline starts per device (actors/pipeline.py), and the compiled network has its own
+entry per backend (compile/api.py).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from raytune_kernels.cpu.estimate import cycles
+from raytune_kernels.cpu.features import featurize, featurize_nest
+from raytune_kernels.cpu.machine import CpuInfo, cpu_info
+from raytune_kernels.cpu.schedules import lower, pack, space_for, unpack, unsupported_reason
+from raytune_kernels.cuda.features import featurize_cuda
+from raytune_kernels.cuda.gpu import GpuInfo, gpu_info
+from raytune_kernels.cuda.render import (cuda_layouts, cuda_pack, cuda_space_for, cuda_unpack,
+                                         cuda_unsupported_reason)
+from raytune_kernels.errors import UnknownTargetError
+from raytune_kernels.layout.costs import layouts_of
+from raytune_kernels.space import Config, Space, UnionSpace
+from raytune_kernels.target import Target, parse_target
+from raytune_kernels.task import Compute, Task
+
+# (features, one row per config; estimated cost, lower is faster, or None without one)
+Analysis = tuple[np.ndarray | None, np.ndarray | None]
+
+
+@dataclass(frozen=True)
+class Backend:
+    kind: str  # "llvm" or "cuda", as in the target string
+    device: CpuInfo | GpuInfo  # what the spaces, features and estimate are sized for
+    unsupported: Callable[[Compute], str | None]  # None, or why no kernel exists
+    space: Callable[[Compute], Space | UnionSpace]
+    layouts: Callable[[Task, Config], tuple[str, str]]  # (input, output) layout labels
+    featurize: Callable[[Compute, Config], list[float]]  # the cost model's features
+    # analyze(compute, cfgs, features=True): the features and the estimate of a batch,
+    # sharing one lowering per config; the search's guides (see tune/search.py)
+    analyze: Callable[..., Analysis]
+    has_estimate: bool  # whether analyze returns an estimated cost
+    pack: Callable[[Compute, Config, list[torch.Tensor]], object]  # operands -> buffers
+    unpack: Callable[[Compute, Config, object], torch.Tensor]  # output buffer -> tensor
+
+    def feature_matrix(self, compute: Compute, cfgs: list[Config]) -> np.ndarray:
+        return np.asarray([self.featurize(compute, c) for c in cfgs], dtype=np.float32)
+
+
+def cpu_backend(cpu: CpuInfo) -> Backend:
+    """Loop nests rendered to LLVM IR for `cpu` (its vector widths, registers and
+    measured machine model)."""
+    return Backend("llvm", cpu, unsupported_reason, functools.partial(_cpu_space, cpu=cpu),
+                   layouts_of, functools.partial(featurize, cpu=cpu),
+                   functools.partial(_cpu_analyze, cpu=cpu), True, pack, unpack)
+
+
+def cuda_backend(gpu: GpuInfo) -> Backend:
+    """CUDA C rendered per config, compiled by NVRTC for `gpu`'s arch; no analytic estimate
+    (the search explores at random until the cost model has learnt)."""
+    return Backend("cuda", gpu, cuda_unsupported_reason, cuda_space_for, _cuda_layouts,
+                   functools.partial(featurize_cuda, gpu=gpu),
+                   functools.partial(_cuda_analyze, gpu=gpu), False, _cuda_pack, _cuda_unpack)
+
+
+def backend_for(target: str | Target, device: CpuInfo | GpuInfo | None = None) -> Backend:
+    """The backend of a target string. An "llvm" target is sized for the host CPU (or its
+    -mcpu); a "cuda" target for its -arch, or for `device` (the measuring GPU's figures)
+    when the target names no arch."""
+    tgt = parse_target(target)
+    if tgt.kind == "llvm":
+        return cpu_backend(device if isinstance(device, CpuInfo) else cpu_info(tgt.mcpu))
+    if tgt.kind == "cuda":
+        if isinstance(device, GpuInfo):
+            return cuda_backend(device)
+        if not tgt.arch:
+            raise UnknownTargetError(f"target {str(tgt)!r} names no arch: give "
+                                     "'cuda -arch=sm_XY' or the measuring GPU's figures")
+        return cuda_backend(gpu_info(tgt.arch))
+    raise UnknownTargetError(f"no backend for target kind {tgt.kind!r}")
+
+
+def unsupported_on(target: str | Target) -> Callable[[Compute], str | None]:
+    """Why a target's backend has no kernel for a compute (None when it has one), known
+    before any device is asked: what can be lowered does not depend on the device."""
+    kind = parse_target(target).kind
+    return cuda_unsupported_reason if kind == "cuda" else unsupported_reason
+
+
+def _cpu_space(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
+    return space_for(compute, cpu)
+
+
+def _cpu_analyze(compute: Compute, cfgs: list[Config], features: bool = True,
+                 cpu: CpuInfo | None = None) -> Analysis:
+    nests = [lower(compute, c) for c in cfgs]
+    x = np.asarray([featurize_nest(compute, c, n, cpu) for c, n in zip(cfgs, nests)],
+                   dtype=np.float32).reshape(len(cfgs), -1) if features else None
+    return x, np.asarray([cycles(n, cpu.machine) for n in nests], dtype=np.float64)
+
+
+def _cuda_layouts(task: Task, cfg: Config) -> tuple[str, str]:
+    return cuda_layouts(task.compute, cfg)
+
+
+def _cuda_analyze(compute: Compute, cfgs: list[Config], features: bool = True,
+                  gpu: GpuInfo | None = None) -> Analysis:
+    if not features:
+        return None, None
+    return np.asarray([featurize_cuda(compute, c, gpu) for c in cfgs],
+                      dtype=np.float32).reshape(len(cfgs), -1), None
+
+
+def _cuda_pack(compute: Compute, cfg: Config, operands) -> list[np.ndarray]:
+    return cuda_pack(compute, operands, cfg)
+
+
+def _cuda_unpack(compute: Compute, cfg: Config, flat) -> torch.Tensor:
+    return cuda_unpack(compute, flat, cfg)
