@@ -32,6 +32,13 @@ class TensorSpec:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+# The op vocabulary of epilogues, one list for every layer that names ops: the graph, the
+# references (frontend/reference.py), the loop-nest interpreter, the LLVM math
+# (cpu/llvm/math_ops.py) and the CUDA epilogue (cuda/epilogue.py); tests/test_task.py
+# checks each implements exactly these names. "bias" and "affine" are channel ops.
+UNARY_OPS = ("relu", "relu6", "gelu", "gelu_tanh", "sigmoid", "silu", "tanh")
+BINARY_OPS = ("add", "sub", "mul", "div")
+
 
 @dataclass(frozen=True)
 class EpilogueOp:

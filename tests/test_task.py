@@ -58,3 +58,29 @@ def test_target_parsing():
     for bad in ("rocm", "", "llvm -mattr=+avx", "cuda -mcpu=x"):
         with pytest.raises(rk.UnknownTargetError):
             rk.parse_target(bad)
+
+
+def test_every_layer_implements_exactly_the_op_vocabulary():
+    """One list of epilogue op names (task.UNARY_OPS / BINARY_OPS): the graph, the
+    reference, the loop-nest interpreter, the LLVM math and the CUDA epilogue each
+    implement exactly those, and the interpreter agrees with the reference on each."""
+    import numpy as np
+
+    from raytune_kernels.cpu.llvm.math_ops import UNARY
+    from raytune_kernels.cpu.loopnest import BINARY_NP, UNARY_NP
+    from raytune_kernels.cuda.epilogue import unary as cuda_unary
+    from raytune_kernels.frontend.graph import BINARY_OPS as GRAPH_BINARY
+    from raytune_kernels.frontend.graph import UNARY_OPS as GRAPH_UNARY
+    from raytune_kernels.frontend.reference import BINARY_FNS, UNARY_FNS
+    from raytune_kernels.task import BINARY_OPS, UNARY_OPS
+
+    assert len(set(UNARY_OPS)) == len(UNARY_OPS) and len(set(BINARY_OPS)) == len(BINARY_OPS)
+    for implemented in (GRAPH_UNARY, UNARY_FNS, UNARY_NP, UNARY):
+        assert set(implemented) == set(UNARY_OPS)
+    for implemented in (GRAPH_BINARY, BINARY_FNS, BINARY_NP):
+        assert set(implemented) == set(BINARY_OPS)
+    x = torch.linspace(-8, 8, 101)
+    for op in UNARY_OPS:
+        assert cuda_unary(op, "v")  # renders, or raises naming the op
+        np.testing.assert_allclose(UNARY_NP[op](x.double().numpy()), UNARY_FNS[op](x.double()),
+                                   rtol=1e-6, atol=1e-6, err_msg=op)

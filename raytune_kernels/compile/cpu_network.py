@@ -9,331 +9,38 @@
    border, written once, stays valid), and keep a flat list of native calls whose ctypes
    arguments are made once.
 4. Check against the model at compile time; benchmark and profile on demand.
+
+The plan itself (buffers, calls, the planner, buffer reuse) is made in compile/cpu_plan.py.
 """
 from __future__ import annotations
 
 import ctypes
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-import numpy as np
 import torch
 
 from raytune_kernels.compile.choose import (TORCH, Solver, choose, estimated_latency,
                                             layout_family, prune)
+from raytune_kernels.compile.cpu_plan import Buf, Planner, Step, allocate, transform_cost
 from raytune_kernels.compile.report import Profile, ProfileRow, Reporting
-from raytune_kernels.cpu.build import LoadedKernel, aligned, build
 from raytune_kernels.cpu.contraction import contraction
-from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.rows import ROW_OPS
-from raytune_kernels.cpu.schedules import lower, pack, unsupported_reason
-from raytune_kernels.space import Config
+from raytune_kernels.cpu.schedules import unsupported_reason
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.capture import capture
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
-from raytune_kernels.layout.costs import (candidates_from_records, fastest_transform,
-                                          transform_kernel)
+from raytune_kernels.layout.costs import candidates_from_records
 from raytune_kernels.layout.graph import NCHW, Candidate
 from raytune_kernels.measure import MeasureOptions, cold_copies, random_operands
-from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition, run_glue,
-                                                run_steps)
+from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep, partition, run_steps
 from raytune_kernels.tune.records import Record, best_per_task, load_records
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
-from raytune_kernels.tune.timing import (TimingOptions, median, time_fn)
-
-
-
-
-# ----------------------------------------------------------------------------- the plan
-
-@dataclass(eq=False)
-class Buf:
-    """A planned buffer: a value in one layout (None: plain contiguous), or a constant."""
-
-    size: int
-    shape: tuple[int, ...]
-    layout: Layout | None = None
-    border: float = 0.0
-    pinned: bool = False  # graph inputs and outputs: never handed to another value
-    alias: "Buf | None" = None  # a view of another buffer's first `size` floats (a reshape)
-
-    @property
-    def root(self) -> "Buf":
-        return self.alias.root if self.alias is not None else self
-
-    @property
-    def bordered(self) -> bool:
-        return self.layout is not None and self.layout.pad != (0, 0)
-
-
-@dataclass(eq=False)
-class Step:
-    """One call of the compiled network: a native kernel over buffers, or a torch function
-    of plain views (glue, fallback nodes)."""
-
-    name: str
-    kind: str  # "kernel", "transform", "torch", "glue"
-    layers: tuple[str, ...]
-    reads: list
-    writes: list
-    estimate: float = 0.0  # seconds the plan expected (record, transform timing)
-    key: str | None = None  # task key of a task step
-    kernel: LoadedKernel | None = None
-    operands: list = field(default_factory=list)  # Buf or constant np.ndarray, in order
-    fn: Callable | None = None  # torch steps: plain tensors in -> tensor out
-
-
-class _Planner:
-    """Turns chosen candidates into steps over buffers, adding transforms where a reader
-    wants a value in another layout than its producer wrote."""
-
-    def __init__(self, part: Partition, mcpu: str | None, opts: MeasureOptions):
-        self.part, self.graph, self.mcpu, self.opts = part, part.graph, mcpu, opts
-        self.steps: list[Step] = []
-        self.produced: dict[str, tuple[Buf, str]] = {}
-        self.copies: dict[tuple[str, str, float], Buf] = {}
-        self.kernels: dict[tuple[str, Config], tuple[LoadedKernel, object]] = {}
-        self.inputs: list[Buf] = []
-        self.value_of: dict[int, tuple[str, str]] = {}  # step -> (value, layout) it completes
-        self.aliases: list[Buf] = []
-        self.scratch: dict[str, np.ndarray] = {}
-        self._scratch_uses: list[tuple[Step, int]] = []
-        for name, shape in self.graph.inputs:
-            buf = Buf(math.prod(shape), tuple(shape), pinned=True)
-            self.inputs.append(buf)
-            self.produced[name] = (buf, NCHW)
-
-    def value(self, name: str, label: str, border: float = 0.0) -> Buf:
-        """`name` in layout `label`, transformed (and cached) when needed."""
-        src_buf, src_label = self.produced[name]
-        if label == src_label:
-            return src_buf
-        key = (name, label, border)
-        if key in self.copies:
-            return self.copies[key]
-        shape = self.graph.shape_of(name)
-        dst = Layout.parse(label)
-        seconds, cfg = fastest_transform(tuple(shape), src_label, label, self.opts)
-        via = via_layout(src_label, label)
-        if cfg is None and via:  # blocks that do not divide: through their common block
-            src_buf, src_label = self.value(name, via), via
-            seconds, cfg = fastest_transform(tuple(shape), via, label, self.opts)
-        if cfg is None:
-            raise CompileError(f"no transform of {name} {tuple(shape)} from {src_label} to "
-                               f"{label}")
-        kernel = transform_kernel(tuple(shape), Layout.parse(src_label), dst, cfg)
-        out = Buf(dst.size(shape), tuple(shape), dst, border)
-        self.steps.append(Step(f"{name}: {src_label} -> {label}", "transform", (),
-                               [src_buf], [out], seconds, kernel=kernel,
-                               operands=[src_buf, out]))
-        self.copies[key] = out
-        return out
-
-    def plain(self, name: str) -> Buf | torch.Tensor:
-        if name in self.graph.params:
-            return self.graph.params[name]
-        return self.value(name, NCHW)
-
-    def task(self, step: TaskStep, cand: Candidate) -> None:
-        task = self.part.task(step.key)
-        compute = task.compute
-        if cand.config == TORCH:
-            args = [self.plain(a) for a in step.args]
-            out = Buf(compute.output.numel, compute.output.shape)
-            fn = _torch_fn(compute)
-            self._torch(step.layer, "torch", (step.layer,), args, out, fn, cand.seconds,
-                        step.key)
-            self._produce(step.output, out, NCHW)
-            return
-        cfg = cand.config
-        kernel, nest = self._kernel(compute, cfg, step.key)
-        holders = [self.graph.params[a] if a in self.graph.params
-                   else torch.zeros(self.graph.shape_of(a)) for a in step.args]
-        packed = pack(compute, cfg, holders)
-        names = operand_names(compute, cfg)
-        n_in = len(compute.inputs)
-        kinds = [k.kind for k in operand_kinds(compute)] if compute.op not in ROW_OPS else []
-        bound: dict[str, Buf | np.ndarray] = {}
-        reads = []
-        for i, (arg, bname) in enumerate(zip(step.args, names)):
-            if arg in self.graph.params:
-                bound[bname] = aligned(packed[bname])
-                continue
-            if i == 0:
-                border = -math.inf if compute.op == "max_pool2d" else 0.0
-                buf = self.value(arg, cand.in_layout, border)
-            elif i < n_in or compute.op in ROW_OPS or kinds[i - n_in] == "channel":
-                buf = self.value(arg, NCHW)
-            else:
-                buf = self.value(arg, cand.out_layout)  # a residual, in the output's layout
-            if buf.size != packed[bname].size:
-                raise CompileError(f"{step.layer}: operand {arg} holds {buf.size} floats in "
-                                   f"{cand.in_layout if i == 0 else 'its layout'}, the kernel "
-                                   f"reads {packed[bname].size}")
-            bound[bname] = buf
-            reads.append(buf)
-        out_shape = compute.output.shape
-        internal = packed["out"].size != compute.output.numel  # a padded dense output
-        layout = None if cand.out_layout == NCHW else Layout.parse(cand.out_layout)
-        out = Buf(packed["out"].size, (packed["out"].size,) if internal else out_shape, layout)
-        bound["out"] = out
-        operands = [bound[b.name] if b.name in bound else
-                    self._scratch(b) if b.role == "scratch" else aligned(packed[b.name])
-                    for b in nest.buffers]
-        self.steps.append(Step(step.layer, "kernel", (step.layer,), reads, [out],
-                               cand.seconds, step.key, kernel, operands=operands))
-        self._scratch_uses += [(self.steps[-1], i) for i, b in enumerate(nest.buffers)
-                               if b.role == "scratch" and b.name not in bound]
-        if internal:  # dense with N padded to the vector block: keep the first N columns
-            rows, n = compute.output.numel // out_shape[-1], out_shape[-1]
-            if rows == 1:  # one row: its first N floats are the output, no copy
-                self.aliases.append(Buf(compute.output.numel, out_shape, alias=out))
-                self.produced[step.output] = (self.aliases[-1], NCHW)
-                return
-            final = Buf(compute.output.numel, out_shape)
-            self._torch(f"{step.layer} (narrow)", "glue", (step.layer,), [out], final,
-                        lambda t: t.view(rows, -1)[:, :n].reshape(out_shape), 0.0, None)
-            out = final
-        self._produce(step.output, out, NCHW if internal else cand.out_layout)
-
-    def glue(self, step: GlueStep) -> None:
-        node = self.graph.node_map()[step.node]
-        args = [self.plain(v) for v in node.inputs]
-        shape = tuple(self.graph.shape_of(node.name))
-        if node.op == "reshape" and isinstance(args[0], Buf):  # a view: no copy, no call
-            self.aliases.append(Buf(math.prod(shape), shape, alias=args[0]))
-            self.produced[node.name] = (self.aliases[-1], NCHW)
-            return
-        out = Buf(math.prod(shape), shape)
-        fn = lambda *xs, _n=node: run_glue(_n, dict(zip(_n.inputs, xs)))  # noqa: E731
-        self._torch(node.name, "glue", (node.layer,), args, out, fn, 0.0, None)
-        self._produce(node.name, out, NCHW)
-
-    def _scratch(self, b) -> np.ndarray:
-        """One workspace per buffer name for the whole network (steps run one at a time,
-        and a workspace carries nothing between calls): the cache holds one, not one per
-        step. It grows to the largest need; steps planned earlier are re-pointed to it."""
-        have = self.scratch.get(b.name)
-        if have is None or have.size < b.size:
-            self.scratch[b.name] = aligned(np.zeros(b.size, np.float32))
-            for s, i in self._scratch_uses:
-                if s.operands[i] is have:
-                    s.operands[i] = self.scratch[b.name]
-        return self.scratch[b.name]
-
-    def _produce(self, value: str, buf: Buf, label: str) -> None:
-        self.produced[value] = (buf, label)
-        self.value_of[id(self.steps[-1])] = (value, label)
-
-    def outputs(self) -> list[Buf]:
-        outs = [self.value(v, NCHW) for v in self.graph.outputs]
-        for b in outs:
-            b.pinned = True
-        return outs
-
-    def _torch(self, name, kind, layers, args, out, fn, seconds, key) -> None:
-        reads = [a for a in args if isinstance(a, Buf)]
-        self.steps.append(Step(name, kind, layers, reads, [out], seconds, key,
-                               operands=list(args), fn=fn))
-
-    def _kernel(self, compute, cfg: Config, key: str):
-        if (key, cfg) not in self.kernels:
-            nest = lower(compute, cfg)
-            built = build(render(nest), self.mcpu)
-            if built.error:
-                raise CompileError(f"task {key} ({compute.describe()}): its best config no "
-                                   f"longer builds: {built.error}")
-            self.kernels[(key, cfg)] = (LoadedKernel(built.library, nest.name,
-                                                     len(nest.buffers)), nest)
-        return self.kernels[(key, cfg)]
-
-
-def via_layout(src: str, dst: str) -> str | None:
-    """The layout a transform between two channel blocks neither of which divides the
-    other goes through: their common block (NCHW48c -> NCHW16c -> NCHW32c)."""
-    a, b = Layout.parse(src).block, Layout.parse(dst).block
-    if not a or not b or a % b == 0 or b % a == 0:
-        return None
-    g = math.gcd(a, b)
-    return "NCHW" if g == 1 else f"NCHW{g}c"
-
-
-def transform_cost(shape, src: str, dst: str, opts: MeasureOptions) -> float:
-    """Measured seconds to bring a value from `src` to `dst`, through their common block
-    when there is no direct transform."""
-    seconds = fastest_transform(tuple(shape), src, dst, opts)[0]
-    via = via_layout(src, dst)
-    if math.isinf(seconds) and via:
-        seconds = (fastest_transform(tuple(shape), src, via, opts)[0]
-                   + fastest_transform(tuple(shape), via, dst, opts)[0])
-    return seconds
-
-
-def operand_names(compute, cfg: Config) -> list[str]:
-    """The kernel buffer each reference operand is packed into, in operand order."""
-    n_epi = sum(len(e.operands) for e in compute.epilogue)
-    if compute.op in ROW_OPS:
-        head = ["x"] + (["w", "b"] if compute.op == "layer_norm" else [])
-    else:
-        head = ["a"] + (["b"] if contraction(compute).has_b else [])
-    return head + [f"e{i}" for i in range(n_epi)]
-
-
-def _torch_fn(compute) -> Callable:
-    return lambda *xs: reference(compute, *xs)
-
-
-# ------------------------------------------------------------------------ buffer planning
-
-def allocate(steps: list[Step], pinned: Iterable[Buf], aliases: Iterable[Buf] = ()
-             ) -> dict[int, np.ndarray]:
-    """An aligned array per buffer. A buffer goes back to a pool after its last reader (or
-    its views' last reader) and is reused by a later value: plain buffers by size (best
-    fit), bordered ones only by the same geometry and border value."""
-    last: dict[int, int] = {}
-    for i, s in enumerate(steps):
-        for b in s.reads + s.writes:
-            last[id(b.root)] = i
-    keep = {id(b.root) for b in pinned}
-    arrays: dict[int, np.ndarray] = {}
-    free_plain: list[np.ndarray] = []
-    free_bordered: dict[tuple, list[np.ndarray]] = {}
-    for b in pinned:
-        if b.alias is None:
-            arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
-    for i, s in enumerate(steps):
-        for b in s.writes:
-            if id(b) in arrays:
-                continue
-            if b.bordered:
-                pool = free_bordered.setdefault(_geometry(b), [])
-                arrays[id(b)] = pool.pop() if pool else \
-                    aligned(np.full(b.size, b.border, np.float32))
-            else:
-                fits = [i for i, a in enumerate(free_plain) if a.size >= b.size]
-                if fits:
-                    best = min(fits, key=lambda i: free_plain[i].size)
-                    arrays[id(b)] = free_plain.pop(best)
-                else:
-                    arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
-        for b in {id(x.root): x.root for x in s.reads + s.writes}.values():
-            if last[id(b)] == i and id(b) not in keep:
-                if b.bordered:
-                    free_bordered.setdefault(_geometry(b), []).append(arrays[id(b)])
-                else:
-                    free_plain.append(arrays[id(b)])
-    for b in list(aliases) + list(pinned):
-        arrays[id(b)] = arrays[id(b.root)]
-    return arrays
-
-
-def _geometry(b: Buf) -> tuple:
-    return (b.layout.label, b.shape, b.border)
+from raytune_kernels.tune.timing import TimingOptions, median, time_fn
 
 
 # -------------------------------------------------------------------------- the network
@@ -541,7 +248,7 @@ def compile_network_cpu(model: torch.nn.Module,
     plan, chosen = choose(part, cands, layout,
                            lambda shape, a, b: transform_cost(shape, a, b, opts), time_limit_s,
                           solver)
-    planner = _Planner(part, tgt.mcpu, opts)
+    planner = Planner(part, tgt.mcpu, opts)
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):
             planner.task(step, cand)

@@ -227,23 +227,23 @@ class LoopNest:
 
 # ---- interpreter ----
 
-_UNARY = {
+UNARY_NP = {
     "relu": lambda x: np.maximum(x, 0.0), "relu6": lambda x: np.clip(x, 0.0, 6.0),
     "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "tanh": np.tanh,
     "silu": lambda x: x / (1.0 + np.exp(-x)),
     "gelu": lambda x: 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0))),
     "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(0.7978845608 * (x + 0.044715 * x ** 3))),
 }
-_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+BINARY_NP = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 
 
 def apply_epilogue_np(step: EpiStep, acc: np.ndarray, operands: list[np.ndarray]) -> np.ndarray:
-    if step.op in _UNARY:
-        return _UNARY[step.op](acc)
+    if step.op in UNARY_NP:
+        return UNARY_NP[step.op](acc)
     if step.op == "affine":
         return acc * operands[0] + operands[1]
     other = operands[0] if operands else np.float32(step.scalar)
-    return _BINARY[step.op](other, acc) if step.reverse else _BINARY[step.op](acc, other)
+    return BINARY_NP[step.op](other, acc) if step.reverse else BINARY_NP[step.op](acc, other)
 
 
 def interpret(nest: LoopNest, buffers: dict[str, np.ndarray]) -> None:
@@ -270,7 +270,7 @@ def _eval(nest: LoopNest, e, env: dict, bufs) -> np.ndarray:
     if isinstance(e, Bin):
         return _EXPR_BINARY[e.op](_eval(nest, e.x, env, bufs), _eval(nest, e.y, env, bufs))
     x = _eval(nest, e.x, env, bufs)
-    fn = _EXPR_UNARY.get(e.op) or _UNARY[e.op]
+    fn = _EXPR_UNARY.get(e.op) or UNARY_NP[e.op]
     return np.asarray(fn(x), np.float32)
 
 

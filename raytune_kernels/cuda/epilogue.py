@@ -14,10 +14,7 @@ import re
 
 import numpy as np
 
-from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
-
-UNARY_OPS = ("relu", "relu6", "gelu", "gelu_tanh", "sigmoid", "silu", "tanh")
-BINARY_OPS = ("add", "sub", "mul", "div")
+from raytune_kernels.task import BINARY_OPS, UNARY_OPS, Compute, EpilogueOp, TensorSpec
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
 

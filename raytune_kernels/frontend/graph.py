@@ -12,9 +12,11 @@ from typing import Any
 
 import torch
 
+from raytune_kernels.task import BINARY_OPS as BINARY_NAMES, UNARY_OPS as UNARY_NAMES
+
 # Ops the partitioner treats as elementwise (fusable into the epilogue of an anchor).
-UNARY_OPS = frozenset({"relu", "relu6", "gelu", "gelu_tanh", "sigmoid", "silu", "tanh"})
-BINARY_OPS = frozenset({"add", "sub", "mul", "div"})
+UNARY_OPS = frozenset(UNARY_NAMES)
+BINARY_OPS = frozenset(BINARY_NAMES)
 ELEMENTWISE_OPS = UNARY_OPS | BINARY_OPS | {"affine"}
 # Ops that anchor a task: the heavy op of a fused kernel.
 ANCHOR_OPS = frozenset({

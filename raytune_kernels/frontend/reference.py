@@ -50,23 +50,23 @@ def _anchor(c: Compute, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     raise ValueError(f"no reference for op '{c.op}'")
 
 
-_UNARY = {
+UNARY_FNS = {
     "relu": torch.relu, "relu6": lambda x: torch.clamp(x, 0.0, 6.0),
     "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "sigmoid": torch.sigmoid, "silu": F.silu, "tanh": torch.tanh,
 }
-_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+BINARY_FNS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
 
 
 def apply_epilogue(op: EpilogueOp, acc: torch.Tensor, args: list) -> torch.Tensor:
-    if op.op in _UNARY:
-        return _UNARY[op.op](acc)
+    if op.op in UNARY_FNS:
+        return UNARY_FNS[op.op](acc)
     if op.op in ("bias", "affine"):
         view = [1] * acc.dim()
         view[op.axis] = -1
         out = acc * args[0].reshape(view) if op.op == "affine" else acc + args[0].reshape(view)
         return out + args[1].reshape(view) if op.op == "affine" else out
-    if op.op in _BINARY:
+    if op.op in BINARY_FNS:
         other = args[0] if op.operands else torch.tensor(op.scalar, dtype=acc.dtype)
-        return _BINARY[op.op](other, acc) if op.reverse else _BINARY[op.op](acc, other)
+        return BINARY_FNS[op.op](other, acc) if op.reverse else BINARY_FNS[op.op](acc, other)
     raise ValueError(f"unknown epilogue op '{op.op}'")

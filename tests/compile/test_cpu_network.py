@@ -186,7 +186,7 @@ def test_compile_command_checks_and_times_against_torch(small, tmp_path, capsys)
 
 def test_blocks_that_do_not_nest_go_through_their_common_block():
     from raytune_kernels.layout.costs import fastest_transform
-    from raytune_kernels.compile.cpu_network import transform_cost, via_layout
+    from raytune_kernels.compile.cpu_plan import transform_cost, via_layout
 
     assert via_layout("NCHW48c", "NCHW32c/p1x1") == "NCHW16c"
     assert via_layout("NCHW16c", "NCHW32c") is None and via_layout("NHWC", "NCHW8c") is None

@@ -17,10 +17,10 @@ from raytune_kernels.cuda.build import build_cuda, nvrtc_unavailable
 from raytune_kernels.cuda.render import cuda_space_for
 from raytune_kernels.measure import MeasureResult
 from raytune_kernels.errors import CompileError
-from raytune_kernels.compile.cuda_network import (ALIGN, NCHW, NHWC, GBuf, GpuNetwork, GpuStep,
-                                                  assign_offsets, check_gpu_network,
-                                                  compile_network_cuda, cuda_records, same_order,
-                                                  to_layout)
+from raytune_kernels.compile.cuda_network import (GpuNetwork, check_gpu_network,
+                                                  compile_network_cuda, cuda_records)
+from raytune_kernels.compile.cuda_plan import (ALIGN, NCHW, NHWC, GBuf, GpuStep, assign_offsets,
+                                               same_order, to_layout)
 from raytune_kernels.frontend.partition import TaskStep
 from raytune_kernels.tune.records import record_of
 from raytune_kernels.tune.timing import TimingOptions

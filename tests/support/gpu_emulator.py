@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from tests.support.cuda_emulate import emulate
-from raytune_kernels.compile.cuda_network import Const, GBuf, GpuPlan, GpuStep
+from raytune_kernels.compile.cuda_plan import Const, GBuf, GpuPlan, GpuStep
 
 
 class EmulatorDevice:

@@ -1,0 +1,342 @@
+"""A tuned GPU network as a plan, pure Python and bytes (tested without a GPU): the best
+cuda record of every task for one arch, each kernel rendered and built by NVRTC once,
+weights packed once, the torch steps (glue, fallback, layout transforms), every
+activation's offset in one arena, launch geometry and step order; and the choice of each
+step's kernel by the layout ILP. compile/cuda_network.py runs a plan on a Device."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from raytune_kernels.cuda.build import compile_cuda, resource_problems
+from raytune_kernels.cuda.kernel import CudaKernel
+from raytune_kernels.cuda.render import (cuda_layouts, operand_layouts, render_cuda,
+                                         to_buffer_layout)
+from raytune_kernels.space import Config
+from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
+from raytune_kernels.layout.costs import candidates_from_records
+from raytune_kernels.layout.graph import Candidate
+from raytune_kernels.compile.choose import TORCH, Solver, choose
+from raytune_kernels.errors import CompileError
+from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep, run_glue
+from raytune_kernels.tune.records import Record
+from raytune_kernels.frontend.reference import reference
+
+NCHW, NHWC = "NCHW", "NHWC"
+ALIGN = 64  # floats: arena offsets on 256 bytes, as cudaMalloc aligns (float4 loads)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+@dataclass(eq=False)
+class GBuf:
+    """A planned device buffer: `size` floats at `offset` in the arena, holding a value of
+    logical `shape` stored in `layout`; or a view of another buffer (a reshape)."""
+
+    size: int
+    shape: tuple[int, ...]
+    layout: str = NCHW
+    pinned: bool = False  # graph inputs and outputs keep their memory for the whole run
+    alias: "GBuf | None" = None
+    offset: int = -1
+
+    @property
+    def root(self) -> "GBuf":
+        return self.alias.root if self.alias is not None else self
+
+
+@dataclass(frozen=True)
+class Const:
+    """A packed constant (weights, bias): index into GpuPlan.consts."""
+
+    index: int
+
+
+@dataclass(eq=False)
+class GpuStep:
+    """One step: a kernel launch (kernel + binary) or a torch function (glue, fallback,
+    transform) of its operands, in operand order, writing `out`."""
+
+    name: str
+    kind: str  # "kernel", "torch", "glue", "transform"
+    layers: tuple[str, ...]
+    operands: list  # GBuf or Const, in the kernel's buffer order (out not included)
+    out: GBuf
+    estimate: float = 0.0
+    key: str | None = None
+    kernel: CudaKernel | None = None
+    binary: bytes | None = None  # the cubin NVRTC built for the plan's arch
+    fn: Callable | None = None
+
+    @property
+    def reads(self) -> list[GBuf]:
+        return [o for o in self.operands if isinstance(o, GBuf)]
+
+
+@dataclass
+class GpuPlan:
+    """Everything a device needs to run the network, decided without one."""
+
+    arch: str
+    part: Partition
+    steps: list[GpuStep]
+    inputs: list[GBuf]
+    outputs: list[GBuf]
+    consts: list[np.ndarray]
+    arena_floats: int
+    value_of: dict[int, tuple[str, str]]  # id(step) -> (graph value, layout) it completes
+    estimated_s: float = 0.0
+    layout_plan: LayoutPlan | None = None
+
+    def summary(self) -> str:
+        kinds = [s.kind for s in self.steps]
+        lay = [s.out.layout for s in self.steps if s.kind == "kernel"]
+        text = (f"{len(self.steps)} steps on {self.arch} ("
+                + ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds)))
+                + f"; kernels writing {lay.count(NCHW)} NCHW, {lay.count(NHWC)} NHWC); "
+                f"arena {self.arena_floats * 4 / 2**20:.2f} MiB, constants "
+                f"{sum(c.nbytes for c in self.consts) / 2**20:.2f} MiB")
+        if self.layout_plan is not None:
+            p = self.layout_plan
+            text += f"; layout plan {p.cost * 1e3:.3f} ms by {p.solver} in {p.seconds:.2f} s"
+        return text
+
+
+def physical_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    """The row-major shape a buffer in `layout` holds (NHWC: N, H, W, C)."""
+    if layout == NCHW:
+        return tuple(shape)
+    if layout == NHWC and len(shape) == 4:
+        n, c, h, w = shape
+        return (n, h, w, c)
+    raise CompileError(f"layout {layout!r} of a {len(shape)}-D value: the GPU path stores "
+                       "NCHW (contiguous) or 4-D NHWC values only")
+
+
+def to_layout(x: torch.Tensor, src: str, dst: str) -> torch.Tensor:
+    """A value held in `src` (its physical shape) as a contiguous tensor in `dst`; a torch
+    permute + copy on whatever device x lives (first version: not a tuned kernel)."""
+    if src == dst:
+        return x
+    if (src, dst) == (NCHW, NHWC) and x.dim() == 4:
+        return x.permute(0, 2, 3, 1).contiguous()
+    if (src, dst) == (NHWC, NCHW) and x.dim() == 4:
+        return x.permute(0, 3, 1, 2).contiguous()
+    raise CompileError(f"no transform of a {x.dim()}-D value from {src} to {dst} on the "
+                       "GPU path")
+
+
+def same_order(shape: tuple[int, ...], a: str, b: str) -> bool:
+    """Whether layouts a and b hold a value's elements in the same memory order (equal,
+    or a 4-D value with one channel or one pixel): then changing layout copies nothing."""
+    return a == b or (len(shape) == 4 and (shape[1] == 1 or shape[2] * shape[3] == 1))
+
+
+class Planner:
+    def __init__(self, part: Partition, arch: str):
+        self.part, self.graph, self.arch = part, part.graph, arch
+        self.steps: list[GpuStep] = []
+        self.consts: list[np.ndarray] = []
+        self.const_of: dict[tuple[str, str], Const] = {}
+        self.produced: dict[str, tuple[GBuf, str]] = {}
+        self.copies: dict[tuple[str, str], GBuf] = {}
+        self.built: dict[tuple[str, Config], tuple[CudaKernel, bytes]] = {}
+        self.value_of: dict[int, tuple[str, str]] = {}
+        self.aliases: list[GBuf] = []
+        self.inputs = [GBuf(math.prod(s), tuple(s), pinned=True) for _, s in self.graph.inputs]
+        for (name, _), buf in zip(self.graph.inputs, self.inputs):
+            self.produced[name] = (buf, NCHW)
+
+    def const(self, name: str, layout: str = NCHW) -> Const:
+        """A parameter packed once per layout (a GEMM conv's NHWC weight is KRSC)."""
+        if (name, layout) not in self.const_of:
+            p = self.graph.params[name].detach().cpu().float()
+            packed = p if layout == NCHW else to_buffer_layout(p, layout, tuple(p.shape))
+            self.consts.append(np.ascontiguousarray(packed.numpy()))
+            self.const_of[(name, layout)] = Const(len(self.consts) - 1)
+        return self.const_of[(name, layout)]
+
+    def value(self, name: str, layout: str) -> GBuf:
+        """`name` stored in `layout`, through a (cached) torch transform when needed."""
+        buf, have = self.produced[name]
+        if have == layout:
+            return buf
+        if (name, layout) in self.copies:
+            return self.copies[(name, layout)]
+        if same_order(buf.shape, have, layout):  # the same bytes under another label
+            self.aliases.append(GBuf(buf.size, buf.shape, layout, alias=buf))
+            self.copies[(name, layout)] = self.aliases[-1]
+        else:
+            physical_shape(buf.shape, layout)  # fails early for a layout we cannot store
+            out = GBuf(buf.size, buf.shape, layout)
+            fn = lambda x, a=have, b=layout: to_layout(x, a, b)  # noqa: E731
+            self.steps.append(GpuStep(f"{name}: {have} -> {layout}", "transform", (),
+                                      [buf], out, fn=fn))
+            self.copies[(name, layout)] = out
+        return self.copies[(name, layout)]
+
+    def operand(self, name: str, layout: str = NCHW) -> "GBuf | Const":
+        return self.const(name, layout) if name in self.graph.params else \
+            self.value(name, layout)
+
+    def task(self, step: TaskStep, cand: Candidate) -> None:
+        """Plan a task step as its chosen candidate: a config (a kernel) or TORCH."""
+        compute = self.part.task(step.key).compute
+        if cand.config == TORCH:  # fallback="torch": torch's kernel on the device tensors
+            ops = [self.operand(a) for a in step.args]
+            out = GBuf(compute.output.numel, compute.output.shape)
+            fn = lambda *xs, c=compute: reference(c, *xs)  # noqa: E731
+            self._add(GpuStep(step.layer, TORCH, (step.layer,), ops, out, cand.seconds,
+                              key=step.key, fn=fn), step.output)
+            return
+        cfg = cand.config
+        kernel, binary = self._build(step, compute, cfg)
+        out_layout = cuda_layouts(compute, cfg)[1]
+        if len(step.args) != len(kernel.buffers) - 1:
+            raise CompileError(f"{step.layer}: {len(step.args)} operands for the "
+                               f"{len(kernel.buffers) - 1} input buffers of task "
+                               f"{step.key}'s kernel")
+        ops = []
+        for arg, kb, lay in zip(step.args, kernel.buffers, operand_layouts(compute, cfg)):
+            op = self.operand(arg, lay)
+            size = self.consts[op.index].size if isinstance(op, Const) else op.size
+            if size != kb.size:
+                raise CompileError(f"{step.layer}: operand {arg} holds {size} floats, kernel "
+                                   f"buffer {kb.name} of task {step.key} reads {kb.size}")
+            ops.append(op)
+        out = GBuf(compute.output.numel, compute.output.shape, out_layout)
+        self._add(GpuStep(step.layer, "kernel", (step.layer,), ops, out, cand.seconds,
+                          step.key, kernel, binary), step.output)
+
+    def _build(self, step: TaskStep, compute, cfg: Config) -> tuple[CudaKernel, bytes]:
+        """Render and NVRTC-build a (task, config) once; a config that no longer renders
+        or builds is an error naming the layer (records outlive code changes)."""
+        if (step.key, cfg) in self.built:
+            return self.built[(step.key, cfg)]
+        where = f"layer {step.layer} (task {step.key}, {compute.describe()})"
+        try:
+            kernel = render_cuda(compute, cfg)
+        except Exception as exc:
+            raise CompileError(f"{where}: its best cuda config no longer renders: "
+                               f"{exc}") from None
+        built = compile_cuda(kernel.source, self.arch, f"{kernel.name}.cu")
+        problems = [built.error] if built.error else resource_problems(built, kernel.threads)
+        if problems:
+            raise CompileError(f"{where}: its best cuda config does not build for "
+                               f"{self.arch}: " + "; ".join(problems))
+        self.built[(step.key, cfg)] = (kernel, built.cubin)
+        return self.built[(step.key, cfg)]
+
+    def glue(self, step: GlueStep) -> None:
+        node = self.graph.node_map()[step.node]
+        shape = tuple(self.graph.shape_of(node.name))
+        ops = [self.operand(v) for v in node.inputs]
+        if node.op == "reshape" and isinstance(ops[0], GBuf):  # a view: no copy, no step
+            self.aliases.append(GBuf(math.prod(shape), shape, alias=ops[0]))
+            self.produced[node.name] = (self.aliases[-1], NCHW)
+            return
+        fn = lambda *xs, n=node: run_glue(n, dict(zip(n.inputs, xs)))  # noqa: E731
+        self._add(GpuStep(node.name, "glue", (node.layer,), ops,
+                          GBuf(math.prod(shape), shape), fn=fn), node.name)
+
+    def _add(self, step: GpuStep, value: str) -> None:
+        self.steps.append(step)
+        self.produced[value] = (step.out, step.out.layout)
+        self.value_of[id(step)] = (value, step.out.layout)
+
+    def outputs(self) -> list[GBuf]:
+        outs = [self.value(v, NCHW) for v in self.graph.outputs]
+        for b in outs:
+            b.root.pinned = True
+        return outs
+
+
+def assign_offsets(steps: list[GpuStep], pinned: Iterable[GBuf],
+                   aliases: Iterable[GBuf] = ()) -> int:
+    """Give every buffer an arena offset (ALIGN-rounded); a buffer's range is free again
+    after its last reader, first fit. Returns the arena's size in floats."""
+    pinned = list(pinned)
+    last: dict[int, int] = {}
+    for i, s in enumerate(steps):
+        for b in s.reads + [s.out]:
+            last[id(b.root)] = i
+    live: list[tuple[int, int, GBuf]] = []  # (offset, rounded size, buffer)
+    top = 0
+
+    def place(b: GBuf) -> None:
+        nonlocal top
+        need = -(-b.size // ALIGN) * ALIGN
+        start = 0
+        for off, size, _ in sorted(live, key=lambda e: e[0]):
+            if off - start >= need:
+                break
+            start = max(start, off + size)
+        b.offset = start
+        live.append((start, need, b))
+        top = max(top, start + need)
+    for b in {id(p.root): p.root for p in pinned}.values():
+        place(b)
+    keep = {id(p.root) for p in pinned}
+    for i, s in enumerate(steps):
+        if s.out.offset < 0 and s.out.alias is None:
+            place(s.out)
+        done = {id(b.root) for b in s.reads + [s.out]
+                if last[id(b.root)] == i and id(b.root) not in keep}
+        live = [e for e in live if id(e[2]) not in done]
+    for b in list(aliases) + pinned:
+        b.offset = b.root.offset
+    return top
+
+
+def plan_network(part: Partition, chosen: Sequence[Candidate | None], arch: str,
+                 estimated_s: float = 0.0, layout_plan: LayoutPlan | None = None) -> GpuPlan:
+    """The plan of a partitioned graph from each step's chosen candidate (a config, or
+    TORCH; None for glue steps); builds every kernel with NVRTC for `arch`."""
+    planner = Planner(part, arch)
+    for step, cand in zip(part.steps, chosen):
+        if isinstance(step, TaskStep):
+            planner.task(step, cand)
+        else:
+            planner.glue(step)
+    outputs = planner.outputs()
+    arena = assign_offsets(planner.steps, planner.inputs + outputs, planner.aliases)
+    return GpuPlan(arch, part, planner.steps, planner.inputs, outputs, planner.consts,
+                   arena, planner.value_of, estimated_s, layout_plan)
+
+
+def step_candidates(part: Partition, records: list[Record],
+                    torch_s: dict[str, float] | None = None) -> list[list[Candidate]]:
+    """Per step: the best record of each (input, output) layout pair of its task, as
+    Candidates carrying their Config; with `torch_s` (fallback="torch"), torch's kernel
+    too at its measured time, and no record slower than it. Glue steps read and write
+    NCHW."""
+    def layouts(task, cfg):  # a stale config is named when planned, if it is chosen
+        return cuda_layouts(task.compute, cfg)
+    tuned = {t.key: candidates_from_records(t, records, layouts=layouts) for t in part.tasks}
+    out = []
+    for step in part.steps:
+        if isinstance(step, GlueStep):
+            out.append([Candidate(NCHW, NCHW, 0.0)])
+            continue
+        cands = list(tuned[step.key])
+        if torch_s is not None:
+            cands = [c for c in cands if c.seconds <= torch_s[step.key]]
+            cands.append(Candidate(NCHW, NCHW, torch_s[step.key], TORCH))
+        out.append(cands)
+    return out
+
+
+def choose_layouts(part: Partition, cands: list[list[Candidate]], layout: str,
+                   transform_s: Callable[[tuple, str, str], float], time_limit_s: float,
+                   solver: Solver = solve_ilp) -> tuple[LayoutPlan, list[Candidate | None]]:
+    """Each step's candidate: the layout ILP over all of them ("ilp"), or the best plan
+    that keeps one layout wherever a step has it ("uniform"). Transforms between layouts
+    of the same memory order cost nothing."""
+    def transform(shape, a, b):
+        return 0.0 if same_order(tuple(shape), a, b) else transform_s(tuple(shape), a, b)
+    plan, chosen = choose(part, cands, layout, transform, time_limit_s, solver)
+    return plan, [c if isinstance(s, TaskStep) else None for s, c in zip(part.steps, chosen)]
