@@ -45,8 +45,8 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
                  target: str = "llvm", trials: int = 200, records: str | None = None,
                  resume: bool = True, address: str | None = None,
                  num_measurers: int | None = None, num_builders: int | None = None,
-                 batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True
-                 ) -> TuningResult:
+                 batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True,
+                 strict: bool = False) -> TuningResult:
     """Tune every task of `model` for `target` with a budget of `trials` measurements.
 
     On "llvm", each candidate runs with `threads` threads on a measurer that owns that
@@ -56,11 +56,12 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
     Starts a local Ray when none is running, or joins `address`. With `resume`, the
     measurements already in `records` count toward the budget and are never repeated,
     and the cost model starts trained on them. Returns the best record per task and the
-    estimated network latency (sum of weight x best latency)."""
+    estimated network latency (sum of weight x best latency). Ops without a kernel of ours
+    run in PyTorch (islands, named in one warning) unless `strict`, which refuses them."""
     from raytune_kernels import extract_tasks
 
     tgt = _preflight(target, records, address, threads, num_measurers)
-    tasks = extract_tasks(model, example_inputs, tgt)
+    tasks = extract_tasks(model, example_inputs, tgt, strict=strict)
     return _tune(tasks, tgt, trials, records, resume, address, num_measurers, num_builders,
                  batch, seed, threads, verbose)
 

@@ -18,13 +18,15 @@ from raytune_kernels.version import __version__  # noqa: F401  (re-exported)
 
 
 def extract_tasks(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
-                  target: "str | Target" = "llvm") -> list[Task]:
+                  target: "str | Target" = "llvm", strict: bool = False) -> list[Task]:
     """Capture `model` and return its weighted tasks, in order of first appearance.
 
     The target is validated but does not change the tasks: keys are target-independent.
+    An op without a node of its own runs as a PyTorch island (one warning names each);
+    `strict` refuses it instead (UnsupportedOpError naming the op and its layer).
     """
     parse_target(target)
-    return list(partition(capture(model, example_inputs)).tasks)
+    return list(partition(capture(model, example_inputs, strict=strict)).tasks)
 
 
 def compile_network(*args, **kwargs):

@@ -23,7 +23,7 @@ import torch
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.features import featurize, featurize_nest
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info
-from raytune_kernels.cpu.schedules import lower, pack, space_for, unpack, unsupported_reason
+from raytune_kernels.cpu.schedules import lower, no_kernel_reason, pack, space_for, unpack
 from raytune_kernels.cuda.features import featurize_cuda
 from raytune_kernels.cuda.gpu import GpuInfo, gpu_info
 from raytune_kernels.cuda.render import (cuda_layouts, cuda_pack, cuda_space_for, cuda_unpack,
@@ -60,7 +60,8 @@ class Backend:
 def cpu_backend(cpu: CpuInfo) -> Backend:
     """Loop nests rendered to LLVM IR for `cpu` (its vector widths, registers and
     measured machine model)."""
-    return Backend("llvm", cpu, unsupported_reason, functools.partial(_cpu_space, cpu=cpu),
+    return Backend("llvm", cpu, functools.partial(no_kernel_reason, cpu=cpu),
+                   functools.partial(_cpu_space, cpu=cpu),
                    layouts_of, functools.partial(featurize, cpu=cpu),
                    functools.partial(_cpu_analyze, cpu=cpu), True, pack, unpack)
 
@@ -92,9 +93,9 @@ def backend_for(target: str | Target, device: CpuInfo | GpuInfo | None = None) -
 
 def unsupported_on(target: str | Target) -> Callable[[Compute], str | None]:
     """Why a target's backend has no kernel for a compute (None when it has one), known
-    before any device is asked: what can be lowered does not depend on the device."""
-    kind = parse_target(target).kind
-    return cuda_unsupported_reason if kind == "cuda" else unsupported_reason
+    before any GPU is asked: on a CPU, also a space that comes out empty on it."""
+    tgt = parse_target(target)
+    return cuda_unsupported_reason if tgt.kind == "cuda" else backend_for(tgt).unsupported
 
 
 def _cpu_space(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:

@@ -9,6 +9,10 @@ from typing import Sequence
 from raytune_kernels.errors import RaytuneError
 
 
+STRICT = ("refuse ops without a kernel of ours (by default they run in PyTorch, "
+          "as islands named in one warning)")
+
+
 def _layers(layers: Sequence[str], limit: int = 3) -> str:
     shown = ", ".join(layers[:limit])
     return shown + (f" (+{len(layers) - limit} more)" if len(layers) > limit else "")
@@ -33,7 +37,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
     target = parse_target(args.target)  # a bad target fails before the model is built
     model, inputs = zoo.load(args.model)
-    print(format_tasks(extract_tasks(model, inputs, target), str(target)))
+    print(format_tasks(extract_tasks(model, inputs, target, strict=args.strict), str(target)))
     return 0
 
 
@@ -47,7 +51,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                           records=args.records, resume=not args.no_resume,
                           address=args.address, num_measurers=args.measurers,
                           num_builders=args.builders, batch=args.batch, seed=args.seed,
-                          threads=args.threads)
+                          threads=args.threads, strict=args.strict)
     return 0 if result.best else 1
 
 
@@ -122,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="zoo name (resnet18, resnet50, mobilenet_v2, bert_layer) "
                                  "or path/to/file.py:factory")
     p.add_argument("--target", default="llvm", help="llvm, 'llvm -mcpu=NAME' or cuda")
+    p.add_argument("--strict", action="store_true", help=STRICT)
     p.set_defaults(func=cmd_tasks)
     p = sub.add_parser("tune", help="tune a model's tasks on a local Ray or a cluster")
     p.add_argument("model", help="zoo name or path/to/file.py:factory")
@@ -138,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="threads per candidate (each measurer owns that many cores)")
+    p.add_argument("--strict", action="store_true", help=STRICT)
     p.set_defaults(func=cmd_tune)
     p = sub.add_parser("compile", help="compile a model from its records, check it and "
                                        "time it against PyTorch")

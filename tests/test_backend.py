@@ -88,3 +88,23 @@ def test_a_backend_travels_to_actors_by_pickle():
         c = _dense()
         cfg = backend.space(c).sample(random.Random(0))
         assert again.featurize(c, cfg) == backend.featurize(c, cfg)
+
+
+def test_a_space_that_comes_out_empty_is_a_reason_not_a_crash():
+    """A CPU on which no register tile fits a task: the backend names why, so the tuner
+    skips the task (and the compiled network runs PyTorch's kernel for it)."""
+    dense = _dense()
+    cramped = CpuInfo("cramped", (8,), 2, assumed_model("cramped", (8,)))
+    assert "no register tile fits dense" in cpu_backend(cramped).unsupported(dense)
+    assert cpu_backend(CPU).unsupported(dense) is None
+
+
+def test_the_driver_skips_tasks_without_a_kernel_with_a_warning(monkeypatch):
+    from actors import driver
+    from raytune_kernels.task import Task
+
+    cramped = CpuInfo("cramped", (8,), 2, assumed_model("cramped", (8,)))
+    monkeypatch.setattr(driver, "unsupported_on", lambda tgt: cpu_backend(cramped).unsupported)
+    dense = Task("k", _dense(), 1, ("fc",))
+    with pytest.warns(UserWarning, match=r"not tuned for llvm .*no register tile fits"):
+        assert driver._tunable([dense], driver.parse_target("llvm")) == []

@@ -17,7 +17,7 @@ from raytune_kernels.tune.records import Record
 
 def compile_network(model: torch.nn.Module,
                     example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
-                    records: "str | Iterable[Record]", target: str = "llvm",
+                    records: "str | Iterable[Record] | None" = None, target: str = "llvm",
                     fallback: str | None = None, threads: int = 1, layout: str = "ilp",
                     time_limit_s: float = 20.0, check: bool = True, atol: float = 1e-3,
                     verbose: bool = False, solver: Solver = solve_ilp):
@@ -26,11 +26,15 @@ def compile_network(model: torch.nn.Module,
     On "llvm" targets: a cpu_network.CompiledNetwork from the records measured at
     `threads` threads. layout="ilp" picks every step's layouts with the ILP; "uniform"
     keeps one layout family for the whole network (the best of them), the baseline the
-    ILP must beat. A task without records is an error, or with fallback="torch" runs
-    PyTorch's kernel; with it, any step whose best kernel is slower than PyTorch's
-    measured time for it runs PyTorch's too. With `check`, the output is compared with
-    model(x) (max abs error <= atol). On "cuda" targets: a cuda_network.GpuNetwork (the
-    same calls, run on the GPU; `threads` is an option of the CPU path only).
+    ILP must beat. A task without records (or every task, with records=None) runs the
+    analytic estimate's best config, untuned, named in a warning; with fallback="torch"
+    it runs PyTorch's kernel instead, and so does any step whose best kernel is slower
+    than PyTorch's measured time for it. A task no kernel of ours fits, and an op the
+    capture kept as a PyTorch island, run PyTorch's either way. With `check`, the output
+    is compared with model(x): the largest difference over the output's scale (its
+    largest magnitude, at least 1) must be <= atol, so large activations are not refused
+    for float rounding. On "cuda" targets: a cuda_network.GpuNetwork (the same calls, run
+    on the GPU, from records of its arch; `threads` is an option of the CPU path only).
 
     `solver` solves the layout problem: PuLP/CBC in this process by default. Called as
     raytune_kernels.compile_network on a running Ray session, it is the LayoutActor's

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import math
+import random
 import time
+import warnings
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -24,16 +26,19 @@ import torch
 from raytune_kernels.compile.choose import (TORCH, Solver, choose, estimated_latency,
                                             layout_family, prune)
 from raytune_kernels.compile.cpu_plan import Buf, Planner, Step, allocate, transform_cost
-from raytune_kernels.compile.report import Profile, ProfileRow, Reporting
+from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, scaled_error,
+                                             worst)
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.rows import ROW_OPS
-from raytune_kernels.cpu.schedules import unsupported_reason
+from raytune_kernels.cpu.estimate import cycles
+from raytune_kernels.cpu.machine import CpuInfo, cpu_info
+from raytune_kernels.cpu.schedules import lower, no_kernel_reason, space_for
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.capture import capture
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
-from raytune_kernels.layout.costs import candidates_from_records
+from raytune_kernels.layout.costs import candidates_from_records, layouts_of
 from raytune_kernels.layout.graph import NCHW, Candidate
 from raytune_kernels.measure import MeasureOptions, cold_copies, random_operands
 from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep, partition, run_steps
@@ -185,10 +190,10 @@ class CompiledNetwork(Reporting):
                 flat = self._arrays[id(buf)][: buf.size]
                 got = torch.from_numpy(flat.copy()).view(want.shape) if label == NCHW \
                     else Layout.parse(label).unpack(flat, tuple(want.shape))
-                err = (got - want).abs().max().item()
+                err = scaled_error(got, want)
                 if not err <= atol:
-                    return (f"first divergence at step {s.name} (value {value}, max abs "
-                            f"error {err:.3g})")
+                    return (f"first divergence at step {s.name} (value {value}, error "
+                            f"{err:.3g} of the value's scale)")
         return f"no single step diverges beyond {atol}; the error accumulates"
 
 
@@ -221,7 +226,8 @@ def torch_seconds(compute, threads: int, opts: TimingOptions =
 
 def compile_network_cpu(model: torch.nn.Module,
                         example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
-                        records: "str | Iterable[Record]", target: "str | Target" = "llvm",
+                        records: "str | Iterable[Record] | None" = None,
+                        target: "str | Target" = "llvm",
                         fallback: str | None = None, threads: int = 1, layout: str = "ilp",
                         time_limit_s: float = 20.0, check: bool = True, atol: float = 1e-3,
                         verbose: bool = False, solver: Solver = solve_ilp) -> CompiledNetwork:
@@ -240,11 +246,12 @@ def compile_network_cpu(model: torch.nn.Module,
     part = partition(graph)
     cold = any(r.cold_weights for r in recs)  # transforms and torch timed as kernels were
     opts = MeasureOptions(threads=threads, min_repeat_ms=5, repeats=5, cold_weights=cold)
-    tseconds = {}
-    if fallback:
-        tseconds = {t.key: torch_seconds(t.compute, threads, cold_weights=cold)
-                    for t in part.tasks}
-    cands = _candidates(part, recs, fallback, tseconds, threads, family_of=layout_family)
+    cpu = cpu_info(tgt.mcpu)
+    no_kernel = {t.key: why for t in part.tasks if (why := no_kernel_reason(t.compute, cpu))}
+    tseconds = {t.key: torch_seconds(t.compute, threads, cold_weights=cold)
+                for t in part.tasks if fallback or t.key in no_kernel}
+    cands = _candidates(part, recs, fallback, tseconds, threads, cpu, no_kernel,
+                        family_of=layout_family)
     plan, chosen = choose(part, cands, layout,
                            lambda shape, a, b: transform_cost(shape, a, b, opts), time_limit_s,
                           solver)
@@ -255,8 +262,12 @@ def compile_network_cpu(model: torch.nn.Module,
         else:
             planner.glue(step)
     outputs = planner.outputs()
-    estimated = estimated_latency(part, best_per_task(recs, str(tgt), threads),
-                                  tseconds if fallback else None)
+    best = best_per_task(recs, str(tgt), threads)
+    others = dict(tseconds)  # PyTorch's time, or the untuned estimate, where no record is
+    for step, cs in zip(part.steps, cands):
+        if isinstance(step, TaskStep) and step.key not in best and step.key not in others:
+            others[step.key] = min(c.seconds for c in cs)
+    estimated = estimated_latency(part, best, others)
     net = CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
                           estimated, planner.value_of, planner.aliases)
     if verbose:
@@ -271,6 +282,8 @@ def compile_network_cpu(model: torch.nn.Module,
 
 
 def _records(records, target: str, threads: int) -> list[Record]:
+    if records is None:
+        return []
     if isinstance(records, str):
         import os
         if not os.path.exists(records):
@@ -285,35 +298,70 @@ def _records(records, target: str, threads: int) -> list[Record]:
 
 
 def _candidates(part: Partition, recs: list[Record], fallback: str | None,
-                tseconds: dict[str, float], threads: int,
-                family_of: Callable | None = None) -> list[list[Candidate]]:
+                tseconds: dict[str, float], threads: int, cpu: CpuInfo,
+                no_kernel: dict[str, str], family_of: Callable | None = None
+                ) -> list[list[Candidate]]:
     """Per step (in order): what may run it. The fastest few are kept (within SLACK of the
     best); with `family_of`, the fastest few of every layout family reading and writing
     that family are kept as well: a kernel that needs no transform around it can beat a
-    faster one that does, and the uniform baseline chooses among exactly those."""
-    out = []
-    missing = []
+    faster one that does, and the uniform baseline chooses among exactly those.
+
+    A task without a usable record runs PyTorch's kernel with fallback="torch", else the
+    analytic estimate's best configs (untuned); a task no kernel of ours can run runs
+    PyTorch's kernel either way. Each of the two is named in one warning."""
+    out, untuned, islands = [], {}, {}
     for step in part.steps:
         if isinstance(step, GlueStep):
             out.append([Candidate(NCHW, NCHW, 0.0)])
             continue
         task = part.task(step.key)
-        tuned = [] if unsupported_reason(task.compute) else \
-            [c for c in candidates_from_records(task, recs, threads) if _bindable(part, step, c)]
+        if step.key in no_kernel:
+            islands[step.key] = f"{task.compute.describe()} ({no_kernel[step.key]})"
+            out.append([Candidate(NCHW, NCHW, tseconds[step.key], TORCH)])
+            continue
+        tuned = [c for c in candidates_from_records(task, recs, threads)
+                 if _bindable(part, step, c)]
         if tuned:
             tuned = prune(tuned, family_of)
         if fallback:
             tuned = [c for c in tuned if c.seconds <= tseconds[step.key]]
             tuned.append(Candidate(NCHW, NCHW, tseconds[step.key], TORCH))
         elif not tuned:
-            missing.append(f"{task.compute.describe()} (task {task.key}, layer {step.layer})")
+            untuned[step.key] = task.compute.describe()
+            tuned = prune(estimated_candidates(part, step, cpu), family_of)
         out.append(tuned)
-    if missing:
-        raise CompileError(f"no usable record at {threads} thread(s) for {len(missing)} "
-                           "task(s): " + "; ".join(missing[:5])
-                           + ("; ..." if len(missing) > 5 else "")
-                           + ". Tune them, or pass fallback='torch' to run PyTorch's kernels")
+    if islands:
+        warnings.warn(f"{len(islands)} task(s) run PyTorch's kernel, no kernel of ours fits "
+                      "them: " + "; ".join(list(islands.values())[:6])
+                      + ("; ..." if len(islands) > 6 else ""), stacklevel=3)
+    if untuned:
+        warnings.warn(f"{len(untuned)} task(s) have no record at {threads} thread(s) and run "
+                      "the analytic estimate's best config, untuned (tune them for speed): "
+                      + "; ".join(list(untuned.values())[:6])
+                      + ("; ..." if len(untuned) > 6 else ""), stacklevel=3)
     return out
+
+
+UNTUNED_POOL = 48  # random configs an untuned task's estimate chooses among
+
+
+def estimated_candidates(part: Partition, step: TaskStep, cpu: CpuInfo) -> list[Candidate]:
+    """An untuned task's candidates: the fewest estimated cycles (cpu/estimate.py) per
+    layout pair among a fixed random pool of configs, priced at the machine's clock."""
+    task = part.task(step.key)
+    space, rng = space_for(task.compute, cpu), random.Random(task.key)
+    pool = dict.fromkeys(space.sample(rng) for _ in range(UNTUNED_POOL))
+    best: dict[tuple[str, str], Candidate] = {}
+    for cfg in pool:
+        pair = layouts_of(task, cfg)
+        seconds = cycles(lower(task.compute, cfg), cpu.machine) / (cpu.machine.ghz * 1e9)
+        cand = Candidate(pair[0], pair[1], seconds, cfg)
+        if (pair not in best or seconds < best[pair].seconds) and _bindable(part, step, cand):
+            best[pair] = cand
+    if not best:
+        raise CompileError(f"no config of {task.compute.describe()} (layer {step.layer}) "
+                           "can be bound to its operands; tune it or pass fallback='torch'")
+    return [best[p] for p in sorted(best)]
 
 
 def _bindable(part: Partition, step: TaskStep, cand: Candidate) -> bool:
@@ -341,8 +389,8 @@ def check_network(net: CompiledNetwork, model, inputs, atol: float) -> None:
         got = net(*inputs)
     wants = want if isinstance(want, (tuple, list)) else (want,)
     gots = got if isinstance(got, tuple) else (got,)
-    err = max((g - w).abs().max().item() for g, w in zip(gots, wants))
-    if err <= atol and all(torch.isfinite(g).all() for g in gots):
+    err = worst(scaled_error(g, w) for g, w in zip(gots, wants))
+    if err <= atol:
         return
-    raise CompileError(f"compiled network differs from the model: max abs error {err:.3g} "
-                       f"(limit {atol}); {net.first_divergence(inputs, atol)}")
+    raise CompileError(f"compiled network differs from the model: error {err:.3g} of the "
+                       f"output's scale (limit {atol}); {net.first_divergence(inputs, atol)}")

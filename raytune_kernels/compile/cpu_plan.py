@@ -191,7 +191,8 @@ class Planner:
             return
         out = Buf(math.prod(shape), shape)
         fn = lambda *xs, _n=node: run_glue(_n, dict(zip(_n.inputs, xs)))  # noqa: E731
-        self._torch(node.name, "glue", (node.layer,), args, out, fn, 0.0, None)
+        kind = "torch" if node.op == "torch" else "glue"  # an island runs PyTorch's op
+        self._torch(node.name, kind, (node.layer,), args, out, fn, 0.0, None)
         self._produce(node.name, out, NCHW)
 
     def _scratch(self, b) -> np.ndarray:

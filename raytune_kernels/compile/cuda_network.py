@@ -38,7 +38,7 @@ from raytune_kernels.compile.choose import TORCH, Solver, estimated_latency
 from raytune_kernels.compile.cuda_plan import (NCHW, Const, GBuf, GpuPlan, GpuStep,
                                                choose_layouts, physical_shape, plan_network,
                                                step_candidates, to_layout)
-from raytune_kernels.compile.report import Profile, ProfileRow, Reporting
+from raytune_kernels.compile.report import Profile, ProfileRow, Reporting, scaled_error, worst
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import Partition, TaskStep, partition, run_steps
 from raytune_kernels.tune.records import Record, best_per_task, load_records
@@ -241,10 +241,10 @@ class GpuNetwork(Reporting):
                     continue
                 value, layout = self.plan.value_of[id(s)]
                 got = to_layout(self.view(s.out).cpu(), layout, NCHW).reshape(env[value].shape)
-                err = (got - env[value]).abs().max().item()
+                err = scaled_error(got, env[value])
                 if not err <= atol:
                     return (f"first divergence at step {s.name} ({s.kind}, task {s.key}, value "
-                            f"{value}, max abs error {err:.3g})")
+                            f"{value}, error {err:.3g} of the value's scale)")
         return f"no single step diverges beyond {atol}; the error accumulates"
 
 
@@ -256,18 +256,22 @@ def check_gpu_network(net: GpuNetwork, model, inputs, atol: float) -> None:
     got = net(*inputs)
     wants = want if isinstance(want, (tuple, list)) else (want,)
     gots = got if isinstance(got, tuple) else (got,)
-    err = max((g.cpu() - w).abs().max().item() for g, w in zip(gots, wants))
-    if err <= atol and all(torch.isfinite(g).all() for g in gots):
+    err = worst(scaled_error(g, w) for g, w in zip(gots, wants))
+    if err <= atol:
         return
-    raise CompileError(f"compiled GPU network differs from the model: max abs error "
-                       f"{err:.3g} (limit {atol}); {net.first_divergence(inputs, atol)}")
+    raise CompileError(f"compiled GPU network differs from the model: error {err:.3g} of "
+                       f"the output's scale (limit {atol}); "
+                       f"{net.first_divergence(inputs, atol)}")
 
 
 # ------------------------------------------------------------------------ compile_network
 
-def cuda_records(records: "str | Iterable[Record]", arch: str, plain_ok: bool) -> list[Record]:
+def cuda_records(records: "str | Iterable[Record] | None", arch: str, plain_ok: bool
+                 ) -> list[Record]:
     """The records measured for `arch` ("cuda -arch=ARCH"; plain "cuda" ones too when
     `plain_ok`: the caller's GPU is the arch they were measured on)."""
+    if records is None:
+        return []
     if isinstance(records, str):
         if not os.path.exists(records):
             raise CompileError(f"records file {records!r} does not exist")
@@ -299,7 +303,8 @@ def _arch(tgt: Target) -> str:
 
 def compile_network_cuda(model: torch.nn.Module,
                          example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
-                         records: "str | Iterable[Record]", target: "str | Target" = "cuda",
+                         records: "str | Iterable[Record] | None" = None,
+                         target: "str | Target" = "cuda",
                          fallback: str | None = None, check: bool = True, atol: float = 1e-3,
                          verbose: bool = False, layout: str = "ilp",
                          time_limit_s: float = 20.0,

@@ -240,7 +240,8 @@ class Planner:
             self.produced[node.name] = (self.aliases[-1], NCHW)
             return
         fn = lambda *xs, n=node: run_glue(n, dict(zip(n.inputs, xs)))  # noqa: E731
-        self._add(GpuStep(node.name, "glue", (node.layer,), ops,
+        kind = "torch" if node.op == "torch" else "glue"  # an island runs PyTorch's op
+        self._add(GpuStep(node.name, kind, (node.layer,), ops,
                           GBuf(math.prod(shape), shape), fn=fn), node.name)
 
     def _add(self, step: GpuStep, value: str) -> None:

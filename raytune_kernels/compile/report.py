@@ -7,6 +7,25 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+
+def scaled_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest difference of two values over the value's scale (its largest magnitude,
+    at least 1): float rounding grows with the values, so a network of large activations
+    is held to the same relative standard as one of small ones, and values within [-1, 1]
+    to an absolute one. NaN where either holds a non-finite number."""
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
+    if not (torch.isfinite(got).all() and torch.isfinite(want).all()):
+        return math.nan
+    scale = max(want.abs().max().item() if want.numel() else 0.0, 1.0)
+    return (got - want).abs().max().item() / scale if want.numel() else 0.0
+
+
+def worst(errors) -> float:
+    """The largest of several errors, NaN if any is (max() would pass over a NaN)."""
+    errors = list(errors)
+    return math.nan if any(math.isnan(e) for e in errors) else max(errors, default=0.0)
 
 
 @dataclass

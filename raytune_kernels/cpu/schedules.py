@@ -65,6 +65,21 @@ def space_for(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
     return UnionSpace("algorithm", tuple(parts)) if len(parts) > 1 else direct
 
 
+def no_kernel_reason(compute: Compute, cpu: CpuInfo) -> str | None:
+    """Why no kernel of ours can run a compute on this CPU (None when one can): no
+    lowering for its shape, or a schedule space that comes out empty here (no register
+    tile fits the CPU's vector widths, say). The tuner skips such a task and the compiled
+    network runs PyTorch's kernel for it, each with a warning."""
+    why = unsupported_reason(compute)
+    if why:
+        return why
+    try:
+        space = space_for(compute, cpu)
+    except (LoweringError, ValueError) as exc:
+        return str(exc)
+    return None if space.count() else f"its schedule space is empty on {cpu.name}"
+
+
 def lower(compute: Compute, cfg: Config) -> LoopNest:
     if compute.op in ROW_OPS:
         return lower_rows(compute, cfg)

@@ -4,11 +4,17 @@ torch.fx symbolic tracing is tried first (fast, keeps module paths); where it ca
 (control flow on shapes), torch.export is used, which specialises shapes to the example
 inputs. Control flow on tensor values and ops whose output shape depends on values are
 refused with DynamicShapeError. Each fx/aten node is run on the example values as it is
-translated, so every shape and shape expression (x.size(0), ...) is concrete.
+translated, so every shape and shape expression (x.size(0), ...) is concrete, and a value
+computed from constants alone (an index buffer, a mask built with torch.arange) is folded
+into a constant.
+
+A call with no node of its own becomes a PyTorch island (frontend/island.py) with one
+warning that names each; strict=True refuses it instead, naming the op and its layer.
 """
 from __future__ import annotations
 
 import operator
+import warnings
 from typing import Any, Sequence
 
 import torch
@@ -17,14 +23,18 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from raytune_kernels.frontend import ops
-from raytune_kernels.errors import CaptureError, DynamicShapeError
+from raytune_kernels.errors import CaptureError, DynamicShapeError, UnsupportedOpError
 from raytune_kernels.frontend.ops import Builder, Ctx, T
 from raytune_kernels.frontend.graph import Graph
+from raytune_kernels.frontend.island import ISLAND, MethodCall, island_of
 from raytune_kernels.frontend.passes import fold_affine, prune_params
 
 
-def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor) -> Graph:
-    """Capture `model` (put in eval mode) called on `example_inputs` into a Graph."""
+def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor,
+            strict: bool = False) -> Graph:
+    """Capture `model` (put in eval mode) called on `example_inputs` into a Graph. Calls
+    without a node of their own become PyTorch islands, with one warning listing them;
+    with `strict`, the first such call is refused (UnsupportedOpError)."""
     inputs = _check_inputs(example_inputs)
     model.eval()
     try:
@@ -32,8 +42,15 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Ten
     except Exception:  # control flow on shapes, or a module fx cannot trace: export may
         gm = _export(model, inputs)
     with torch.no_grad():
-        graph = _Walker(gm, inputs).run()
-    return prune_params(fold_affine(graph))
+        graph = _Walker(gm, inputs, strict).run()
+    graph = prune_params(fold_affine(graph))
+    islands = [n for n in graph.nodes if n.op == ISLAND]
+    if islands:
+        named = dict.fromkeys(f"{n.attr('what')} in '{n.layer}'" for n in islands)
+        warnings.warn(f"{len(islands)} op(s) run in PyTorch, no kernel of ours yet "
+                      f"(strict=True refuses them): " + "; ".join(list(named)[:12])
+                      + ("; ..." if len(named) > 12 else ""), stacklevel=2)
+    return graph
 
 
 def _check_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -88,8 +105,9 @@ def _what(node: torch.fx.Node, module: nn.Module | None) -> str:
 class _Walker:
     """Runs a traced GraphModule node by node, translating tensor ops into Graph nodes."""
 
-    def __init__(self, gm: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]):
-        self.gm, self.inputs, self.b = gm, list(inputs), Builder()
+    def __init__(self, gm: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...],
+                 strict: bool = False):
+        self.gm, self.inputs, self.b, self.strict = gm, list(inputs), Builder(), strict
         self.env: dict[str, Any] = {}
         self.graph_inputs: list[tuple[str, tuple[int, ...]]] = []
 
@@ -124,7 +142,7 @@ class _Walker:
         ctx = Ctx(_layer_of(node), node.name, _what(node, module))
         args, kwargs = self._args(node.args), self._args(node.kwargs)
         if module is not None:
-            return self._module(module, node, args, ctx)
+            return self._module(module, node, args, kwargs, ctx)
         return self._call(node, args, kwargs, ctx)
 
     def _placeholder(self, node: torch.fx.Node) -> T:
@@ -139,55 +157,93 @@ class _Walker:
         value = self.gm
         for part in str(node.target).split("."):
             value = getattr(value, part)
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
             return self.b.param(str(node.target), value)
-        return value
+        return value  # an integer or bool buffer (an index table): a constant
 
     def _call(self, node: torch.fx.Node, args: tuple, kwargs: dict, ctx: Ctx) -> Any:
         ops.check_static(node.target, ctx)
+        if node.target is operator.getitem and isinstance(args[0], (tuple, list, dict)):
+            return args[0][args[1]]  # one output of a call that returned several
         concrete = lambda v: v.value if isinstance(v, T) else v  # noqa: E731
         cargs = pytree.tree_map(concrete, args)
         ckwargs = pytree.tree_map(concrete, kwargs)
-        if node.op == "call_method":
-            out = getattr(cargs[0], node.target)(*cargs[1:], **ckwargs)
-        else:
-            if node.target is operator.getitem and isinstance(cargs[0], torch.Tensor):
-                return self._tensor_getitem(node, args, cargs, ctx)
-            out = node.target(*cargs, **ckwargs)
+        call = MethodCall(node.target) if node.op == "call_method" else node.target
+        if node.target is operator.getitem and isinstance(cargs[0], torch.Tensor):
+            _check_index(args[1], ctx)
+        out = call(*cargs, **ckwargs)
+        if not _holds_value((args, kwargs)):
+            return out  # computed from constants alone: a constant from here on
         if not isinstance(out, torch.Tensor):
-            if _holds_tensor(out) and node.target is not operator.getitem:
-                raise ctx.unsupported("an op that returns several tensors")
+            if _holds_tensor(out):  # several outputs (chunk, split, unbind, ...)
+                return self._islands(call, args, kwargs, out, ctx,
+                                     ctx.unsupported("an op that returns several tensors"))
             return out  # a shape expression such as x.size(0): a constant from here on
         entry = ops.lookup(node.target)
         if entry is None:
-            raise ctx.unsupported()
+            return self._islands(call, args, kwargs, out, ctx, ctx.unsupported())
         stub, handler = entry
         try:
             bound = ops.bind(stub, args, kwargs)
         except TypeError as exc:
-            raise ctx.unsupported(f"unexpected arguments ({exc})") from None
-        return handler(self.b, bound, out, ctx)
+            return self._islands(call, args, kwargs, out, ctx,
+                                 ctx.unsupported(f"unexpected arguments ({exc})"))
+        try:
+            return handler(self.b, bound, out, ctx)
+        except UnsupportedOpError as exc:
+            return self._islands(call, args, kwargs, out, ctx, exc)
 
-    def _tensor_getitem(self, node, args, cargs, ctx: Ctx) -> Any:
-        index = cargs[1]
-        leaves, _ = pytree.tree_flatten(index)
-        if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in leaves):
-            raise DynamicShapeError("boolean mask indexing", ctx.layer)
-        raise ctx.unsupported("tensor indexing/slicing")
-
-    def _module(self, module: nn.Module, node, args: tuple, ctx: Ctx) -> Any:
+    def _module(self, module: nn.Module, node, args: tuple, kwargs: dict, ctx: Ctx) -> Any:
         handler = _MODULES.get(type(module))
+        concrete = lambda v: v.value if isinstance(v, T) else v  # noqa: E731
+        out = module(*pytree.tree_map(concrete, args), **pytree.tree_map(concrete, kwargs))
+        if not _holds_value((args, kwargs)):
+            return out
         if handler is None:
-            raise ctx.unsupported("a module type the frontend does not know")
-        if len(args) != 1 or not isinstance(args[0], T):
-            raise ctx.unsupported("a module called with other than one tensor")
-        x = args[0]
-        out = module(x.value)
-        return handler(self.b, module, x, out, ctx)
+            return self._islands(module, args, kwargs, out, ctx, ctx.unsupported(
+                "a module type the frontend does not know"))
+        if len(args) != 1 or kwargs or not isinstance(args[0], T) \
+                or not isinstance(out, torch.Tensor):
+            return self._islands(module, args, kwargs, out, ctx, ctx.unsupported(
+                "a module called with other than one tensor"))
+        try:
+            return handler(self.b, module, args[0], out, ctx)
+        except UnsupportedOpError as exc:
+            return self._islands(module, args, kwargs, out, ctx, exc)
+
+    def _islands(self, call, args: tuple, kwargs: dict, out: Any, ctx: Ctx,
+                 problem: UnsupportedOpError) -> Any:
+        """`call` as PyTorch island nodes, one per tensor it returns (same structure as
+        `out`); with `strict`, the problem is raised instead."""
+        if self.strict:
+            raise problem
+        island, inputs = island_of(ctx.what, call, args, kwargs,
+                                   lambda v: isinstance(v, T), lambda v: v.value)
+        if isinstance(out, torch.Tensor):
+            return self.b.node(ISLAND, inputs, {"fn": island, "what": ctx.what}, out, ctx)
+        leaves, spec = pytree.tree_flatten(out)
+        tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        for k, i in enumerate(tensors):
+            leaves[i] = self.b.node(ISLAND, inputs, {"fn": island.at(k), "what": ctx.what},
+                                    leaves[i], ctx)
+        return pytree.tree_unflatten(leaves, spec)
 
 
 def _holds_tensor(v: Any) -> bool:
     return any(isinstance(x, torch.Tensor) for x in pytree.tree_flatten(v)[0])
+
+
+def _holds_value(v: Any) -> bool:
+    """Whether a graph value (not a constant) is among the leaves of `v`."""
+    return any(isinstance(x, T) for x in pytree.tree_flatten(v)[0])
+
+
+def _check_index(index: Any, ctx: Ctx) -> None:
+    """Indexing by a boolean mask that is a graph value has a shape that depends on values
+    (a constant mask does not)."""
+    leaves, _ = pytree.tree_flatten(index)
+    if any(isinstance(i, T) and i.value.dtype == torch.bool for i in leaves):
+        raise DynamicShapeError("boolean mask indexing", ctx.layer)
 
 
 # ---- nn.Module leaves (torch.fx keeps torch.nn modules as call_module nodes) ----

@@ -202,4 +202,6 @@ def run_glue(n: Node, env: dict[str, torch.Tensor]) -> torch.Tensor:
         return env[n.inputs[0]].permute(n.attr("dims"))
     if n.op == "concat":
         return torch.cat([env[v] for v in n.inputs], n.attr("dim"))
+    if n.op == "torch":  # a PyTorch island (frontend/island.py)
+        return n.attr("fn")(*(env[v] for v in n.inputs))
     raise ValueError(f"'{n.op}' is not a glue op")

@@ -91,12 +91,14 @@ def test_buffers_are_reused_and_weights_packed_once(net):
     assert torch.equal(first, second)  # no state leaks from one call to the next
 
 
-def test_a_task_without_records_is_an_error_or_runs_torch(small):
+def test_a_task_without_records_runs_untuned_or_torch(small):
     model, inputs, records = small
     dense = next(t for t in rk.extract_tasks(model, inputs) if t.compute.op == "dense")
     partial = [r for r in records if r.task_key != dense.key]
-    with pytest.raises(CompileError, match=r"layer fc.*fallback='torch'"):
-        compile_network(model, inputs, partial)
+    with pytest.warns(UserWarning, match=r"1 task\(s\) have no record .* dense 1x16"):
+        untuned = compile_network(model, inputs, partial)
+    assert [s.name for s in untuned.steps if s.kind == "torch"] == []
+    assert "fc" in [s.name for s in untuned.steps if s.kind == "kernel"]
     net = compile_network(model, inputs, partial, fallback="torch")
     assert [s.name for s in net.steps if s.kind == "torch"] == ["fc"]
     x = torch.randn(1, 3, 16, 16)
@@ -116,7 +118,7 @@ def test_fallback_uses_torch_where_the_tuned_kernel_is_slower(small):
 
 def test_records_at_another_thread_count_do_not_count(small):
     model, inputs, records = small
-    with pytest.raises(CompileError, match="at 2 thread"):
+    with pytest.warns(UserWarning, match="have no record at 2 thread"):
         compile_network(model, inputs, records, threads=2)
     with pytest.raises(CompileError, match="does not exist"):
         compile_network(model, inputs, "/nonexistent/records.jsonl")

@@ -106,18 +106,20 @@ class Cumsum(nn.Module):
         return torch.cumsum(x, 1)
 
 
-def test_unsupported_op_names_op_and_layer():
+def test_strict_capture_names_the_unsupported_op_and_layer():
     model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.Sequential(nn.ReLU(), Cumsum()))
     with pytest.raises(rk.UnsupportedOpError) as info:
-        rk.capture(model, (torch.randn(1, 3, 4, 4),))
+        rk.capture(model, (torch.randn(1, 3, 4, 4),), strict=True)
     assert info.value.op == "cumsum" and info.value.layer.startswith("1.1")
     assert "cumsum" in str(info.value) and "'1.1" in str(info.value)
 
 
-def test_unsupported_module_names_its_type():
+def test_strict_capture_names_an_unknown_module_type():
     model = nn.Sequential(nn.Linear(4, 4), nn.Softplus())
     with pytest.raises(rk.UnsupportedOpError, match="'Softplus' in layer '1'"):
-        rk.capture(model, (torch.randn(2, 4),))
+        rk.capture(model, (torch.randn(2, 4),), strict=True)
+    with pytest.raises(rk.UnsupportedOpError, match="'Softplus' in layer '1'"):
+        rk.extract_tasks(model, (torch.randn(2, 4),), strict=True)
 
 
 class NonZero(nn.Module):

@@ -1,0 +1,229 @@
+"""Third-party model zoos for benchmarks and capture surveys: torchvision, timm, Hugging Face.
+
+Every model is built with random weights (nothing is downloaded) and put in eval mode.
+torchvision, timm and transformers are optional and imported lazily, so this module imports
+without them; install them with
+
+    pip install --no-deps torchvision timm transformers
+
+(`--no-deps`, or a pip constraint, keeps pip from replacing the CPU torch with a CUDA one;
+timm and transformers then need their pure-Python dependencies: huggingface_hub,
+safetensors, tokenizers, pyyaml, regex, tqdm, typer).
+
+The torchvision wheel on PyPI is built against the CUDA torch: beside the CPU torch its
+C++ operators (`torchvision/_C.so`: nms, roi_align, ...) fail to load, which torchvision
+tolerates, except that `torchvision/_meta_registrations.py` registers fake kernels for
+`torchvision::nms` and `torchvision::qnms` unconditionally, so `import torchvision` (and
+with it `import timm`, and transformers' vision models) dies with
+"RuntimeError: operator torchvision::nms does not exist" (pytorch/vision#9085, #9337).
+`import_torchvision()` works around it as torchvision's own proposed fix does (guard those
+registrations by whether the ops loaded): when, and only when, `_C` cannot be loaded, the
+module `torchvision._meta_registrations` is replaced by an empty one before torchvision is
+imported. That module holds nothing but fake/meta kernels for the C++ operators, which do
+not exist then, so nothing is lost; the model definitions are pure Python and work, while
+`torchvision.ops.nms` and friends raise torchvision's own "Couldn't load custom C++ ops".
+No file in site-packages is touched and no torch function is patched.
+
+    python bench/models.py [--flops]      # list the models (and their GFLOPs)
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+INSTALL_HINT = ("pip install --no-deps torchvision timm transformers  (--no-deps keeps the CPU "
+                "torch; timm/transformers also need huggingface_hub safetensors tokenizers pyyaml "
+                "regex tqdm typer)")
+
+Inputs = tuple  # example inputs, passed to the model as model(*inputs)
+Factory = Callable[[], "tuple[torch.nn.Module, Inputs]"]
+
+_META_MODULE = "torchvision._meta_registrations"
+
+
+class TorchvisionSpec(NamedTuple):
+    """A torchvision classifier: `factory()` builds it, eval mode, random weights."""
+    factory: Callable[[], torch.nn.Module]
+    input_shape: tuple[int, ...]
+
+
+def _torchvision_ops_loadable(spec: importlib.machinery.ModuleSpec) -> bool:
+    """Whether torchvision's C++ extension `_C` loads beside this torch (found and loaded
+    exactly as torchvision.extension does it, without importing torchvision)."""
+    finder = importlib.machinery.FileFinder(
+        spec.submodule_search_locations[0],
+        (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES))
+    ext = finder.find_spec("_C")
+    if ext is None or ext.origin is None:
+        return False
+    try:
+        torch.ops.load_library(ext.origin)
+    except (ImportError, OSError):
+        return False
+    return True
+
+
+def guard_torchvision_import() -> bool:
+    """Make a later `import torchvision` (direct, or from timm/transformers) survive C++ ops
+    that cannot load; see the module docstring. Returns True when the guard was installed.
+    Does nothing when torchvision is absent, already imported, or its ops load."""
+    if "torchvision" in sys.modules or _META_MODULE in sys.modules:
+        return False
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    if _torchvision_ops_loadable(spec):
+        return False
+    stub = types.ModuleType(_META_MODULE, "Left out by bench.models: torchvision's C++ ops did "
+                            "not load, so there is nothing to register fake kernels for.")
+    sys.modules[_META_MODULE] = stub
+    return True
+
+
+def import_torchvision() -> types.ModuleType:
+    """Import and return torchvision, guarded as above; ImportError says how to install it."""
+    guard_torchvision_import()
+    try:
+        import torchvision
+    except ImportError as err:
+        raise ImportError(f"torchvision is not installed: {INSTALL_HINT}") from err
+    return torchvision
+
+
+def _import_optional(name: str) -> types.ModuleType:
+    guard_torchvision_import()  # timm imports torchvision; so do some transformers models
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise ImportError(f"{name} is not installed: {INSTALL_HINT}") from err
+
+
+def _image(shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------------------------ torchvision
+
+# Builders that warn unless told how to initialise weights=None models.
+_TV_KWARGS = {"googlenet": {"init_weights": True}, "inception_v3": {"init_weights": True}}
+_TV_SIZE = {"inception_v3": 299}
+
+
+def torchvision_classifiers() -> dict[str, TorchvisionSpec]:
+    """Every classification model of torchvision.models: name -> (factory, input shape).
+
+    Inputs are batch 1, 3 channels, 224x224 (299x299 for inception_v3).
+    """
+    tv = import_torchvision()
+    names = tv.models.list_models(module=tv.models)
+
+    def factory(name: str) -> Callable[[], torch.nn.Module]:
+        def build() -> torch.nn.Module:
+            torch.manual_seed(0)
+            return tv.models.get_model(name, weights=None, **_TV_KWARGS.get(name, {})).eval()
+        return build
+
+    return {name: TorchvisionSpec(factory(name), (1, 3, _TV_SIZE.get(name, 224),
+                                                  _TV_SIZE.get(name, 224)))
+            for name in sorted(names)}
+
+
+# ------------------------------------------------------------------------------ timm
+
+TIMM_NAMES = ("resnet50", "efficientnet_b0", "mobilenetv3_large_100", "convnext_tiny",
+              "deit_tiny_patch16_224", "ghostnet_100", "mixnet_s", "levit_128", "regnety_016",
+              "vit_tiny_patch16_224")
+
+
+def timm_models() -> dict[str, Factory]:
+    """The TIMM_NAMES this timm has: name -> factory() -> (model, (image,)), the image of
+    the model's default input size, batch 1."""
+    timm = _import_optional("timm")
+
+    def factory(name: str) -> Factory:
+        def build() -> tuple[torch.nn.Module, Inputs]:
+            torch.manual_seed(0)
+            model = timm.create_model(name, pretrained=False).eval()
+            size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
+            return model, (_image((1, *size)),)
+        return build
+
+    return {name: factory(name) for name in TIMM_NAMES if timm.is_model(name)}
+
+
+# ------------------------------------------------------------------------------ Hugging Face
+
+def _token_ids(vocab_size: int, length: int = 128) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (1, length), dtype=torch.int64,
+                         generator=torch.Generator().manual_seed(0))
+
+
+def hf_models() -> dict[str, Factory]:
+    """BertModel, GPT2Model and ViTModel with their default configs (BERT-base: 12 layers;
+    GPT-2 small; ViT-B/16): name -> factory() -> (model, inputs). Text models take token ids
+    int64 (1, 128); ViT takes pixel_values (1, 3, 224, 224)."""
+    tf = _import_optional("transformers")
+
+    def text(model_cls: str, config_cls: str) -> Factory:
+        def build() -> tuple[torch.nn.Module, Inputs]:
+            torch.manual_seed(0)
+            config = getattr(tf, config_cls)()
+            return getattr(tf, model_cls)(config).eval(), (_token_ids(config.vocab_size),)
+        return build
+
+    def vit() -> tuple[torch.nn.Module, Inputs]:
+        torch.manual_seed(0)
+        config = tf.ViTConfig()
+        shape = (1, config.num_channels, config.image_size, config.image_size)
+        return tf.ViTModel(config).eval(), (_image(shape),)
+
+    return {"BertModel": text("BertModel", "BertConfig"),
+            "GPT2Model": text("GPT2Model", "GPT2Config"),
+            "ViTModel": vit}
+
+
+# ------------------------------------------------------------------------------ all of them
+
+def all_models() -> dict[str, Factory]:
+    """Every model above, named 'torchvision/NAME', 'timm/NAME' or 'hf/NAME', each factory
+    returning (model, inputs). A zoo whose package is not installed is left out."""
+    out: dict[str, Factory] = {}
+    with contextlib.suppress(ImportError):
+        for name, spec in torchvision_classifiers().items():
+            out[f"torchvision/{name}"] = _with_image(spec)
+    for zoo, make in (("timm", timm_models), ("hf", hf_models)):
+        with contextlib.suppress(ImportError):
+            out.update({f"{zoo}/{name}": f for name, f in make().items()})
+    return out
+
+
+def _with_image(spec: TorchvisionSpec) -> Factory:
+    return lambda: (spec.factory(), (_image(spec.input_shape),))
+
+
+def gflops(model: torch.nn.Module, inputs: Inputs) -> float:
+    """GFLOPs of one forward pass (a multiply-add counts 2), counted by
+    torch.utils.flop_counter.FlopCounterMode on one no-grad run at the given inputs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(*inputs)
+    return counter.get_total_flops() / 1e9
+
+
+if __name__ == "__main__":
+    flops = "--flops" in sys.argv[1:]
+    for model_name, make_model in all_models().items():
+        if flops:
+            net, example = make_model()
+            print(f"{model_name:40s} {gflops(net, example):8.2f} GFLOPs")
+        else:
+            print(model_name)
