@@ -36,7 +36,8 @@ class TensorSpec:
 # references (frontend/reference.py), the loop-nest interpreter, the LLVM math
 # (cpu/llvm/math_ops.py) and the CUDA epilogue (cuda/epilogue.py); tests/test_task.py
 # checks each implements exactly these names. "bias" and "affine" are channel ops.
-UNARY_OPS = ("relu", "relu6", "gelu", "gelu_tanh", "sigmoid", "silu", "tanh")
+UNARY_OPS = ("relu", "relu6", "gelu", "gelu_tanh", "sigmoid", "silu", "tanh", "hardswish",
+             "hardsigmoid")
 BINARY_OPS = ("add", "sub", "mul", "div")
 
 

@@ -31,6 +31,7 @@ from raytune_kernels.cpu.machine import MachineModel, VectorUnit
 
 LOOP_CYCLES = 1.0  # increment, compare and branch of a loop that is not unrolled
 TRANSCENDENTAL_OPS = 12  # vector ops of an inlined exp, tanh or sqrt polynomial
+CHEAP_OPS = ("relu", "relu6", "hardswish", "hardsigmoid")  # a few selects and multiplies
 
 
 def cycles(nest: LoopNest, machine: MachineModel) -> float:
@@ -72,7 +73,7 @@ def _expr_cost(e) -> tuple[float, int]:
         return xo + yo + 1, xl + yl
     if isinstance(e, Un):
         ops, loads = _expr_cost(e.x)
-        return ops + (1 if e.op in ("relu", "relu6") else TRANSCENDENTAL_OPS), loads
+        return ops + (1 if e.op in CHEAP_OPS else TRANSCENDENTAL_OPS), loads
     return 0.0, 0  # scalars, registers and numbers are broadcast once, outside the loop
 
 

@@ -233,6 +233,8 @@ UNARY_NP = {
     "silu": lambda x: x / (1.0 + np.exp(-x)),
     "gelu": lambda x: 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0))),
     "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(0.7978845608 * (x + 0.044715 * x ** 3))),
+    "hardsigmoid": lambda x: np.clip(x + 3.0, 0.0, 6.0) / 6.0,
+    "hardswish": lambda x: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0,
 }
 BINARY_NP = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 

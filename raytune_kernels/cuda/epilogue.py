@@ -50,6 +50,10 @@ def unary(op: str, v: str) -> str:
         return f"{v} / (1.0f + expf(-{v}))"
     if op == "tanh":
         return f"tanhf({v})"
+    if op == "hardsigmoid":
+        return f"fminf(fmaxf({v} + 3.0f, 0.0f), 6.0f) / 6.0f"
+    if op == "hardswish":
+        return f"{v} * fminf(fmaxf({v} + 3.0f, 0.0f), 6.0f) / 6.0f"
     raise CudaLoweringError(f"unknown unary epilogue op '{op}'")
 
 

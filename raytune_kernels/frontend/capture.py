@@ -59,9 +59,11 @@ def _check_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
     for i, x in enumerate(inputs):
         if not isinstance(x, torch.Tensor):
             raise CaptureError(f"example input {i} is a {type(x).__name__}, not a tensor")
-        if x.dtype != torch.float32:
+        if x.is_floating_point() and x.dtype != torch.float32:
             raise CaptureError(f"example input {i} has dtype {x.dtype}; only float32 "
                                "networks are supported")
+        if x.is_complex():
+            raise CaptureError(f"example input {i} is complex ({x.dtype})")
     return inputs
 
 
@@ -172,10 +174,17 @@ class _Walker:
         if node.target is operator.getitem and isinstance(cargs[0], torch.Tensor):
             _check_index(args[1], ctx)
         out = call(*cargs, **ckwargs)
-        if not _holds_value((args, kwargs)):
-            return out  # computed from constants alone: a constant from here on
+        if not self._holds_value((args, kwargs)):
+            return self._constant(out, ctx)
         if not isinstance(out, torch.Tensor):
             if _holds_tensor(out):  # several outputs (chunk, split, unbind, ...)
+                split = ops.lookup_split(node.target)
+                if split is not None and isinstance(out, (tuple, list)):
+                    try:
+                        return split(self.b, ops.bind(ops.SPLIT_STUBS[split], args, kwargs),
+                                     list(out), ctx)
+                    except (UnsupportedOpError, TypeError):
+                        pass
                 return self._islands(call, args, kwargs, out, ctx,
                                      ctx.unsupported("an op that returns several tensors"))
             return out  # a shape expression such as x.size(0): a constant from here on
@@ -197,8 +206,8 @@ class _Walker:
         handler = _MODULES.get(type(module))
         concrete = lambda v: v.value if isinstance(v, T) else v  # noqa: E731
         out = module(*pytree.tree_map(concrete, args), **pytree.tree_map(concrete, kwargs))
-        if not _holds_value((args, kwargs)):
-            return out
+        if not self._holds_value((args, kwargs)):
+            return self._constant(out, ctx)
         if handler is None:
             return self._islands(module, args, kwargs, out, ctx, ctx.unsupported(
                 "a module type the frontend does not know"))
@@ -210,6 +219,20 @@ class _Walker:
             return handler(self.b, module, args[0], out, ctx)
         except UnsupportedOpError as exc:
             return self._islands(module, args, kwargs, out, ctx, exc)
+
+    def _holds_value(self, v: Any) -> bool:
+        """Whether a graph value computed at run time (not a parameter, not a constant) is
+        among the leaves of `v`."""
+        return any(isinstance(x, T) and x.ref not in self.b.params
+                   for x in pytree.tree_flatten(v)[0])
+
+    def _constant(self, out: Any, ctx: Ctx) -> Any:
+        """A result computed from parameters and constants alone, folded at capture: a
+        float tensor becomes a parameter (a class token expanded, a bias table gathered by
+        its index buffer), anything else a constant."""
+        if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
+            return self.b.param(self.b.unique(f"{ctx.layer}.folded"), out)
+        return out
 
     def _islands(self, call, args: tuple, kwargs: dict, out: Any, ctx: Ctx,
                  problem: UnsupportedOpError) -> Any:
@@ -231,11 +254,6 @@ class _Walker:
 
 def _holds_tensor(v: Any) -> bool:
     return any(isinstance(x, torch.Tensor) for x in pytree.tree_flatten(v)[0])
-
-
-def _holds_value(v: Any) -> bool:
-    """Whether a graph value (not a constant) is among the leaves of `v`."""
-    return any(isinstance(x, T) for x in pytree.tree_flatten(v)[0])
 
 
 def _check_index(index: Any, ctx: Ctx) -> None:
@@ -314,7 +332,8 @@ _MODULES = {
     nn.BatchNorm1d: m_bn, nn.BatchNorm2d: m_bn,
     nn.ReLU: _m_unary("relu"), nn.ReLU6: _m_unary("relu6"), nn.Sigmoid: _m_unary("sigmoid"),
     nn.SiLU: _m_unary("silu"), nn.Tanh: _m_unary("tanh"), nn.GELU: m_gelu,
-    nn.Hardtanh: m_hardtanh,
+    nn.Hardtanh: m_hardtanh, nn.Hardswish: _m_unary("hardswish"),
+    nn.Hardsigmoid: _m_unary("hardsigmoid"),
     nn.MaxPool2d: m_max_pool, nn.AvgPool2d: m_avg_pool,
     nn.AdaptiveAvgPool2d: lambda b, m, x, out, ctx: ops.h_adaptive_avg(
         b, {"input": x, "output_size": m.output_size}, out, ctx),

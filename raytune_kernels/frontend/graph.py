@@ -24,7 +24,7 @@ ANCHOR_OPS = frozenset({
     "softmax", "layer_norm",
 })
 # Data-movement ops: executed between tasks, never tuned as a task of their own.
-GLUE_OPS = frozenset({"reshape", "permute", "concat", "torch"})  # "torch": an island
+GLUE_OPS = frozenset({"reshape", "permute", "concat", "index", "torch"})  # torch: islands
 ALL_OPS = ELEMENTWISE_OPS | ANCHOR_OPS | GLUE_OPS
 
 

@@ -101,6 +101,11 @@ def _s_transpose(input, dim0, dim1): ...
 def _s_permute(input, *dims): ...
 def _s_any(input, *args, **kwargs): ...
 def _s_dropout(input, p=0.5, training=False, inplace=False): ...
+def _s_stochastic_depth(input, p, mode, training=True): ...
+def _s_mean(input, dim=None, keepdim=False, dtype=None): ...
+def _s_getitem(input, index): ...
+def _s_split(input, split, dim=0): ...
+def _s_unbind(input, dim=0): ...
 
 
 def bind(stub: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -304,6 +309,78 @@ def h_cat(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("concat", xs, {"dim": _dim(int(a["dim"]), out.dim())}, out, ctx)
 
 
+def h_stochastic_depth(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """torchvision's stochastic depth: the identity in eval mode."""
+    if a["training"] and a["p"] > 0:
+        raise ctx.unsupported("stochastic depth in training mode (call model.eval())")
+    return T(_tensor(a["input"], ctx).ref, out)
+
+
+def h_mean(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """A mean over the two spatial dims of an NCHW value (global pooling written as a
+    mean, as in squeeze-excite blocks): an average pool over the whole map."""
+    x = _tensor(a["input"], ctx)
+    dims = a["dim"] if isinstance(a["dim"], (list, tuple)) else (a["dim"],)
+    if x.value.dim() != 4 or a["dtype"] is not None or a["dim"] is None or \
+            sorted(_dim(int(d), 4) for d in dims) != [2, 3]:
+        raise ctx.unsupported("a mean other than over the spatial dims of an NCHW value")
+    h, w = x.value.shape[2:]
+    attrs = {"kernel": (h, w), "stride": (h, w), "padding": (0, 0), "ceil_mode": False,
+             "count_include_pad": True}
+    pooled = out.reshape(out.shape[0], out.shape[1], 1, 1)
+    y = b.node("avg_pool2d", [x], attrs, pooled, ctx)
+    return y if a["keepdim"] else b.node("reshape", [y], {"shape": tuple(out.shape)}, out,
+                                         ctx)
+
+
+def h_getitem(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """Indexing by constants (ints, slices, None, ..., constant index tensors): glue."""
+    x, index = _tensor(a["input"], ctx), a["index"]
+    items = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(i, T) for i in items):
+        raise ctx.unsupported("indexing by a computed tensor")
+    return b.node("index", [x], {"index": encode_index(items)}, out, ctx)
+
+
+def h_split(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
+    """chunk / split / split_with_sizes: one slice of the input per output (glue)."""
+    x = _tensor(a["input"], ctx)
+    dim, start, parts = _dim(int(a["dim"]), x.value.dim()), 0, []
+    for o in outs:
+        n = o.shape[dim]
+        index = (slice(None),) * dim + (slice(start, start + n),)
+        parts.append(b.node("index", [x], {"index": encode_index(index)}, o, ctx))
+        start += n
+    return parts
+
+
+def h_unbind(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
+    x = _tensor(a["input"], ctx)
+    dim = _dim(int(a["dim"]), x.value.dim())
+    return [b.node("index", [x], {"index": encode_index((slice(None),) * dim + (i,))}, o, ctx)
+            for i, o in enumerate(outs)]
+
+
+def encode_index(items: tuple) -> tuple:
+    """An index as hashable data: slices, ints, None, Ellipsis and constant tensors."""
+    out = []
+    for i in items:
+        if isinstance(i, slice):
+            out.append(("slice", i.start, i.stop, i.step))
+        elif i is None or i is Ellipsis:
+            out.append(("none",) if i is None else ("ellipsis",))
+        elif isinstance(i, (int, torch.Tensor)) and not isinstance(i, bool):
+            out.append(("item", i))
+        else:
+            raise TypeError(f"index item of type {type(i).__name__}")
+    return tuple(out)
+
+
+def decode_index(code: tuple) -> tuple:
+    return tuple(slice(*c[1:]) if c[0] == "slice" else None if c[0] == "none"
+                 else Ellipsis if c[0] == "ellipsis" else c[1] for c in code)
+
+
 def h_softmax(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a["dim"] is None or a.get("dtype") is not None or a.get("half_to_float"):
         raise ctx.unsupported("softmax needs an explicit dim and no dtype change")
@@ -336,6 +413,9 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((torch.sigmoid, F.sigmoid, "sigmoid", "aten::sigmoid"), _s_unary, unary("sigmoid")),
     ((F.silu, "aten::silu", "aten::silu_"), _s_unary, unary("silu")),
     ((torch.tanh, F.tanh, "tanh", "aten::tanh"), _s_unary, unary("tanh")),
+    ((F.hardswish, "aten::hardswish", "aten::hardswish_"), _s_unary, unary("hardswish")),
+    ((F.hardsigmoid, "aten::hardsigmoid", "aten::hardsigmoid_"), _s_unary,
+     unary("hardsigmoid")),
     ((operator.add, operator.iadd, torch.add, "add", "add_", "aten::add", "aten::add_"),
      _s_addsub, binary("add")),
     ((operator.sub, operator.isub, torch.sub, "sub", "sub_", "aten::sub"), _s_addsub,
@@ -359,6 +439,10 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     (("aten::_softmax",), _s_softmax_aten, h_softmax),
     ((F.layer_norm, "aten::layer_norm"), _s_layernorm, h_layer_norm),
     ((F.dropout, "aten::dropout"), _s_dropout, h_alias),
+    (("torchvision.ops.stochastic_depth.stochastic_depth",), _s_stochastic_depth,
+     h_stochastic_depth),
+    ((torch.mean, "mean", "aten::mean"), _s_mean, h_mean),
+    ((operator.getitem,), _s_getitem, h_getitem),
     (("contiguous", "clone", "detach", "aten::contiguous", "aten::clone", "aten::alias",
       "aten::detach", torch.clone), _s_any, h_alias),
 ]
@@ -375,12 +459,40 @@ DATA_DEPENDENT = frozenset({
 })
 
 
-def lookup(target: Any) -> tuple[Callable, Callable] | None:
+# ops that return several tensors and have a handler: (names, stub, handler)
+_SPLITS: list[tuple[tuple, Callable, Callable]] = [
+    ((torch.chunk, torch.split, "chunk", "split", "split_with_sizes", "aten::chunk",
+      "aten::split", "aten::split_with_sizes"), _s_split, h_split),
+    ((torch.unbind, "unbind", "aten::unbind"), _s_unbind, h_unbind),
+]
+SPLIT_STUBS = {handler: stub for _, stub, handler in _SPLITS}
+_SPLIT_TABLE = {key: handler for keys, _, handler in _SPLITS for key in keys}
+
+
+def _key(target: Any) -> Any:
+    """How the tables name a call target: aten ops by schema name, functions outside
+    torch (torchvision's) by qualified name, the rest as themselves."""
     schema = getattr(target, "_schema", None)
-    key = schema.name if schema is not None else target
+    if schema is not None:
+        return schema.name
+    module = getattr(target, "__module__", None) or ""
+    if callable(target) and module and not module.startswith(("torch", "_operator")) \
+            and hasattr(target, "__qualname__"):
+        return f"{module}.{target.__qualname__}"
+    return target
+
+
+def lookup(target: Any) -> tuple[Callable, Callable] | None:
     try:
-        return TABLE.get(key)
+        return TABLE.get(_key(target))
     except TypeError:  # unhashable target
+        return None
+
+
+def lookup_split(target: Any) -> Callable | None:
+    try:
+        return _SPLIT_TABLE.get(_key(target))
+    except TypeError:
         return None
 
 

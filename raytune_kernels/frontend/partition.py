@@ -16,6 +16,7 @@ import torch
 
 from raytune_kernels.errors import UnsupportedOpError
 from raytune_kernels.frontend.graph import ANCHOR_OPS, ELEMENTWISE_OPS, GLUE_OPS, Graph, Node
+from raytune_kernels.frontend.ops import decode_index
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.task import Compute, EpilogueOp, Task, TensorSpec
 
@@ -202,6 +203,8 @@ def run_glue(n: Node, env: dict[str, torch.Tensor]) -> torch.Tensor:
         return env[n.inputs[0]].permute(n.attr("dims"))
     if n.op == "concat":
         return torch.cat([env[v] for v in n.inputs], n.attr("dim"))
+    if n.op == "index":  # constant indexing and slicing (frontend/ops.py h_getitem)
+        return env[n.inputs[0]][decode_index(n.attr("index"))]
     if n.op == "torch":  # a PyTorch island (frontend/island.py)
         return n.attr("fn")(*(env[v] for v in n.inputs))
     raise ValueError(f"'{n.op}' is not a glue op")

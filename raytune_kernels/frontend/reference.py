@@ -54,6 +54,7 @@ UNARY_FNS = {
     "relu": torch.relu, "relu6": lambda x: torch.clamp(x, 0.0, 6.0),
     "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "sigmoid": torch.sigmoid, "silu": F.silu, "tanh": torch.tanh,
+    "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
 }
 BINARY_FNS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
 

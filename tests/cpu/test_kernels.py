@@ -69,6 +69,32 @@ def test_elementwise_task_with_a_channel_operand_compiles_and_interprets():
         assert torch.allclose(unpack(task.compute, cfg, bufs["out"]), expected, atol=1e-5)
 
 
+class MobileNetV3Block(torch.nn.Module):
+    """Hardswish after a depthwise conv, squeeze-excite written as a spatial mean with a
+    hardsigmoid gate, and stochastic-depth-style dropout: all lowered to our kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.act, self.gate = torch.nn.Hardswish(), torch.nn.Hardsigmoid()
+        self.fc1, self.fc2 = torch.nn.Conv2d(16, 8, 1), torch.nn.Conv2d(8, 16, 1)
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, x):
+        y = self.act(self.dw(x))
+        s = self.gate(self.fc2(torch.relu(self.fc1(y.mean((2, 3), keepdim=True)))))
+        return self.drop(y * s)
+
+
+def test_hardswish_hardsigmoid_and_mean_pooling_lower_to_our_kernels():
+    model, x = MobileNetV3Block().eval(), torch.randn(1, 16, 8, 8)
+    tasks = rk.extract_tasks(model, (x,), strict=True)  # no island: every op is ours
+    ops = {e.op for t in tasks for e in t.compute.epilogue} | {t.compute.op for t in tasks}
+    assert {"hardswish", "hardsigmoid", "avg_pool2d"} <= ops
+    for i, task in enumerate(tasks):
+        check_configs(task, 3, seed=i)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_layer", "resnet50"])
 def test_many_sampled_configs_match_reference(zoo_models, name):

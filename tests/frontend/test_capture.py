@@ -159,6 +159,18 @@ def test_shape_control_flow_goes_through_export():
     assert graph.nodes[0].layer == "conv"
 
 
-def test_non_float_inputs_are_refused():
-    with pytest.raises(rk.CaptureError, match="dtype torch.int64"):
-        rk.capture(nn.ReLU(), (torch.ones(3, dtype=torch.int64),))
+def test_other_float_dtypes_are_refused():
+    with pytest.raises(rk.CaptureError, match="dtype torch.float64"):
+        rk.capture(nn.ReLU(), (torch.ones(3, dtype=torch.float64),))
+
+
+def test_integer_inputs_feed_embeddings():
+    """Token ids (int64) are model inputs like any other; the embedding reads them back as
+    integers (values live in float32 buffers, exact below 2**24)."""
+    model = nn.Sequential(nn.Embedding(1000, 16), nn.Linear(16, 8)).eval()
+    ids = torch.randint(0, 1000, (1, 12))
+    graph = rk.capture(model, (ids,), strict=False)
+    other = torch.randint(0, 1000, (1, 12))
+    with torch.no_grad():
+        assert torch.equal(execute(partition(graph), [other])[0], model(other))
+    assert [n.op for n in graph.nodes] == ["torch", "dense"]

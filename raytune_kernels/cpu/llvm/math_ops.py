@@ -94,5 +94,14 @@ def gelu_tanh(em, x):
     return b.fmul(b.fmul(x, em.const(0.5)), b.fadd(em.const(1.0), tanh(em, inner)))
 
 
+def hardsigmoid(em, x):  # relu6(x + 3) / 6, as torch computes it
+    return em.b.fdiv(relu6(em, em.b.fadd(x, em.const(3.0))), em.const(6.0))
+
+
+def hardswish(em, x):  # x * relu6(x + 3) / 6
+    return em.b.fdiv(em.b.fmul(x, relu6(em, em.b.fadd(x, em.const(3.0)))), em.const(6.0))
+
+
 UNARY = {"relu": relu, "relu6": relu6, "sigmoid": sigmoid, "tanh": tanh, "silu": silu,
-          "gelu": gelu, "gelu_tanh": gelu_tanh}
+         "gelu": gelu, "gelu_tanh": gelu_tanh, "hardswish": hardswish,
+         "hardsigmoid": hardsigmoid}
