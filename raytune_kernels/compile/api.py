@@ -32,8 +32,8 @@ def compile_network(model: torch.nn.Module,
     than PyTorch's measured time for it. A task no kernel of ours fits, and an op the
     capture kept as a PyTorch island, run PyTorch's either way. With `check`, the output
     is compared with model(x): the largest difference over the output's scale (its
-    largest magnitude, at least 1) must be <= atol, so large activations are not refused
-    for float rounding. On "cuda" targets: a cuda_network.GpuNetwork (the same calls, run
+    largest magnitude) must be <= atol, so large activations are not refused for float
+    rounding, nor small ones passed by a bound larger than themselves. On "cuda" targets: a cuda_network.GpuNetwork (the same calls, run
     on the GPU, from records of its arch; `threads` is an option of the CPU path only).
 
     `solver` solves the layout problem: PuLP/CBC in this process by default. Called as

@@ -9,17 +9,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+SCALE_FLOOR = 1e-12  # the scale of an all-zero value: any difference from it counts
+
 
 def scaled_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """The largest difference of two values over the value's scale (its largest magnitude,
-    at least 1): float rounding grows with the values, so a network of large activations
-    is held to the same relative standard as one of small ones, and values within [-1, 1]
-    to an absolute one. NaN where either holds a non-finite number."""
+    """The largest difference of two values over the value's scale (its largest magnitude):
+    float rounding grows with the values, so a network of large activations is held to the
+    same relative standard as one of small ones, and a value of tiny outputs is not passed
+    by an absolute bound larger than itself. NaN where either holds a non-finite number."""
     got, want = got.detach().float().cpu(), want.detach().float().cpu()
     if not (torch.isfinite(got).all() and torch.isfinite(want).all()):
         return math.nan
-    scale = max(want.abs().max().item() if want.numel() else 0.0, 1.0)
-    return (got - want).abs().max().item() / scale if want.numel() else 0.0
+    if not want.numel():
+        return 0.0
+    scale = max(want.abs().max().item(), SCALE_FLOOR)
+    return (got - want).abs().max().item() / scale
 
 
 def worst(errors) -> float:

@@ -1,4 +1,5 @@
 """compile_network() for real: records measured here, kernels built, the network checked."""
+import math
 import random
 
 import numpy as np
@@ -250,3 +251,38 @@ def test_winograd_steps_share_one_workspace():
         assert arrays[0] is arrays[1] and arrays[0].size == max(sizes)
         if name == "m":  # the second conv needs more: the first step was re-pointed
             assert sizes[1] > sizes[0]
+
+
+def test_the_check_is_relative_to_each_values_scale():
+    from raytune_kernels.compile.report import scaled_error, worst
+
+    big = torch.full((4,), 1e6)
+    assert scaled_error(big + 10.0, big) == pytest.approx(1e-5)  # rounding at 1e6: passes
+    tiny = torch.full((4,), 1e-4)
+    assert scaled_error(tiny * 2, tiny) == pytest.approx(1.0)  # wrong, however small
+    assert scaled_error(torch.zeros(3), torch.zeros(3)) == 0.0
+    assert math.isnan(scaled_error(torch.tensor([math.nan]), torch.ones(1)))
+    assert math.isnan(worst([0.1, math.nan])) and worst([0.1, 0.2]) == 0.2
+
+
+class Loud(torch.nn.Module):
+    """Activations of order 1e6 (an unnormalised stack of convolutions): float rounding
+    alone gives absolute errors far above 1e-3 at the output."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.Sequential(*[torch.nn.Conv2d(16, 16, 3, padding=1)
+                                           for _ in range(3)])
+
+    def forward(self, x):
+        return self.convs(x * 1e4)
+
+
+def test_large_activations_are_not_refused_for_rounding():
+    torch.manual_seed(0)
+    model, x = Loud().eval(), torch.randn(1, 16, 8, 8)
+    records = measured_records(model, (x,), per_task=2)
+    net = compile_network(model, (x,), records)  # checks relative to the output's scale
+    with torch.no_grad():
+        want = model(x)
+    assert (net(x) - want).abs().max().item() > 1e-3 < want.abs().max().item()
