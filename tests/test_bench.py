@@ -94,3 +94,36 @@ def test_network_bench_on_the_gpu(tmp_path):
     assert set(out["torch_ms"]) == {"eager", "channels_last", "compile"}
     # a baseline is timed or its failure reported, never both, never neither
     assert all((v is None) == (k in out["torch_failed"]) for k, v in out["torch_ms"].items())
+
+
+def test_coverage_summary_counts_what_each_model_gave():
+    coverage = _bench("coverage")
+    rows = [
+        {"model": "torchvision/a", "status": "ok", "islands": [], "island_count": 0,
+         "correct": True, "flops_in_our_kernels": 1.0, "untuned_vs_eager": 2.0},
+        {"model": "torchvision/b", "status": "ok", "islands": ["cumsum"], "island_count": 2,
+         "correct": False, "flops_in_our_kernels": 0.9, "untuned_vs_eager": 1.0},
+        {"model": "torchvision/c", "status": "failed", "error": "timed out after 5 s"},
+        {"model": "torchvision/d", "status": "skipped", "gflops": 41.0},
+    ]
+    s = coverage.summary(rows, threads=1)
+    assert (s["models"], s["captured"], s["compiled_and_correct"], s["no_island"]) == \
+        (3, 2, 1, 1)
+    assert s["islands"] == {"cumsum": ["torchvision/b"]}
+    assert s["skipped"] == {"torchvision/d": 41.0}
+    assert s["failed"] == {"torchvision/c": "timed out after 5 s"}
+    assert s["flops_in_our_kernels"] == 0.95 and s["untuned_vs_eager"] == 1.5
+
+
+@pytest.mark.slow
+def test_coverage_bench_runs_one_torchvision_model():
+    models = _bench("models")
+    try:
+        models.import_torchvision()
+    except ImportError as exc:
+        pytest.skip(str(exc))
+    proc = _run("bench/coverage.py", "--only", "squeezenet1_1", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads(proc.stdout.splitlines()[-1])
+    assert s["models"] == 1 and s["compiled_and_correct"] == 1
+    assert s["flops_in_our_kernels"] > 0.99
