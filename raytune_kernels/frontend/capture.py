@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 
 from raytune_kernels.frontend import ops
 from raytune_kernels.errors import CaptureError, DynamicShapeError, UnsupportedOpError
-from raytune_kernels.frontend.ops import Builder, Ctx, T
+from raytune_kernels.frontend.builder import Builder, Ctx, T, bind
 from raytune_kernels.frontend.graph import Graph
 from raytune_kernels.frontend.island import ISLAND, MethodCall, island_of
 from raytune_kernels.frontend.passes import fold_affine, prune_params
@@ -181,7 +181,7 @@ class _Walker:
                 split = ops.lookup_split(node.target)
                 if split is not None and isinstance(out, (tuple, list)):
                     try:
-                        return split(self.b, ops.bind(ops.SPLIT_STUBS[split], args, kwargs),
+                        return split(self.b, bind(ops.SPLIT_STUBS[split], args, kwargs),
                                      list(out), ctx)
                     except (UnsupportedOpError, TypeError):
                         pass
@@ -193,7 +193,7 @@ class _Walker:
             return self._islands(call, args, kwargs, out, ctx, ctx.unsupported())
         stub, handler = entry
         try:
-            bound = ops.bind(stub, args, kwargs)
+            bound = bind(stub, args, kwargs)
         except TypeError as exc:
             return self._islands(call, args, kwargs, out, ctx,
                                  ctx.unsupported(f"unexpected arguments ({exc})"))

@@ -6,70 +6,15 @@ single handler per op turns either into a node.
 """
 from __future__ import annotations
 
-import inspect
 import operator
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from raytune_kernels.errors import DynamicShapeError, UnsupportedOpError
-
-
-@dataclass(frozen=True)
-class T:
-    """A tensor argument: the graph value that holds it and its concrete example value."""
-
-    ref: str
-    value: torch.Tensor
-
-
-class Builder:
-    """Accumulates nodes and parameters while a capture walks the traced graph."""
-
-    def __init__(self) -> None:
-        self.nodes: list = []
-        self.params: dict[str, torch.Tensor] = {}
-        self._taken: set[str] = set()
-
-    def unique(self, hint: str) -> str:
-        base = hint.replace(".", "_") or "v"
-        name, i = base, 1
-        while name in self._taken:
-            name, i = f"{base}_{i}", i + 1
-        self._taken.add(name)
-        return name
-
-    def param(self, hint: str, tensor: torch.Tensor) -> T:
-        if tensor.dtype != torch.float32:
-            raise UnsupportedOpError(f"parameter of dtype {tensor.dtype}", hint,
-                                     "only float32 networks are supported")
-        name = hint if hint not in self._taken else self.unique(hint)
-        self._taken.add(name)
-        value = tensor.detach().clone().contiguous()
-        self.params[name] = value
-        return T(name, value)
-
-    def node(self, op: str, inputs: list, attrs: dict, out: torch.Tensor, ctx: "Ctx") -> T:
-        from raytune_kernels.frontend.graph import Node
-        name = self.unique(ctx.hint)
-        refs = tuple(t.ref for t in inputs)
-        self.nodes.append(Node(name, op, refs, tuple(sorted(attrs.items())),
-                               tuple(out.shape), ctx.layer))
-        return T(name, out)
-
-
-@dataclass(frozen=True)
-class Ctx:
-    """Where a call came from: its layer (module path) and a name hint for its node."""
-
-    layer: str
-    hint: str
-    what: str
-
-    def unsupported(self, detail: str = "") -> UnsupportedOpError:
-        return UnsupportedOpError(self.what, self.layer, detail)
+from raytune_kernels.errors import DynamicShapeError
+from raytune_kernels.frontend.builder import Builder, Ctx, T, need_param, norm_dim, pair, tensor_arg
+from raytune_kernels.frontend.slicing import h_getitem, h_split, h_unbind
 
 
 # ---- signatures: one stub per calling convention; binding normalises args/kwargs ----
@@ -108,35 +53,7 @@ def _s_split(input, split, dim=0): ...
 def _s_unbind(input, dim=0): ...
 
 
-def bind(stub: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
-    kwargs = {("input" if k == "self" else k): v for k, v in kwargs.items()}
-    bound = inspect.signature(stub).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)
-
-
 # ---- helpers ----
-
-def _pair(v: Any) -> tuple[int, int]:
-    if isinstance(v, (list, tuple)):
-        return (int(v[0]), int(v[-1])) if len(v) in (1, 2) else tuple(v)  # type: ignore
-    return (int(v), int(v))
-
-
-def _need_param(b: Builder, t: Any, ctx: Ctx, role: str) -> T:
-    if not isinstance(t, T) or t.ref not in b.params:
-        raise ctx.unsupported(f"the {role} must be a constant parameter, not a computed tensor")
-    return t
-
-
-def _tensor(t: Any, ctx: Ctx, role: str = "input") -> T:
-    if not isinstance(t, T):
-        raise ctx.unsupported(f"expected a tensor as {role}, got {type(t).__name__}")
-    return t
-
-
-def _dim(d: int, ndim: int) -> int:
-    return d + ndim if d < 0 else d
 
 
 def _conv_padding(padding: Any, weight: torch.Tensor, dilation: tuple, ctx: Ctx) -> tuple:
@@ -147,30 +64,30 @@ def _conv_padding(padding: Any, weight: torch.Tensor, dilation: tuple, ctx: Ctx)
         if any(t % 2 for t in totals):
             raise ctx.unsupported("padding='same' with an even kernel pads asymmetrically")
         return tuple(t // 2 for t in totals)
-    return _pair(padding)
+    return pair(padding)
 
 
 # ---- handlers: (builder, bound args, concrete output, ctx) -> T ----
 
 def h_conv2d(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    x, w = _tensor(a["input"], ctx), _need_param(b, a["weight"], ctx, "weight")
+    x, w = tensor_arg(a["input"], ctx), need_param(b, a["weight"], ctx, "weight")
     if x.value.dim() != 4:
         raise ctx.unsupported(f"conv2d on a {x.value.dim()}-D input (batched NCHW only)")
-    dilation = _pair(a["dilation"])
-    attrs = {"stride": _pair(a["stride"]), "dilation": dilation, "groups": int(a["groups"]),
+    dilation = pair(a["dilation"])
+    attrs = {"stride": pair(a["stride"]), "dilation": dilation, "groups": int(a["groups"]),
              "padding": _conv_padding(a["padding"], w.value, dilation, ctx)}
-    ins = [x, w] + ([_need_param(b, a["bias"], ctx, "bias")] if a["bias"] is not None else [])
+    ins = [x, w] + ([need_param(b, a["bias"], ctx, "bias")] if a["bias"] is not None else [])
     return b.node("conv2d", ins, attrs, out, ctx)
 
 
 def h_dense(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    x, w = _tensor(a["input"], ctx), _need_param(b, a["weight"], ctx, "weight")
-    ins = [x, w] + ([_need_param(b, a["bias"], ctx, "bias")] if a["bias"] is not None else [])
+    x, w = tensor_arg(a["input"], ctx), need_param(b, a["weight"], ctx, "weight")
+    ins = [x, w] + ([need_param(b, a["bias"], ctx, "bias")] if a["bias"] is not None else [])
     return b.node("dense", ins, {}, out, ctx)
 
 
 def h_matmul(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    x, y = _tensor(a["input"], ctx), _tensor(a["other"], ctx, "other")
+    x, y = tensor_arg(a["input"], ctx), tensor_arg(a["other"], ctx, "other")
     if x.value.dim() < 2 or y.value.dim() < 2:
         raise ctx.unsupported("matmul with a 1-D operand (reshape it to 2-D)")
     return b.node("matmul", [x, y], {}, out, ctx)
@@ -190,25 +107,25 @@ def h_batch_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     val = lambda k: a[k].value if isinstance(a[k], T) else a[k]  # noqa: E731
     if val("running_mean") is None:
         raise ctx.unsupported("batch norm without running statistics")
-    return _affine(b, _tensor(a["input"], ctx), val("running_mean"), val("running_var"),
+    return _affine(b, tensor_arg(a["input"], ctx), val("running_mean"), val("running_var"),
                    val("weight"), val("bias"), float(a["eps"]), out, ctx)
 
 
 def unary(op: str) -> Callable:
     def handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-        return b.node(op, [_tensor(a["input"], ctx)], {}, out, ctx)
+        return b.node(op, [tensor_arg(a["input"], ctx)], {}, out, ctx)
     return handler
 
 
 def h_gelu(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     op = {"none": "gelu", "tanh": "gelu_tanh"}[a["approximate"]]
-    return b.node(op, [_tensor(a["input"], ctx)], {}, out, ctx)
+    return b.node(op, [tensor_arg(a["input"], ctx)], {}, out, ctx)
 
 
 def h_hardtanh(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if (float(a["min_val"]), float(a["max_val"])) != (0.0, 6.0):
         raise ctx.unsupported("hardtanh other than relu6 (min 0, max 6)")
-    return b.node("relu6", [_tensor(a["input"], ctx)], {}, out, ctx)
+    return b.node("relu6", [tensor_arg(a["input"], ctx)], {}, out, ctx)
 
 
 def _scalar(v: Any) -> float | None:
@@ -228,31 +145,31 @@ def binary(op: str) -> Callable:
         if _scalar(const) is None:
             raise ctx.unsupported(f"operand of type {type(const).__name__}")
         attrs = {"scalar": _scalar(const), "reverse": reverse and op in ("sub", "div")}
-        return b.node(op, [_tensor(tensor, ctx)], attrs, out, ctx)
+        return b.node(op, [tensor_arg(tensor, ctx)], attrs, out, ctx)
     return handler
 
 
 def h_max_pool(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a["return_indices"]:
         raise ctx.unsupported("max pooling that returns indices")
-    k = _pair(a["kernel_size"])
-    attrs = {"kernel": k, "stride": _pair(a["stride"] or k), "padding": _pair(a["padding"]),
-             "dilation": _pair(a["dilation"]), "ceil_mode": bool(a["ceil_mode"])}
-    return b.node("max_pool2d", [_tensor(a["input"], ctx)], attrs, out, ctx)
+    k = pair(a["kernel_size"])
+    attrs = {"kernel": k, "stride": pair(a["stride"] or k), "padding": pair(a["padding"]),
+             "dilation": pair(a["dilation"]), "ceil_mode": bool(a["ceil_mode"])}
+    return b.node("max_pool2d", [tensor_arg(a["input"], ctx)], attrs, out, ctx)
 
 
 def h_avg_pool(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a["divisor_override"] is not None:
         raise ctx.unsupported("avg pooling with divisor_override")
-    k = _pair(a["kernel_size"])
-    attrs = {"kernel": k, "stride": _pair(a["stride"] or k), "padding": _pair(a["padding"]),
+    k = pair(a["kernel_size"])
+    attrs = {"kernel": k, "stride": pair(a["stride"] or k), "padding": pair(a["padding"]),
              "ceil_mode": bool(a["ceil_mode"]),
              "count_include_pad": bool(a["count_include_pad"])}
-    return b.node("avg_pool2d", [_tensor(a["input"], ctx)], attrs, out, ctx)
+    return b.node("avg_pool2d", [tensor_arg(a["input"], ctx)], attrs, out, ctx)
 
 
 def h_adaptive_avg(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    x = _tensor(a["input"], ctx)
+    x = tensor_arg(a["input"], ctx)
     (h, w), (oh, ow) = x.value.shape[-2:], out.shape[-2:]
     if h % oh == 0 and w % ow == 0:  # an ordinary average pool: one compute definition
         k = (h // oh, w // ow)
@@ -263,7 +180,7 @@ def h_adaptive_avg(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
 
 
 def h_reshape(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    x = _tensor(a["input"], ctx)
+    x = tensor_arg(a["input"], ctx)
     if tuple(out.shape) == tuple(x.value.shape):
         return T(x.ref, out)
     return b.node("reshape", [x], {"shape": tuple(out.shape)}, out, ctx)
@@ -272,14 +189,14 @@ def h_reshape(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
 def h_alias(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a.get("training"):
         raise ctx.unsupported("dropout in training mode (call model.eval())")
-    x = _tensor(a["input"], ctx)
+    x = tensor_arg(a["input"], ctx)
     if out.dtype != x.value.dtype or tuple(out.shape) != tuple(x.value.shape):
         raise ctx.unsupported("a copy that changes dtype or shape")
     return T(x.ref, out)
 
 
 def _permute(b: Builder, x: T, dims: tuple, out: torch.Tensor, ctx: Ctx) -> T:
-    dims = tuple(_dim(int(d), x.value.dim()) for d in dims)
+    dims = tuple(norm_dim(int(d), x.value.dim()) for d in dims)
     if dims == tuple(range(len(dims))):
         return T(x.ref, out)
     return b.node("permute", [x], {"dims": dims}, out, ctx)
@@ -288,41 +205,41 @@ def _permute(b: Builder, x: T, dims: tuple, out: torch.Tensor, ctx: Ctx) -> T:
 def h_permute(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     dims = a["dims"][0] if len(a["dims"]) == 1 and isinstance(a["dims"][0], (list, tuple)) \
         else a["dims"]
-    return _permute(b, _tensor(a["input"], ctx), tuple(dims), out, ctx)
+    return _permute(b, tensor_arg(a["input"], ctx), tuple(dims), out, ctx)
 
 
 def h_transpose(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    x = _tensor(a["input"], ctx)
+    x = tensor_arg(a["input"], ctx)
     dims = list(range(x.value.dim()))
-    i, j = _dim(a["dim0"], len(dims)), _dim(a["dim1"], len(dims))
+    i, j = norm_dim(a["dim0"], len(dims)), norm_dim(a["dim1"], len(dims))
     dims[i], dims[j] = dims[j], dims[i]
     return _permute(b, x, tuple(dims), out, ctx)
 
 
 def h_t(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    x = _tensor(a["input"], ctx)
+    x = tensor_arg(a["input"], ctx)
     return _permute(b, x, tuple(reversed(range(x.value.dim()))), out, ctx)
 
 
 def h_cat(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    xs = [_tensor(t, ctx) for t in a["tensors"]]
-    return b.node("concat", xs, {"dim": _dim(int(a["dim"]), out.dim())}, out, ctx)
+    xs = [tensor_arg(t, ctx) for t in a["tensors"]]
+    return b.node("concat", xs, {"dim": norm_dim(int(a["dim"]), out.dim())}, out, ctx)
 
 
 def h_stochastic_depth(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """torchvision's stochastic depth: the identity in eval mode."""
     if a["training"] and a["p"] > 0:
         raise ctx.unsupported("stochastic depth in training mode (call model.eval())")
-    return T(_tensor(a["input"], ctx).ref, out)
+    return T(tensor_arg(a["input"], ctx).ref, out)
 
 
 def h_mean(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """A mean over the two spatial dims of an NCHW value (global pooling written as a
     mean, as in squeeze-excite blocks): an average pool over the whole map."""
-    x = _tensor(a["input"], ctx)
+    x = tensor_arg(a["input"], ctx)
     dims = a["dim"] if isinstance(a["dim"], (list, tuple)) else (a["dim"],)
     if x.value.dim() != 4 or a["dtype"] is not None or a["dim"] is None or \
-            sorted(_dim(int(d), 4) for d in dims) != [2, 3]:
+            sorted(norm_dim(int(d), 4) for d in dims) != [2, 3]:
         raise ctx.unsupported("a mean other than over the spatial dims of an NCHW value")
     h, w = x.value.shape[2:]
     attrs = {"kernel": (h, w), "stride": (h, w), "padding": (0, 0), "ceil_mode": False,
@@ -333,66 +250,18 @@ def h_mean(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
                                          ctx)
 
 
-def h_getitem(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    """Indexing by constants (ints, slices, None, ..., constant index tensors): glue."""
-    x, index = _tensor(a["input"], ctx), a["index"]
-    items = index if isinstance(index, tuple) else (index,)
-    if any(isinstance(i, T) for i in items):
-        raise ctx.unsupported("indexing by a computed tensor")
-    return b.node("index", [x], {"index": encode_index(items)}, out, ctx)
-
-
-def h_split(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
-    """chunk / split / split_with_sizes: one slice of the input per output (glue)."""
-    x = _tensor(a["input"], ctx)
-    dim, start, parts = _dim(int(a["dim"]), x.value.dim()), 0, []
-    for o in outs:
-        n = o.shape[dim]
-        index = (slice(None),) * dim + (slice(start, start + n),)
-        parts.append(b.node("index", [x], {"index": encode_index(index)}, o, ctx))
-        start += n
-    return parts
-
-
-def h_unbind(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
-    x = _tensor(a["input"], ctx)
-    dim = _dim(int(a["dim"]), x.value.dim())
-    return [b.node("index", [x], {"index": encode_index((slice(None),) * dim + (i,))}, o, ctx)
-            for i, o in enumerate(outs)]
-
-
-def encode_index(items: tuple) -> tuple:
-    """An index as hashable data: slices, ints, None, Ellipsis and constant tensors."""
-    out = []
-    for i in items:
-        if isinstance(i, slice):
-            out.append(("slice", i.start, i.stop, i.step))
-        elif i is None or i is Ellipsis:
-            out.append(("none",) if i is None else ("ellipsis",))
-        elif isinstance(i, (int, torch.Tensor)) and not isinstance(i, bool):
-            out.append(("item", i))
-        else:
-            raise TypeError(f"index item of type {type(i).__name__}")
-    return tuple(out)
-
-
-def decode_index(code: tuple) -> tuple:
-    return tuple(slice(*c[1:]) if c[0] == "slice" else None if c[0] == "none"
-                 else Ellipsis if c[0] == "ellipsis" else c[1] for c in code)
-
-
 def h_softmax(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a["dim"] is None or a.get("dtype") is not None or a.get("half_to_float"):
         raise ctx.unsupported("softmax needs an explicit dim and no dtype change")
-    x = _tensor(a["input"], ctx)
-    return b.node("softmax", [x], {"dim": _dim(int(a["dim"]), out.dim())}, out, ctx)
+    x = tensor_arg(a["input"], ctx)
+    return b.node("softmax", [x], {"dim": norm_dim(int(a["dim"]), out.dim())}, out, ctx)
 
 
 def h_layer_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    x, shape = _tensor(a["input"], ctx), tuple(int(s) for s in a["normalized_shape"])
-    w = _need_param(b, a["weight"], ctx, "weight") if a["weight"] is not None \
+    x, shape = tensor_arg(a["input"], ctx), tuple(int(s) for s in a["normalized_shape"])
+    w = need_param(b, a["weight"], ctx, "weight") if a["weight"] is not None \
         else b.param(f"{ctx.layer}.ln_weight", torch.ones(shape))
-    bias = _need_param(b, a["bias"], ctx, "bias") if a["bias"] is not None \
+    bias = need_param(b, a["bias"], ctx, "bias") if a["bias"] is not None \
         else b.param(f"{ctx.layer}.ln_bias", torch.zeros(shape))
     attrs = {"normalized_shape": shape, "eps": float(a["eps"])}
     return b.node("layer_norm", [x, w, bias], attrs, out, ctx)
@@ -476,8 +345,8 @@ def _key(target: Any) -> Any:
     if schema is not None:
         return schema.name
     module = getattr(target, "__module__", None) or ""
-    if callable(target) and module and not module.startswith(("torch", "_operator")) \
-            and hasattr(target, "__qualname__"):
+    inside_torch = module.split(".")[0] in ("torch", "_operator", "builtins")
+    if callable(target) and module and not inside_torch and hasattr(target, "__qualname__"):
         return f"{module}.{target.__qualname__}"
     return target
 

@@ -16,7 +16,7 @@ import torch
 
 from raytune_kernels.errors import UnsupportedOpError
 from raytune_kernels.frontend.graph import ANCHOR_OPS, ELEMENTWISE_OPS, GLUE_OPS, Graph, Node
-from raytune_kernels.frontend.ops import decode_index
+from raytune_kernels.frontend.slicing import decode_index
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.task import Compute, EpilogueOp, Task, TensorSpec
 

@@ -174,3 +174,15 @@ def test_integer_inputs_feed_embeddings():
     with torch.no_grad():
         assert torch.equal(execute(partition(graph), [other])[0], model(other))
     assert [n.op for n in graph.nodes] == ["torch", "dense"]
+
+
+def test_torchvision_stochastic_depth_is_found_by_its_qualified_name():
+    """torchvision's stochastic_depth (an fx-wrapped function) is the identity in eval;
+    it is matched by module and name, so the core never imports torchvision."""
+    from raytune_kernels.frontend import ops
+
+    def stochastic_depth(input, p, mode, training=True):
+        return input
+    stochastic_depth.__module__ = "torchvision.ops.stochastic_depth"
+    assert ops.lookup(stochastic_depth)[1] is ops.h_stochastic_depth
+    assert ops.lookup(torch.relu) is not None and ops.lookup(lambda x: x) is None

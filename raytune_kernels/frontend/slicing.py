@@ -1,0 +1,55 @@
+"""Slicing as glue: chunk, split, unbind and indexing by constants become `index` nodes
+(run by PyTorch between kernels, no task of their own); the index is kept as hashable data."""
+from __future__ import annotations
+
+import torch
+
+from raytune_kernels.frontend.builder import Builder, Ctx, T, norm_dim, tensor_arg
+
+
+def h_getitem(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """Indexing by constants (ints, slices, None, ..., constant index tensors): glue."""
+    x, index = tensor_arg(a["input"], ctx), a["index"]
+    items = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(i, T) for i in items):
+        raise ctx.unsupported("indexing by a computed tensor")
+    return b.node("index", [x], {"index": encode_index(items)}, out, ctx)
+
+
+def h_split(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
+    """chunk / split / split_with_sizes: one slice of the input per output (glue)."""
+    x = tensor_arg(a["input"], ctx)
+    dim, start, parts = norm_dim(int(a["dim"]), x.value.dim()), 0, []
+    for o in outs:
+        n = o.shape[dim]
+        index = (slice(None),) * dim + (slice(start, start + n),)
+        parts.append(b.node("index", [x], {"index": encode_index(index)}, o, ctx))
+        start += n
+    return parts
+
+
+def h_unbind(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
+    x = tensor_arg(a["input"], ctx)
+    dim = norm_dim(int(a["dim"]), x.value.dim())
+    return [b.node("index", [x], {"index": encode_index((slice(None),) * dim + (i,))}, o, ctx)
+            for i, o in enumerate(outs)]
+
+
+def encode_index(items: tuple) -> tuple:
+    """An index as hashable data: slices, ints, None, Ellipsis and constant tensors."""
+    out = []
+    for i in items:
+        if isinstance(i, slice):
+            out.append(("slice", i.start, i.stop, i.step))
+        elif i is None or i is Ellipsis:
+            out.append(("none",) if i is None else ("ellipsis",))
+        elif isinstance(i, (int, torch.Tensor)) and not isinstance(i, bool):
+            out.append(("item", i))
+        else:
+            raise TypeError(f"index item of type {type(i).__name__}")
+    return tuple(out)
+
+
+def decode_index(code: tuple) -> tuple:
+    return tuple(slice(*c[1:]) if c[0] == "slice" else None if c[0] == "none"
+                 else Ellipsis if c[0] == "ellipsis" else c[1] for c in code)
