@@ -38,9 +38,9 @@ from typing import NamedTuple
 
 import torch
 
-INSTALL_HINT = ("pip install --no-deps torchvision timm transformers  (--no-deps keeps the CPU "
-                "torch; timm/transformers also need huggingface_hub safetensors tokenizers pyyaml "
-                "regex tqdm typer)")
+INSTALL_HINT = ("pip install -e '.[models]' after the CPU torch (or pip install --no-deps "
+                "torchvision timm transformers, plus huggingface_hub safetensors tokenizers "
+                "pyyaml regex tqdm typer)")
 
 Inputs = tuple  # example inputs, passed to the model as model(*inputs)
 Factory = Callable[[], "tuple[torch.nn.Module, Inputs]"]
@@ -171,10 +171,10 @@ def hf_models() -> dict[str, Factory]:
     int64 (1, 128); ViT takes pixel_values (1, 3, 224, 224)."""
     tf = _import_optional("transformers")
 
-    def text(model_cls: str, config_cls: str) -> Factory:
+    def text(model_cls: str, config_cls: str, **options) -> Factory:
         def build() -> tuple[torch.nn.Module, Inputs]:
             torch.manual_seed(0)
-            config = getattr(tf, config_cls)()
+            config = getattr(tf, config_cls)(**options)
             return getattr(tf, model_cls)(config).eval(), (_token_ids(config.vocab_size),)
         return build
 
@@ -185,7 +185,8 @@ def hf_models() -> dict[str, Factory]:
         return tf.ViTModel(config).eval(), (_image(shape),)
 
     return {"BertModel": text("BertModel", "BertConfig"),
-            "GPT2Model": text("GPT2Model", "GPT2Config"),
+            # inference without a KV cache: the cache object is not a tensor output
+            "GPT2Model": text("GPT2Model", "GPT2Config", use_cache=False),
             "ViTModel": vit}
 
 

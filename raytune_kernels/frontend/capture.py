@@ -13,6 +13,7 @@ warning that names each; strict=True refuses it instead, naming the op and its l
 """
 from __future__ import annotations
 
+import inspect
 import operator
 import warnings
 from typing import Any, Sequence
@@ -38,7 +39,7 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Ten
     inputs = _check_inputs(example_inputs)
     model.eval()
     try:
-        gm = torch.fx.symbolic_trace(model)
+        gm = torch.fx.symbolic_trace(model, concrete_args=_left_out(model, len(inputs)))
     except Exception:  # control flow on shapes, or a module fx cannot trace: export may
         gm = _export(model, inputs)
     with torch.no_grad():
@@ -51,6 +52,19 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Ten
                       f"(strict=True refuses them): " + "; ".join(list(named)[:12])
                       + ("; ..." if len(named) > 12 else ""), stacklevel=2)
     return graph
+
+
+def _left_out(model: nn.Module, given: int) -> dict[str, Any] | None:
+    """The forward's optional parameters after the example inputs (attention_mask=None),
+    traced at their defaults; None when there are none."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())[given:]
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    left = {p.name: p.default for p in params
+            if p.kind in kinds and p.default is not inspect.Parameter.empty}
+    return left or None
 
 
 def _check_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -147,8 +161,10 @@ class _Walker:
             return self._module(module, node, args, kwargs, ctx)
         return self._call(node, args, kwargs, ctx)
 
-    def _placeholder(self, node: torch.fx.Node) -> T:
+    def _placeholder(self, node: torch.fx.Node) -> Any:
         if not self.inputs:
+            if node.args:  # an optional input left out (attn_mask=None): its default
+                return node.args[0]
             raise CaptureError(f"model input '{node.name}' has no example input")
         x = self.inputs.pop(0)
         name = self.b.unique(node.name)

@@ -187,3 +187,13 @@ def test_torchvision_stochastic_depth_is_found_by_its_qualified_name():
     stochastic_depth.__qualname__ = "stochastic_depth"
     assert ops.lookup(stochastic_depth)[1] is ops.h_stochastic_depth
     assert ops.lookup(torch.relu) is not None and ops.lookup(lambda x: x) is None
+
+
+class OptionalMask(nn.Module):
+    def forward(self, x, attn_mask=None):
+        return torch.relu(x) if attn_mask is None else torch.relu(x + attn_mask)
+
+
+def test_an_optional_input_left_out_takes_its_default():
+    graph = rk.capture(OptionalMask(), (torch.randn(2, 4),))
+    assert [n.op for n in graph.nodes] == ["relu"] and len(graph.inputs) == 1
