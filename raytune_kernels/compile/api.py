@@ -33,8 +33,11 @@ def compile_network(model: torch.nn.Module,
     capture kept as a PyTorch island, run PyTorch's either way. With `check`, the output
     is compared with model(x): the largest difference over the output's scale (its
     largest magnitude) must be <= atol, so large activations are not refused for float
-    rounding, nor small ones passed by a bound larger than themselves. On "cuda" targets: a cuda_network.GpuNetwork (the same calls, run
-    on the GPU, from records of its arch; `threads` is an option of the CPU path only).
+    rounding, nor small ones passed by a bound larger than themselves.
+
+    On "cuda" targets: a cuda_network.GpuNetwork (the same calls, run on the GPU, from
+    records of its arch; a task without one is an error unless fallback="torch": there
+    is no untuned GPU default yet; `threads` is an option of the CPU path only).
 
     `solver` solves the layout problem: PuLP/CBC in this process by default. Called as
     raytune_kernels.compile_network on a running Ray session, it is the LayoutActor's
