@@ -15,8 +15,8 @@ from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.im2col import (applicable as im2col_applicable, im2col_space,
                                         lower_im2col, pack_im2col)
 from raytune_kernels.cpu.loopnest import LoopNest
-from raytune_kernels.cpu.lower import (LoweringError, lower as lower_tiled, pack_operands,
-                                       unpack_output)
+from raytune_kernels.cpu.lower import (LoweringError, lower as lower_tiled, operand_kinds,
+                                       pack_operands, unpack_output)
 from raytune_kernels.cpu.rows import (ROW_OPS, RowLoweringError, lower_rows, pack_rows, row_shape,
                                       row_space, unpack_rows)
 from raytune_kernels.space import Config, Space, UnionSpace, contraction_space
@@ -34,6 +34,10 @@ def unsupported_reason(compute: Compute) -> str | None:
             return str(exc)
     if contraction(compute) is None:
         return f"no lowering for {compute.describe()}{_why(compute)}"
+    try:
+        operand_kinds(compute)
+    except LoweringError as exc:
+        return str(exc)
     return None
 
 

@@ -356,6 +356,9 @@ _MODULES = {
     nn.Flatten: lambda b, m, x, out, ctx: ops.h_reshape(b, {"input": x}, out, ctx),
     nn.Unflatten: lambda b, m, x, out, ctx: ops.h_reshape(b, {"input": x}, out, ctx),
     nn.Softmax: m_softmax, nn.LayerNorm: m_layer_norm,
+    nn.Embedding: lambda b, m, x, out, ctx: ops.h_embedding(
+        b, {"input": x, "weight": _mparam(b, ctx, m, "weight"), "max_norm": m.max_norm}, out,
+        ctx),
     nn.Dropout: lambda b, m, x, out, ctx: ops.h_alias(b, {"input": x}, out, ctx),
     nn.Identity: lambda b, m, x, out, ctx: ops.h_alias(b, {"input": x}, out, ctx),
 }

@@ -24,7 +24,8 @@ ANCHOR_OPS = frozenset({
     "softmax", "layer_norm",
 })
 # Data-movement ops: executed between tasks, never tuned as a task of their own.
-GLUE_OPS = frozenset({"reshape", "permute", "concat", "index", "torch"})  # torch: islands
+# "torch" nodes are islands (frontend/island.py)
+GLUE_OPS = frozenset({"reshape", "permute", "concat", "index", "embedding", "torch"})
 ALL_OPS = ELEMENTWISE_OPS | ANCHOR_OPS | GLUE_OPS
 
 

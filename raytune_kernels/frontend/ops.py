@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from raytune_kernels.errors import DynamicShapeError
 from raytune_kernels.frontend.builder import Builder, Ctx, T, need_param, norm_dim, pair, tensor_arg
-from raytune_kernels.frontend.slicing import h_getitem, h_split, h_unbind
+from raytune_kernels.frontend.attention import h_sdpa
+from raytune_kernels.frontend.slicing import h_getitem, h_select, h_split, h_unbind
 
 
 # ---- signatures: one stub per calling convention; binding normalises args/kwargs ----
@@ -51,6 +52,13 @@ def _s_mean(input, dim=None, keepdim=False, dtype=None): ...
 def _s_getitem(input, index): ...
 def _s_split(input, split, dim=0): ...
 def _s_unbind(input, dim=0): ...
+def _s_select(input, dim, index): ...
+def _s_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+            enable_gqa=False): ...
+def _s_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+                 scale_grad_by_freq=False, sparse=False): ...
+def _s_embedding_aten(weight, indices, padding_idx=-1, scale_grad_by_freq=False,
+                      sparse=False): ...
 
 
 # ---- helpers ----
@@ -250,6 +258,15 @@ def h_mean(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
                                          ctx)
 
 
+def h_embedding(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """A table lookup by integer ids: glue (a gather PyTorch runs between our kernels)."""
+    ids = tensor_arg(a.get("input", a.get("indices")), ctx, "indices")
+    if a.get("max_norm") is not None:
+        raise ctx.unsupported("an embedding with max_norm (it rewrites its weights)")
+    weight = need_param(b, a["weight"], ctx, "weight")
+    return b.node("embedding", [ids, weight], {}, out, ctx)
+
+
 def h_softmax(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a["dim"] is None or a.get("dtype") is not None or a.get("half_to_float"):
         raise ctx.unsupported("softmax needs an explicit dim and no dtype change")
@@ -312,6 +329,10 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
      h_stochastic_depth),
     ((torch.mean, "mean", "aten::mean"), _s_mean, h_mean),
     ((operator.getitem,), _s_getitem, h_getitem),
+    ((torch.select, "select", "aten::select"), _s_select, h_select),
+    ((F.scaled_dot_product_attention, "aten::scaled_dot_product_attention"), _s_sdpa, h_sdpa),
+    ((F.embedding,), _s_embedding, h_embedding),
+    (("aten::embedding",), _s_embedding_aten, h_embedding),
     (("contiguous", "clone", "detach", "aten::contiguous", "aten::clone", "aten::alias",
       "aten::detach", torch.clone), _s_any, h_alias),
 ]

@@ -205,6 +205,8 @@ def run_glue(n: Node, env: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.cat([env[v] for v in n.inputs], n.attr("dim"))
     if n.op == "index":  # constant indexing and slicing (frontend/ops.py h_getitem)
         return env[n.inputs[0]][decode_index(n.attr("index"))]
+    if n.op == "embedding":  # ids live in float32 buffers (exact below 2**24)
+        return torch.nn.functional.embedding(env[n.inputs[0]].long(), env[n.inputs[1]])
     if n.op == "torch":  # a PyTorch island (frontend/island.py)
         return n.attr("fn")(*(env[v] for v in n.inputs))
     raise ValueError(f"'{n.op}' is not a glue op")

@@ -53,7 +53,14 @@ def _fold(prod: Node, affine: Node, params: dict[str, torch.Tensor]) -> Node:
 
 
 def prune_params(graph: Graph) -> Graph:
-    """Drop parameters no node reads any more (the pre-folding weights)."""
+    """Drop nodes nothing reads (what a refused handler began, a value the model computes
+    and ignores), then the parameters no node reads any more (pre-folding weights)."""
+    live, kept = set(graph.outputs), []
+    for n in reversed(graph.nodes):
+        if n.name in live:
+            kept.append(n)
+            live.update(n.inputs)
+    graph = Graph(graph.inputs, tuple(reversed(kept)), graph.outputs, graph.params)
     used = {v for n in graph.nodes for v in n.inputs} | set(graph.outputs)
     params = {k: v for k, v in graph.params.items() if k in used}
     return Graph(graph.inputs, graph.nodes, graph.outputs, params)

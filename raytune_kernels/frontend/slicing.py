@@ -16,6 +16,15 @@ def h_getitem(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("index", [x], {"index": encode_index(items)}, out, ctx)
 
 
+def h_select(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """x.select(dim, i), x[:, 0]: one index along one dim (glue)."""
+    x = tensor_arg(a["input"], ctx)
+    if isinstance(a["index"], T):
+        raise ctx.unsupported("select by a computed index")
+    index = (slice(None),) * norm_dim(int(a["dim"]), x.value.dim()) + (int(a["index"]),)
+    return b.node("index", [x], {"index": encode_index(index)}, out, ctx)
+
+
 def h_split(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
     """chunk / split / split_with_sizes: one slice of the input per output (glue)."""
     x = tensor_arg(a["input"], ctx)

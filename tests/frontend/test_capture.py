@@ -173,7 +173,7 @@ def test_integer_inputs_feed_embeddings():
     other = torch.randint(0, 1000, (1, 12))
     with torch.no_grad():
         assert torch.equal(execute(partition(graph), [other])[0], model(other))
-    assert [n.op for n in graph.nodes] == ["torch", "dense"]
+    assert [n.op for n in graph.nodes] == ["embedding", "dense"]
 
 
 def test_torchvision_stochastic_depth_is_found_by_its_qualified_name():
@@ -197,3 +197,15 @@ class OptionalMask(nn.Module):
 def test_an_optional_input_left_out_takes_its_default():
     graph = rk.capture(OptionalMask(), (torch.randn(2, 4),))
     assert [n.op for n in graph.nodes] == ["relu"] and len(graph.inputs) == 1
+
+
+class Unused(nn.Module):
+    def forward(self, x):
+        torch.sort(x, dim=1)  # computed, never read
+        torch.sigmoid(x)
+        return torch.relu(x)
+
+
+def test_nodes_nothing_reads_are_dropped():
+    graph = rk.capture(Unused(), (torch.randn(2, 4),))
+    assert [n.op for n in graph.nodes] == ["relu"]

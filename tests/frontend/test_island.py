@@ -25,8 +25,8 @@ class Unknowns(nn.Module):
     def forward(self, x):
         a, b = self.act(self.c1(x)).chunk(2, dim=1)
         z = torch.relu(self.c2(a)) + torch.cumsum(b, dim=2).repeat(1, 2, 1, 1)
-        values, _ = torch.sort(z, dim=3)
-        return values[:, self.order]
+        values, where = torch.sort(z, dim=3)
+        return values[:, self.order] + where  # both outputs of sort are read
 
 
 def _capture(model, x):
@@ -62,7 +62,7 @@ def test_a_network_with_islands_compiles_untuned_and_matches_eager():
     with pytest.warns(UserWarning, match="run the analytic estimate's best config"):
         net = compile_network(model, (x,))  # no records at all
     kinds = [s.kind for s in net.steps]
-    assert kinds.count("kernel") == 2 and kinds.count("torch") == 5
+    assert kinds.count("kernel") == 3 and kinds.count("torch") == 5
     y = torch.randn(1, 3, 8, 8)
     with torch.no_grad():
         assert torch.allclose(net(y), model(y), atol=1e-5, rtol=1e-5)

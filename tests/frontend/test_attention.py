@@ -1,0 +1,67 @@
+"""scaled_dot_product_attention captured as matmul, scale, mask, softmax and matmul: our
+kernels, checked against PyTorch's own attention."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import raytune_kernels as rk
+from raytune_kernels.compile.api import compile_network
+from raytune_kernels.frontend.partition import execute, partition
+
+
+class Attention(nn.Module):
+    def __init__(self, mask: str = "none", heads: int = 2, dim: int = 16, length: int = 8):
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.heads, self.mask = heads, mask
+        if mask == "float":
+            self.register_buffer("bias", torch.randn(1, 1, 1, length))
+        if mask == "bool":
+            self.register_buffer("keep", torch.rand(length, length) > 0.3)
+
+    def forward(self, x):
+        n, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(n, t, 3, self.heads, d // self.heads) \
+            .permute(2, 0, 3, 1, 4).unbind(0)
+        mask = {"none": None, "causal": None, "float": getattr(self, "bias", None),
+                "bool": getattr(self, "keep", None)}[self.mask]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           is_causal=self.mask == "causal")
+        return self.proj(y.transpose(1, 2).reshape(n, t, d))
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "float", "bool"])
+def test_attention_is_captured_as_our_ops_and_matches_pytorch(mask):
+    torch.manual_seed(0)
+    model, x = Attention(mask).eval(), torch.randn(1, 8, 16)
+    graph = rk.capture(model, (x,), strict=True)  # no island
+    ops = [n.op for n in graph.nodes]
+    assert ops.count("matmul") == 2 and "softmax" in ops
+    with torch.no_grad():
+        want = model(x)
+    assert torch.allclose(execute(partition(graph), [x])[0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_compiles_untuned_and_matches():
+    torch.manual_seed(0)
+    model, x = Attention("causal").eval(), torch.randn(1, 8, 16)
+    net = compile_network(model, (x,))
+    assert any(s.kind == "kernel" and "matmul" in (s.key and
+               next(t for t in net.part.tasks if t.key == s.key).compute.op)
+               for s in net.steps)
+    y = torch.randn(1, 8, 16)
+    with torch.no_grad():
+        assert torch.allclose(net(y), model(y), atol=1e-5, rtol=1e-4)
+
+
+def test_a_boolean_mask_computed_at_run_time_stays_pytorchs():
+    class Computed(nn.Module):
+        def forward(self, q):
+            return F.scaled_dot_product_attention(q, q, q, attn_mask=q[..., :1] > 0)
+
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.warns(UserWarning, match="scaled_dot_product_attention"):
+        graph = rk.capture(Computed(), (q,))
+    assert [n.op for n in graph.nodes] == ["index", "torch", "torch"]  # mask, attention
+    assert torch.allclose(execute(partition(graph), [q])[0], Computed()(q), equal_nan=True)
