@@ -53,6 +53,7 @@ def _s_getitem(input, index): ...
 def _s_split(input, split, dim=0): ...
 def _s_unbind(input, dim=0): ...
 def _s_select(input, dim, index): ...
+def _s_addmm(input, mat1, mat2, beta=1, alpha=1): ...
 def _s_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
             enable_gqa=False): ...
 def _s_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
@@ -258,6 +259,17 @@ def h_mean(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
                                          ctx)
 
 
+def h_addmm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """bias + x @ w (GPT-2's Conv1D): a matmul with the bias added in its epilogue."""
+    if a["beta"] != 1 or a["alpha"] != 1:
+        raise ctx.unsupported("addmm with beta or alpha other than 1")
+    bias, x = tensor_arg(a["input"], ctx, "bias"), tensor_arg(a["mat1"], ctx)
+    w = tensor_arg(a["mat2"], ctx, "mat2")
+    product = x.value @ w.value
+    y = b.node("matmul", [x, w], {}, product, ctx)
+    return b.node("add", [y, bias], {}, out, ctx)
+
+
 def h_embedding(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """A table lookup by integer ids: glue (a gather PyTorch runs between our kernels)."""
     ids = tensor_arg(a.get("input", a.get("indices")), ctx, "indices")
@@ -330,6 +342,7 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((torch.mean, "mean", "aten::mean"), _s_mean, h_mean),
     ((operator.getitem,), _s_getitem, h_getitem),
     ((torch.select, "select", "aten::select"), _s_select, h_select),
+    ((torch.addmm, "aten::addmm"), _s_addmm, h_addmm),
     ((F.scaled_dot_product_attention, "aten::scaled_dot_product_attention"), _s_sdpa, h_sdpa),
     ((F.embedding,), _s_embedding, h_embedding),
     (("aten::embedding",), _s_embedding_aten, h_embedding),

@@ -209,3 +209,24 @@ class Unused(nn.Module):
 def test_nodes_nothing_reads_are_dropped():
     graph = rk.capture(Unused(), (torch.randn(2, 4),))
     assert [n.op for n in graph.nodes] == ["relu"]
+
+
+class Conv1D(nn.Module):
+    """GPT-2's projection: addmm(bias, x, w)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(16, 24)), nn.Parameter(torch.randn(24))
+
+    def forward(self, x):
+        return torch.addmm(self.b, x.view(-1, 16), self.w).view(2, 5, 24)
+
+
+def test_addmm_is_a_matmul_with_a_bias_epilogue():
+    model, x = Conv1D(), torch.randn(2, 5, 16)
+    graph = rk.capture(model, (x,), strict=True)
+    assert [n.op for n in graph.nodes] == ["reshape", "matmul", "add", "reshape"]
+    (task,) = partition(graph).tasks
+    assert task.compute.op == "matmul" and [e.op for e in task.compute.epilogue] == ["add"]
+    with torch.no_grad():
+        assert torch.allclose(execute(partition(graph), [x])[0], model(x), atol=1e-5)
