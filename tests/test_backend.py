@@ -108,3 +108,14 @@ def test_the_driver_skips_tasks_without_a_kernel_with_a_warning(monkeypatch):
     dense = Task("k", _dense(), 1, ("fc",))
     with pytest.warns(UserWarning, match=r"not tuned for llvm .*no register tile fits"):
         assert driver._tunable([dense], driver.parse_target("llvm")) == []
+
+
+def test_an_epilogue_operand_the_row_kernel_cannot_read_is_a_reason():
+    """(maxvit_t's relative-position bias on attention rows): named, not raised later."""
+    from raytune_kernels.cpu.schedules import no_kernel_reason
+    from raytune_kernels.task import EpilogueOp
+
+    x = TensorSpec((4, 2, 49, 49))  # windows x heads x rows x row; a bias shared by windows
+    odd = Compute("softmax", (x,), x, (("dim", 3),),
+                  (EpilogueOp("add", (TensorSpec((1, 2, 49, 49)),)),))
+    assert "epilogue operand" in no_kernel_reason(odd, CPU)

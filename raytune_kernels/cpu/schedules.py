@@ -6,6 +6,8 @@ are in cuda/render.py; backend.py puts either set behind one Backend.
 """
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import torch
 
@@ -79,9 +81,12 @@ def no_kernel_reason(compute: Compute, cpu: CpuInfo) -> str | None:
         return why
     try:
         space = space_for(compute, cpu)
-    except (LoweringError, ValueError) as exc:
+        if not space.count():
+            return f"its schedule space is empty on {cpu.name}"
+        lower(compute, space.sample(random.Random(0)))  # what the space cannot see
+    except ValueError as exc:  # LoweringError and RowLoweringError
         return str(exc)
-    return None if space.count() else f"its schedule space is empty on {cpu.name}"
+    return None
 
 
 def lower(compute: Compute, cfg: Config) -> LoopNest:
