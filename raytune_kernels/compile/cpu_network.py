@@ -327,8 +327,14 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
             tuned = [c for c in tuned if c.seconds <= tseconds[step.key]]
             tuned.append(Candidate(NCHW, NCHW, tseconds[step.key], TORCH))
         elif not tuned:
-            untuned[step.key] = task.compute.describe()
-            tuned = prune(estimated_candidates(part, step, cpu), family_of)
+            tuned = estimated_candidates(part, step, cpu)
+            if tuned:
+                untuned[step.key] = task.compute.describe()
+                tuned = prune(tuned, family_of)
+            else:  # no config of the space can be fed its operands here
+                islands[step.key] = f"{task.compute.describe()} (no config binds its operands)"
+                tseconds[step.key] = torch_seconds(task.compute, threads)
+                tuned = [Candidate(NCHW, NCHW, tseconds[step.key], TORCH)]
         out.append(tuned)
     if islands:
         warnings.warn(f"{len(islands)} task(s) run PyTorch's kernel, no kernel of ours fits "
@@ -354,14 +360,14 @@ def estimated_candidates(part: Partition, step: TaskStep, cpu: CpuInfo) -> list[
     best: dict[tuple[str, str], Candidate] = {}
     for cfg in pool:
         pair = layouts_of(task, cfg)
-        seconds = cycles(lower(task.compute, cfg), cpu.machine) / (cpu.machine.ghz * 1e9)
+        try:
+            seconds = cycles(lower(task.compute, cfg), cpu.machine) / (cpu.machine.ghz * 1e9)
+        except ValueError:  # a config this compute cannot lower: not a candidate
+            continue
         cand = Candidate(pair[0], pair[1], seconds, cfg)
         if (pair not in best or seconds < best[pair].seconds) and _bindable(part, step, cand):
             best[pair] = cand
-    if not best:
-        raise CompileError(f"no config of {task.compute.describe()} (layer {step.layer}) "
-                           "can be bound to its operands; tune it or pass fallback='torch'")
-    return [best[p] for p in sorted(best)]
+    return [best[p] for p in sorted(best)]  # empty: no config binds its operands
 
 
 def _bindable(part: Partition, step: TaskStep, cand: Candidate) -> bool:

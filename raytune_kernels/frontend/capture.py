@@ -261,10 +261,10 @@ class _Walker:
         if isinstance(out, torch.Tensor):
             return self.b.node(ISLAND, inputs, {"fn": island, "what": ctx.what}, out, ctx)
         leaves, spec = pytree.tree_flatten(out)
-        tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        for k, i in enumerate(tensors):
-            leaves[i] = self.b.node(ISLAND, inputs, {"fn": island.at(k), "what": ctx.what},
-                                    leaves[i], ctx)
+        for i, leaf in enumerate(leaves):  # island.at(i) picks the same flattened leaf
+            if isinstance(leaf, torch.Tensor):
+                leaves[i] = self.b.node(ISLAND, inputs, {"fn": island.at(i), "what": ctx.what},
+                                        leaf, ctx)
         return pytree.tree_unflatten(leaves, spec)
 
 

@@ -64,7 +64,8 @@ class Island:
         return self.moved[device]
 
     def at(self, index: int) -> "Island":
-        """The same call, keeping output `index` of its flattened outputs."""
+        """The same call, keeping leaf `index` of its flattened outputs (counting every
+        leaf, tensors or not)."""
         return Island(self.what, self.call, self.spec, self.leaves, self.slots, self.dtypes,
                       index)
 

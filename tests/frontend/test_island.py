@@ -97,3 +97,23 @@ class ValueMask(nn.Module):
 def test_a_shape_that_depends_on_values_is_still_refused():
     with pytest.raises(rk.DynamicShapeError, match="boolean mask"):
         rk.capture(ValueMask(), (torch.randn(4, 4),))
+
+
+class MixedOutputs(nn.Module):
+    """An unknown call whose outputs mix a plain number and tensors."""
+
+    def forward(self, x):
+        count, low, high = _mixed(x)
+        return low * count + high
+
+
+@torch.fx.wrap
+def _mixed(x):
+    return 3, x.clamp(max=0), x.clamp(min=0).exp()
+
+
+def test_each_island_output_is_the_leaf_it_names():
+    x = torch.randn(2, 5)
+    graph = rk.capture(MixedOutputs(), (x,))
+    assert [n.op for n in graph.nodes].count(ISLAND) == 2
+    assert torch.allclose(execute(partition(graph), [x])[0], MixedOutputs()(x))
