@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -77,10 +78,9 @@ def measure_one(name: str, threads: int, max_gflops: float) -> dict:
                 else torch.randn_like(x) for x in inputs)
     with torch.no_grad():
         want, got = model(*new), net(*new)
-    wants = want if isinstance(want, (tuple, list)) else (want,)
-    gots = got if isinstance(got, (tuple, list)) else (got,)
-    wants = [w for w in _tensors(wants)]
-    row["error"] = worst(scaled_error(g, w) for g, w in zip(_tensors(gots), wants))
+    gots, wants = _tensors(got), _tensors(want)
+    row["error"] = worst(scaled_error(g, w) for g, w in zip(gots, wants)) \
+        if len(gots) == len(wants) and wants else math.nan  # nothing compared is not correct
     row["correct"] = bool(row["error"] <= QUICK_TOL)
     # FLOPs: our kernels' tasks, PyTorch's tasks, islands (counted as they run)
     flops = {t.key: t.compute.flops() for t in net.part.tasks}
@@ -106,7 +106,7 @@ def _tensors(values) -> list:
     import torch
     from torch.utils import _pytree as pytree
 
-    return [v for v in pytree.tree_flatten(list(values))[0] if isinstance(v, torch.Tensor)]
+    return [v for v in pytree.tree_flatten(values)[0] if isinstance(v, torch.Tensor)]
 
 
 def run_one(name: str, args) -> dict:
@@ -182,8 +182,7 @@ def main() -> None:
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for row in pool.map(lambda n: run_one(n, args), names):
             rows.append(row)
-            shown = {k: v for k, v in row.items() if k != "islands"}
-            print(json.dumps(shown | {"islands": row.get("islands", [])}), flush=True)
+            print(json.dumps(row), flush=True)
     print(json.dumps(summary(rows, args.threads)))
 
 

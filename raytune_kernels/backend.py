@@ -53,9 +53,6 @@ class Backend:
     pack: Callable[[Compute, Config, list[torch.Tensor]], object]  # operands -> buffers
     unpack: Callable[[Compute, Config, object], torch.Tensor]  # output buffer -> tensor
 
-    def feature_matrix(self, compute: Compute, cfgs: list[Config]) -> np.ndarray:
-        return np.asarray([self.featurize(compute, c) for c in cfgs], dtype=np.float32)
-
 
 def cpu_backend(cpu: CpuInfo) -> Backend:
     """Loop nests rendered to LLVM IR for `cpu` (its vector widths, registers and

@@ -52,7 +52,7 @@ def test_the_cpu_backend_analyzes_with_one_lowering_and_estimates():
     cfgs = _configs(backend.space(c))
     x, cost = backend.analyze(c, cfgs)
     assert x.shape[0] == len(cfgs) and x.dtype == np.float32
-    np.testing.assert_array_equal(x, backend.feature_matrix(c, cfgs))
+    np.testing.assert_allclose(x, [backend.featurize(c, cfg) for cfg in cfgs], rtol=1e-6)
     assert list(cost) == [cycles(lower(c, cfg), CPU.machine) for cfg in cfgs]
     none, cost_only = backend.analyze(c, cfgs, features=False)
     assert none is None and list(cost_only) == list(cost)
