@@ -317,7 +317,7 @@ def compile_network_cuda(model: torch.nn.Module,
     between layouts are timed on the device. A task without a record is an error naming
     its layer; with fallback="torch" it runs torch's kernel on the GPU tensors, and so
     does any step where torch's kernel, timed on the device, is faster. With `check`,
-    the output is compared with model(x) (max abs error <= atol) and the first diverging
+    the output is compared with model(x) (difference <= atol of its scale) and the first diverging
     step named. `device` is the executor class (default: CupyDevice on the current GPU;
     tests pass an emulator): it times transforms and torch's kernels, and runs the plan."""
     tgt = parse_target(target)
