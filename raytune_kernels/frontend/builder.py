@@ -46,6 +46,13 @@ class Builder:
         self.params[name] = value
         return T(name, value)
 
+    def snapshot(self) -> tuple:
+        return list(self.nodes), dict(self.params), set(self._taken)
+
+    def restore(self, saved: tuple) -> None:
+        """Back to a snapshot: what a refused attempt added is gone."""
+        self.nodes, self.params, self._taken = list(saved[0]), dict(saved[1]), set(saved[2])
+
     def node(self, op: str, inputs: list, attrs: dict, out: torch.Tensor, ctx: "Ctx") -> T:
         from raytune_kernels.frontend.graph import Node
         name = self.unique(ctx.hint)

@@ -27,7 +27,8 @@ from raytune_kernels.frontend import ops
 from raytune_kernels.errors import CaptureError, DynamicShapeError, UnsupportedOpError
 from raytune_kernels.frontend.builder import Builder, Ctx, T, bind
 from raytune_kernels.frontend.graph import Graph
-from raytune_kernels.frontend.island import ISLAND, MethodCall, island_of
+from raytune_kernels.frontend.inline import export_call, inlinable
+from raytune_kernels.frontend.island import ISLAND, Island, MethodCall, island_of
 from raytune_kernels.frontend.passes import fold_affine, prune_params
 
 
@@ -122,10 +123,16 @@ class _Walker:
     """Runs a traced GraphModule node by node, translating tensor ops into Graph nodes."""
 
     def __init__(self, gm: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...],
-                 strict: bool = False):
-        self.gm, self.inputs, self.b, self.strict = gm, list(inputs), Builder(), strict
+                 strict: bool = False, inside: "tuple[Builder, str] | None" = None):
+        """`inside` (builder, layer) walks a call being inlined (frontend/inline.py): its
+        inputs are graph values of the enclosing walk, its nodes join that builder, and
+        an op inside without a handler becomes an island without a second inlining."""
+        self.gm, self.inputs, self.strict = gm, list(inputs), strict
+        self.b = inside[0] if inside else Builder()
+        self.inside = inside[1] if inside else None
         self.env: dict[str, Any] = {}
         self.graph_inputs: list[tuple[str, tuple[int, ...]]] = []
+        self.lifted: dict[int, tuple[torch.Tensor, T]] = {}  # id(constant) -> its param
 
     def run(self) -> Graph:
         outputs: tuple[str, ...] = ()
@@ -135,6 +142,14 @@ class _Walker:
             else:
                 self.env[node.name] = self._visit(node)
         return Graph(tuple(self.graph_inputs), tuple(self.b.nodes), outputs, self.b.params)
+
+    def run_inside(self) -> list[Any]:
+        """Walk an inlined call; its flattened results (graph values or constants)."""
+        for node in self.gm.graph.nodes:
+            if node.op == "output":
+                return pytree.tree_flatten(self._args(node.args[0]))[0]
+            self.env[node.name] = self._visit(node)
+        raise CaptureError("an exported graph without an output")
 
     def _outputs(self, node: torch.fx.Node) -> tuple[str, ...]:
         leaves, _ = pytree.tree_flatten(self._args(node.args[0]))
@@ -155,13 +170,16 @@ class _Walker:
         module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
         if module is not None and str(node.target).startswith("_guards_fn"):
             return None  # torch.export's shape guards: our shapes are static already
-        ctx = Ctx(_layer_of(node), node.name, _what(node, module))
+        layer = self.inside if self.inside is not None else _layer_of(node)
+        ctx = Ctx(layer, node.name, _what(node, module))
         args, kwargs = self._args(node.args), self._args(node.kwargs)
         if module is not None:
             return self._module(module, node, args, kwargs, ctx)
         return self._call(node, args, kwargs, ctx)
 
     def _placeholder(self, node: torch.fx.Node) -> Any:
+        if self.inside is not None:  # an inlined call's input: a value of the enclosing walk
+            return self.inputs.pop(0)
         if not self.inputs:
             if node.args:  # an optional input left out (attn_mask=None): its default
                 return node.args[0]
@@ -176,7 +194,9 @@ class _Walker:
         for part in str(node.target).split("."):
             value = getattr(value, part)
         if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return self.b.param(str(node.target), value)
+            name = str(node.target) if self.inside is None else \
+                f"{self.inside}.{str(node.target).removeprefix('inner.')}"
+            return self.b.param(name, value)
         return value  # an integer or bool buffer (an index table): a constant
 
     def _call(self, node: torch.fx.Node, args: tuple, kwargs: dict, ctx: Ctx) -> Any:
@@ -190,8 +210,9 @@ class _Walker:
         if node.target is operator.getitem and isinstance(cargs[0], torch.Tensor):
             _check_index(args[1], ctx)
         out = call(*cargs, **ckwargs)
-        if not self._holds_value((args, kwargs)):
+        if not self._holds_value((args, kwargs)) or ops.shape_only(node.target):
             return self._constant(out, ctx)
+        args, kwargs = self._lift((args, kwargs))
         if not isinstance(out, torch.Tensor):
             if _holds_tensor(out):  # several outputs (chunk, split, unbind, ...)
                 split = ops.lookup_split(node.target)
@@ -224,6 +245,7 @@ class _Walker:
         out = module(*pytree.tree_map(concrete, args), **pytree.tree_map(concrete, kwargs))
         if not self._holds_value((args, kwargs)):
             return self._constant(out, ctx)
+        args, kwargs = self._lift((args, kwargs))
         if handler is None:
             return self._islands(module, args, kwargs, out, ctx, ctx.unsupported(
                 "a module type the frontend does not know"))
@@ -243,21 +265,38 @@ class _Walker:
                    for x in pytree.tree_flatten(v)[0])
 
     def _constant(self, out: Any, ctx: Ctx) -> Any:
-        """A result computed from parameters and constants alone, folded at capture: a
-        float tensor becomes a parameter (a class token expanded, a bias table gathered by
-        its index buffer), anything else a constant."""
-        if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
-            return self.b.param(self.b.unique(f"{ctx.layer}.folded"), out)
+        """A result computed from parameters and constants alone (a class token expanded,
+        a bias table gathered by its index buffer, a mask filled in place), folded at
+        capture. It stays a plain tensor, so later in-place writes reach it, until an op
+        on run-time values reads it (`_lift`)."""
+        if isinstance(out, T):
+            return out.value
         return out
+
+    def _lift(self, v: Any) -> Any:
+        """`v` with each float32 constant tensor among its leaves made a parameter, once
+        per tensor (a parameter is a graph value an op on run-time values can read)."""
+        def lift(leaf: Any) -> Any:
+            if not isinstance(leaf, torch.Tensor) or leaf.dtype != torch.float32:
+                return leaf
+            if id(leaf) not in self.lifted:
+                hint = f"{self.inside or 'folded'}.folded"
+                self.lifted[id(leaf)] = (leaf, self.b.param(self.b.unique(hint), leaf))
+            return self.lifted[id(leaf)][1]
+        return pytree.tree_map(lift, v)
 
     def _islands(self, call, args: tuple, kwargs: dict, out: Any, ctx: Ctx,
                  problem: UnsupportedOpError) -> Any:
         """`call` as PyTorch island nodes, one per tensor it returns (same structure as
         `out`); with `strict`, the problem is raised instead."""
-        if self.strict:
-            raise problem
         island, inputs = island_of(ctx.what, call, args, kwargs,
                                    lambda v: isinstance(v, T), lambda v: v.value)
+        if self.inside is None and inlinable(call):
+            inlined = self._inline(island, inputs, out, ctx)
+            if inlined is not None:
+                return inlined
+        if self.strict:
+            raise problem
         if isinstance(out, torch.Tensor):
             return self.b.node(ISLAND, inputs, {"fn": island, "what": ctx.what}, out, ctx)
         leaves, spec = pytree.tree_flatten(out)
@@ -266,6 +305,30 @@ class _Walker:
                 leaves[i] = self.b.node(ISLAND, inputs, {"fn": island.at(i), "what": ctx.what},
                                         leaf, ctx)
         return pytree.tree_unflatten(leaves, spec)
+
+
+    def _inline(self, island: Island, inputs: list[T], out: Any, ctx: Ctx) -> Any:
+        """`island`'s call walked op by op from its export (frontend/inline.py): its
+        results shaped like `out`, or None (and the builder as it was) where the export
+        fails, an op inside is refused, or nothing inside runs in our kernels."""
+        gm = export_call(island, [t.value for t in inputs])
+        if gm is None:
+            return None
+        saved = self.b.snapshot()
+        try:
+            flat = _Walker(gm, tuple(inputs), self.strict, (self.b, ctx.layer)).run_inside()
+        except (UnsupportedOpError, CaptureError):
+            self.b.restore(saved)
+            return None
+        leaves, spec = pytree.tree_flatten(out)
+        added = self.b.nodes[len(saved[0]):]
+        if len(flat) != len(leaves) or all(n.op == ISLAND for n in added) or any(
+                isinstance(v, torch.Tensor) and not isinstance(f, T)
+                for v, f in zip(leaves, flat)):
+            self.b.restore(saved)
+            return None
+        return pytree.tree_unflatten(
+            [T(f.ref, v) if isinstance(f, T) else v for f, v in zip(flat, leaves)], spec)
 
 
 def _holds_tensor(v: Any) -> bool:

@@ -25,7 +25,8 @@ ANCHOR_OPS = frozenset({
 })
 # Data-movement ops: executed between tasks, never tuned as a task of their own.
 # "torch" nodes are islands (frontend/island.py)
-GLUE_OPS = frozenset({"reshape", "permute", "concat", "index", "embedding", "torch"})
+GLUE_OPS = frozenset({"reshape", "permute", "concat", "index", "pad", "roll", "expand",
+                      "repeat", "embedding", "torch"})
 ALL_OPS = ELEMENTWISE_OPS | ANCHOR_OPS | GLUE_OPS
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from raytune_kernels.errors import DynamicShapeError
 from raytune_kernels.frontend.builder import Builder, Ctx, T, need_param, norm_dim, pair, tensor_arg
 from raytune_kernels.frontend.attention import h_sdpa
+from raytune_kernels.frontend.movement import h_einsum, h_expand, h_pad, h_roll, h_slice
 from raytune_kernels.frontend.slicing import h_getitem, h_select, h_split, h_unbind
 
 
@@ -58,6 +59,10 @@ def _s_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
             enable_gqa=False): ...
 def _s_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                  scale_grad_by_freq=False, sparse=False): ...
+def _s_slice(input, dim=0, start=None, end=None, step=1): ...
+def _s_pad(input, pad, mode="constant", value=None): ...
+def _s_roll(input, shifts, dims=None): ...
+def _s_einsum(equation, *operands, path=None): ...
 def _s_embedding_aten(weight, indices, padding_idx=-1, scale_grad_by_freq=False,
                       sparse=False): ...
 
@@ -86,7 +91,25 @@ def h_conv2d(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     attrs = {"stride": pair(a["stride"]), "dilation": dilation, "groups": int(a["groups"]),
              "padding": _conv_padding(a["padding"], w.value, dilation, ctx)}
     ins = [x, w] + ([need_param(b, a["bias"], ctx, "bias")] if a["bias"] is not None else [])
+    if _conv_is_dense(x.value, w.value, attrs):
+        return _conv_as_dense(b, x, w, ins[2:], out, ctx)
     return b.node("conv2d", ins, attrs, out, ctx)
+
+
+def _conv_is_dense(x: torch.Tensor, w: torch.Tensor, attrs: dict) -> bool:
+    """A 1x1 conv of a 1x1 map (a squeeze-excite block's) whose output channels do not
+    fill 8-float vectors (12, 26, 110): a dense, whose N pads to the vector, has a kernel
+    for any channel count; the others keep their conv2d task (and its records)."""
+    return x.shape[0] == 1 and tuple(x.shape[2:]) == (1, 1) and tuple(w.shape[2:]) == (1, 1) \
+        and attrs["groups"] == 1 and attrs["padding"] == (0, 0) and w.shape[0] % 8 != 0
+
+
+def _conv_as_dense(b: Builder, x: T, w: T, bias: list, out: torch.Tensor, ctx: Ctx) -> T:
+    rows = x.value.reshape(1, x.value.shape[1])
+    flat = b.node("reshape", [x], {"shape": tuple(rows.shape)}, rows, ctx)
+    weight = b.param(f"{ctx.layer}.dense_weight", w.value.reshape(w.value.shape[:2]))
+    y = b.node("dense", [flat, weight] + bias, {}, out.reshape(1, out.shape[1]), ctx)
+    return b.node("reshape", [y], {"shape": tuple(out.shape)}, out, ctx)
 
 
 def h_dense(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
@@ -161,10 +184,28 @@ def binary(op: str) -> Callable:
 def h_max_pool(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a["return_indices"]:
         raise ctx.unsupported("max pooling that returns indices")
-    k = pair(a["kernel_size"])
+    k, x = pair(a["kernel_size"]), tensor_arg(a["input"], ctx)
     attrs = {"kernel": k, "stride": pair(a["stride"] or k), "padding": pair(a["padding"]),
-             "dilation": pair(a["dilation"]), "ceil_mode": bool(a["ceil_mode"])}
-    return b.node("max_pool2d", [tensor_arg(a["input"], ctx)], attrs, out, ctx)
+             "dilation": pair(a["dilation"]), "ceil_mode": False}
+    if a["ceil_mode"] and x.value.dim() == 4:
+        x = _ceil_overhang(b, x, attrs, out, ctx)
+    return b.node("max_pool2d", [x], attrs, out, ctx)
+
+
+def _ceil_overhang(b: Builder, x: T, attrs: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """ceil_mode's last windows hang off the bottom and right edges: the input padded
+    there with -inf (glue), so the pool itself is an ordinary one."""
+    extra = []
+    for i in (0, 1):
+        size, pad = x.value.shape[2 + i], attrs["padding"][i]
+        reach = (out.shape[2 + i] - 1) * attrs["stride"][i] \
+            + attrs["dilation"][i] * (attrs["kernel"][i] - 1) + 1
+        extra.append(max(0, reach - (size + 2 * pad)))
+    if not any(extra):
+        return x
+    grown = F.pad(x.value, (0, extra[1], 0, extra[0]), value=float("-inf"))
+    return b.node("pad", [x], {"pad": (0, extra[1], 0, extra[0]), "mode": "constant",
+                               "value": float("-inf")}, grown, ctx)
 
 
 def h_avg_pool(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
@@ -346,6 +387,14 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((F.scaled_dot_product_attention, "aten::scaled_dot_product_attention"), _s_sdpa, h_sdpa),
     ((F.embedding,), _s_embedding, h_embedding),
     (("aten::embedding",), _s_embedding_aten, h_embedding),
+    (("aten::slice",), _s_slice, h_slice),
+    ((F.pad, torch.constant_pad_nd, "aten::pad", "aten::constant_pad_nd"), _s_pad, h_pad),
+    ((torch.roll, "roll", "aten::roll"), _s_roll, h_roll),
+    ((torch.broadcast_to, "expand", "expand_as", "broadcast_to", "repeat", "aten::expand",
+      "aten::expand_as", "aten::broadcast_to", "aten::repeat"), _s_any, h_expand),
+    ((torch.einsum, "aten::einsum"), _s_einsum, h_einsum),
+    ((torch.swapaxes, torch.swapdims, "swapaxes", "swapdims", "aten::swapaxes",
+      "aten::swapdims"), _s_transpose, h_transpose),
     (("contiguous", "clone", "detach", "aten::contiguous", "aten::clone", "aten::alias",
       "aten::detach", torch.clone), _s_any, h_alias),
 ]
@@ -360,6 +409,22 @@ DATA_DEPENDENT = frozenset({
     "masked_select", "unique", "item", "tolist", "aten::nonzero", "aten::masked_select",
     "aten::unique", "aten::_unique2", "aten::item", "aten::_local_scalar_dense",
 })
+
+
+# Ops whose result depends on their tensor arguments' shapes alone: constants.
+SHAPE_ONLY = frozenset({
+    torch.zeros_like, torch.ones_like, torch.full_like, torch.empty_like, "new_zeros",
+    "new_ones", "new_full", "new_empty", "aten::new_zeros", "aten::new_ones", "aten::new_full",
+    "aten::new_empty", "aten::zeros_like", "aten::ones_like", "aten::full_like",
+    "aten::empty_like",
+})
+
+
+def shape_only(target: Any) -> bool:
+    try:
+        return _key(target) in SHAPE_ONLY
+    except TypeError:
+        return False
 
 
 # ops that return several tensors and have a handler: (names, stub, handler)

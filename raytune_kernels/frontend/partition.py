@@ -205,6 +205,15 @@ def run_glue(n: Node, env: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.cat([env[v] for v in n.inputs], n.attr("dim"))
     if n.op == "index":  # constant indexing and slicing (frontend/ops.py h_getitem)
         return env[n.inputs[0]][decode_index(n.attr("index"))]
+    if n.op == "pad":
+        return torch.nn.functional.pad(env[n.inputs[0]], n.attr("pad"), n.attr("mode"),
+                                       n.attr("value"))
+    if n.op == "roll":
+        return torch.roll(env[n.inputs[0]], n.attr("shifts"), n.attr("dims"))
+    if n.op == "expand":
+        return env[n.inputs[0]].expand(n.attr("shape"))
+    if n.op == "repeat":
+        return env[n.inputs[0]].repeat(n.attr("repeats"))
     if n.op == "embedding":  # ids live in float32 buffers (exact below 2**24)
         return torch.nn.functional.embedding(env[n.inputs[0]].long(), env[n.inputs[1]])
     if n.op == "torch":  # a PyTorch island (frontend/island.py)

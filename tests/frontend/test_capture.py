@@ -230,3 +230,29 @@ def test_addmm_is_a_matmul_with_a_bias_epilogue():
     assert task.compute.op == "matmul" and [e.op for e in task.compute.epilogue] == ["add"]
     with torch.no_grad():
         assert torch.allclose(execute(partition(graph), [x])[0], model(x), atol=1e-5)
+
+
+class SqueezeExcite(nn.Module):
+    """RegNetY's squeeze-excite: 1x1 convs of a pooled 1x1 map with 26 and 104 channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.squeeze, self.expand = nn.Conv2d(104, 26, 1), nn.Conv2d(26, 104, 1)
+
+    def forward(self, x):
+        s = torch.relu(self.squeeze(F.adaptive_avg_pool2d(x, 1)))
+        return x * torch.sigmoid(self.expand(s))
+
+
+def test_a_squeeze_conv_whose_channels_do_not_fill_vectors_is_a_dense():
+    """26 output channels do not fill 8-float vectors: the 1x1 conv of a 1x1 map becomes
+    a dense (its N pads to the vector); the 104-channel one stays a conv2d task."""
+    model, x = SqueezeExcite().eval(), torch.randn(1, 104, 7, 7)
+    graph = check_same(model, x)
+    ops = ops_of(graph)
+    assert ops.count("dense") == 1 and ops.count("conv2d") == 1
+    tasks = partition(graph).tasks
+    assert {t.compute.op for t in tasks} >= {"dense", "conv2d"}
+    from raytune_kernels.cpu.schedules import no_kernel_reason
+    from raytune_kernels.cpu.machine import cpu_info
+    assert [no_kernel_reason(t.compute, cpu_info()) for t in tasks] == [None] * len(tasks)

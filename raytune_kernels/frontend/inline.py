@@ -1,0 +1,51 @@
+"""Inlining: a call the frontend has no handler for, captured by what it does inside.
+
+torch.fx keeps torch.nn modules (nn.MultiheadAttention) and functions marked with
+torch.fx.wrap (torchvision's shifted_window_attention) as single calls. Before such a call
+becomes a PyTorch island, it is exported on its example values with torch.export, and the
+aten ops it is made of are walked like the rest of the model: attention lowers to our
+matmul and softmax kernels, and only an op inside without a handler stays in PyTorch.
+
+The inlined form is kept when it puts at least one op in our kernels; otherwise (one
+unknown aten op standing for the whole call, or an export that fails) the call stays one
+island named as the user wrote it. Nothing a failed attempt added to the graph survives.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from raytune_kernels.frontend.island import Island
+
+
+class _Call(nn.Module):
+    """`island` as a module whose inputs are the call's graph tensors, in slot order; a
+    module call is held as a submodule, so its weights are named after their attributes."""
+
+    def __init__(self, island: Island):
+        super().__init__()
+        self.island = island
+        if isinstance(island.call, nn.Module):
+            self.inner = island.call
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        return self.island(*tensors)
+
+
+def inlinable(call: Callable) -> bool:
+    """Modules and Python functions: what has insides worth exporting (an aten op or a
+    builtin has none)."""
+    return isinstance(call, nn.Module) or inspect.isfunction(call)
+
+
+def export_call(island: Island, values: list[torch.Tensor]) -> torch.fx.GraphModule | None:
+    """The aten graph of `island` called on `values`, or None where torch.export cannot
+    capture it (control flow on values, an unsupported construct)."""
+    try:
+        with torch.no_grad():
+            return torch.export.export(_Call(island), tuple(values), strict=False).module()
+    except Exception:  # noqa: BLE001 - any export failure leaves the call an island
+        return None

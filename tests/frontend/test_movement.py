@@ -1,0 +1,106 @@
+"""Data movement by constants (slices, pad, roll, expand, repeat, swapaxes) as glue, and
+two-operand einsum as permutes, reshapes and one batched matmul: captured with no island
+and checked against PyTorch."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import raytune_kernels as rk
+from raytune_kernels.frontend.partition import execute, partition
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+def _check(fn, *xs, want_ops=()):
+    model = Fn(fn).eval()
+    graph = rk.capture(model, xs, strict=True)  # strict: no island
+    ops = {n.op for n in graph.nodes}
+    assert set(want_ops) <= ops, ops
+    with torch.no_grad():
+        want = model(*xs)
+    got = execute(partition(graph), list(xs))[0]
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    return graph
+
+
+@pytest.mark.parametrize("fn, op", [
+    (lambda x: F.pad(torch.relu(x), (1, 2, 0, 3), value=-0.5), "pad"),
+    (lambda x: F.pad(torch.relu(x), (2, 1, 1, 2), mode="reflect"), "pad"),
+    (lambda x: F.pad(torch.relu(x), (1, 1, 1, 1), mode="replicate"), "pad"),
+    (lambda x: torch.roll(torch.relu(x), shifts=(-2, 3), dims=(2, 3)), "roll"),
+    (lambda x: torch.relu(x).expand(2, 3, 6, 7), "expand"),
+    (lambda x: torch.relu(x).repeat(1, 2, 1, 2), "repeat"),
+    (lambda x: torch.relu(x)[:, 1:3, ::2, 1:-1], "index"),
+    (lambda x: torch.relu(x).swapaxes(1, 3) + 1.0, "permute"),
+])
+def test_movement_ops_are_glue_and_match(fn, op):
+    torch.manual_seed(0)
+    _check(fn, torch.randn(1, 3, 6, 7), want_ops=[op])
+
+
+def test_slices_through_export_are_glue():
+    """x[..., a:b:c] reaches the graph as aten.slice when a model goes through export."""
+    class Sliced(nn.Module):
+        def forward(self, x):
+            if x.shape[-1] > 4:  # control flow on a shape: fx cannot trace it, export can
+                x = x[:, :, 1:5, ::2]
+            return torch.relu(x)
+    x = torch.randn(1, 2, 6, 6)
+    graph = rk.capture(Sliced(), (x,), strict=True)
+    assert "index" in {n.op for n in graph.nodes}
+    assert torch.equal(execute(partition(graph), [x])[0], Sliced()(x))
+
+
+@pytest.mark.parametrize("equation, shapes", [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("bhid,bhjd->bhij", [(1, 2, 5, 8), (1, 2, 6, 8)]),
+    ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]),
+    ("b i d, d e -> b e i", [(2, 3, 4), (4, 5)]),
+    ("nchw,cd->ndhw", [(1, 4, 3, 3), (4, 6)]),
+    ("ij,j->i", [(3, 4), (4,)]),
+])
+def test_einsum_of_two_operands_is_one_matmul(equation, shapes):
+    torch.manual_seed(0)
+    xs = [torch.randn(s) for s in shapes]
+    graph = _check(lambda a, b: torch.einsum(equation, a, b), *xs, want_ops=["matmul"])
+    assert [n.op for n in graph.nodes].count("matmul") == 1
+
+
+@pytest.mark.parametrize("equation, shapes", [
+    ("ii,ij->j", [(3, 3), (3, 4)]),  # a diagonal
+    ("ij,kl->i", [(3, 4), (5, 6)]),  # sums indices of one operand alone
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]),  # three operands
+])
+def test_einsum_forms_without_a_lowering_are_islands_strict_refuses(equation, shapes):
+    xs = [torch.randn(s) for s in shapes]
+    model = Fn(lambda *t: torch.einsum(equation, *t)).eval()
+    with pytest.raises(rk.UnsupportedOpError, match="einsum"):
+        rk.capture(model, xs, strict=True)
+    with pytest.warns(UserWarning, match="einsum"):
+        graph = rk.capture(model, xs)
+    assert torch.allclose(execute(partition(graph), xs)[0], model(*xs), atol=1e-5)
+
+
+@pytest.mark.parametrize("shape, kernel, stride, padding", [
+    ((1, 8, 14, 14), 3, 2, 0),  # GoogLeNet's: the last window hangs off by one
+    ((1, 8, 13, 11), 3, 2, 1),
+    ((1, 8, 12, 12), 2, 2, 0),  # ceil_mode that changes nothing
+])
+def test_ceil_mode_max_pooling_is_padding_and_an_ordinary_pool(shape, kernel, stride, padding):
+    pool = nn.MaxPool2d(kernel, stride, padding, ceil_mode=True)
+    graph = _check(lambda x: pool(torch.relu(x)), torch.randn(shape), want_ops=["max_pool2d"])
+    assert all(not n.attr("ceil_mode") for n in graph.nodes if n.op == "max_pool2d")
+    tasks = partition(graph).tasks
+    from raytune_kernels.cpu.machine import cpu_info
+    from raytune_kernels.cpu.schedules import no_kernel_reason
+    pools = [t for t in tasks if t.compute.op == "max_pool2d"]
+    assert pools and no_kernel_reason(pools[0].compute, cpu_info()) is None
