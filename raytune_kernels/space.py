@@ -4,7 +4,8 @@ Rules (from what the contraction says about its loops), for a CPU (a machine.Cpu
 vector widths `lanes`, `regs` vector registers and a measured machine model:
 - vector block `ob` = vecs x lanes along the output-vector axis (vecs 1-4), dividing it
   (dense pads its N instead); `lanes` itself is a knob where the CPU has more than one width;
-- a 2-D register tile (tile_h x tile_w) over the tiled spatial axes; accumulators
+- a 2-D register tile (tile_h x tile_w) over the tiled spatial axes, of any size up to the
+  extent (where it does not divide it, a smaller tail tile covers the rest); accumulators
   tile_h*tile_w*vecs must fit the register file with room for the B vectors and a broadcast,
   and there must be at least as many as the host's FMA latency x pipes where the shape
   allows (measured: machine.py; 8 on cores with two pipes at latency 4), so no sampled
@@ -128,7 +129,8 @@ def contraction_space(con, cpu: CpuInfo) -> Space:
                 continue
             if con.pads_vector and ob > max(lanes, con.vector_extent):
                 continue
-            for th in _divisors(th_ext, 8 if tw_ext > 1 else 16):
+            for th in range(1, min(th_ext, 8 if tw_ext > 1 else 16) + 1):  # a tail tile
+                # covers the rows a tile_h that does not divide them leaves (cpu/lower.py)
                 for tw in range(1, min(tw_ext, 28) + 1):
                     acc = th * tw * vecs
                     if acc + vecs + 1 > regs:

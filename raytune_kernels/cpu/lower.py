@@ -67,16 +67,23 @@ def lower(compute: Compute, cfg: Config) -> LoopNest:
     for i, k in enumerate(kinds):
         buffers.append(Buffer(f"e{i}", chan_len if k.kind == "channel" else sizes["out"], "in"))
     buffers.append(Buffer("out", sizes["out"], "out"))
-    ow_ext = con.tile_extents[1]
-    variants = [(ow_ext // tw, tw, 0)]
-    if ow_ext % tw:
-        variants.append((1, ow_ext % tw, (ow_ext // tw) * tw))
+    oh_ext, ow_ext = con.tile_extents
     tiles, body = [], []
-    for n, (count, width, offset) in enumerate(variants):
-        tile = Tile(f"t{n}", (cfg["tile_h"], width), cfg["ob"] // lanes)
-        tiles.append(tile)
-        body.extend(_nest(con, cfg, compute, kinds, tile, count, offset))
+    for rows in _runs(oh_ext, cfg["tile_h"]):  # whole tiles, then a shorter tail tile
+        for cols in _runs(ow_ext, tw):
+            tile = Tile(f"t{len(tiles)}", (rows[1], cols[1]), cfg["ob"] // lanes)
+            tiles.append(tile)
+            body.extend(_nest(con, cfg, compute, kinds, tile, rows, cols))
     return LoopNest(f"k_{compute.key()}", tuple(buffers), tuple(tiles), tuple(body), lanes)
+
+
+def _runs(extent: int, step: int) -> list[tuple[int, int, int]]:
+    """(count, size, offset) of the tiles covering `extent`: whole tiles of `step`, then
+    one tile of the remainder where `step` does not divide it."""
+    runs = [(extent // step, step, 0)] if extent >= step else []
+    if extent % step:
+        runs.append((1, extent % step, (extent // step) * step))
+    return runs
 
 
 def _validate(con, cfg: Config) -> None:
@@ -86,8 +93,8 @@ def _validate(con, cfg: Config) -> None:
         problems.append(f"ob={cfg['ob']} is not a multiple of lanes={cfg['lanes']}")
     if not con.pads_vector and con.vector_extent % cfg["ob"]:
         problems.append(f"ob={cfg['ob']} does not divide {con.vector_extent}")
-    if con.tile_extents[0] % cfg["tile_h"]:
-        problems.append(f"tile_h={cfg['tile_h']} does not divide {con.tile_extents[0]}")
+    if not 1 <= cfg["tile_h"] <= con.tile_extents[0]:
+        problems.append(f"tile_h={cfg['tile_h']} outside 1..{con.tile_extents[0]}")
     if not 1 <= cfg["tile_w"] <= con.tile_extents[1]:
         problems.append(f"tile_w={cfg['tile_w']} outside 1..{con.tile_extents[1]}")
     if con.blocked_reduce and con.reduce_extent % cfg["cb"]:
@@ -96,13 +103,16 @@ def _validate(con, cfg: Config) -> None:
         raise LoweringError(f"bad config for {con.op}: " + "; ".join(problems))
 
 
-def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, count: int, offset: int):
+def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, rows: tuple, cols: tuple):
+    """The loops of one tile shape: `rows` and `cols` are (count, size, offset) runs of
+    the tiled output rows and columns (see _runs)."""
     ext = dict(con.extents(cfg))
-    ext["ow"] = count
+    ext["oh"], ext["ow"] = rows[0], cols[0]
     strides = con.strides(cfg)
     col = strides["ow"]
+    row = tuple(s // cfg["tile_h"] for s in strides["oh"])  # per output row
     strides["ow"] = tuple(s * tile.shape[1] for s in col)
-    consts = tuple(s * offset for s in col)
+    consts = tuple(c * cols[2] + r * rows[2] for c, r in zip(col, row))
     live = {v: e for v, e in ext.items() if e > 1}
     a_idx, b_idx, o_idx = (_affine(live, strides, i, consts[i]) for i in range(3))
     a_ts, o_ts = con.tile_strides(cfg)

@@ -105,11 +105,11 @@ def test_many_sampled_configs_match_reference(zoo_models, name):
 def test_bad_config_is_a_named_lowering_error(zoo_models):
     task = lowerable("resnet18", zoo_models)[2]
     assert task.compute.describe().startswith("conv2d 1x64x56x56")
-    cfg = Config.of(lanes=16, ob=48, tile_h=5, tile_w=3, cb=7, spatial_order=("ko", "oh", "ow"),
+    cfg = Config.of(lanes=16, ob=48, tile_h=60, tile_w=3, cb=7, spatial_order=("ko", "oh", "ow"),
                     reduce_order=("co", "kh", "kw"), parallel=1, unroll=False)
     with pytest.raises(LoweringError) as info:
         lower(task.compute, cfg)
-    for knob in ("ob=48", "tile_h=5", "cb=7"):
+    for knob in ("ob=48", "tile_h=60", "cb=7"):
         assert knob in str(info.value)
 
 
@@ -168,3 +168,35 @@ def test_interpreter_defines_every_task_kind():
             interpret(lower(task.compute, cfg), bufs)
             got = unpack(task.compute, cfg, bufs["out"])
             assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), (task.compute.op, cfg)
+
+
+class Ragged(torch.nn.Module):
+    """Shapes no tile divides: 197 token rows (ViT-B/16), a 13x11 map, a 10-class head."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = torch.nn.Linear(64, 40), torch.nn.Linear(40, 10)
+        self.conv, self.pool = torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.MaxPool2d(3, 2)
+
+    def forward(self, x, y, q, k):
+        return (self.head(torch.relu(self.fc(x))), self.pool(torch.relu(self.conv(y))),
+                q @ k)
+
+
+def test_tile_heights_that_do_not_divide_the_rows_get_a_tail_tile():
+    inputs = (torch.randn(1, 197, 64), torch.randn(1, 8, 13, 11), torch.randn(2, 197, 24),
+              torch.randn(2, 24, 64))
+    tasks = rk.extract_tasks(Ragged().eval(), inputs)
+    assert len(tasks) == 5
+    for i, task in enumerate(tasks):
+        space, rng = space_for(task.compute, cpu_info()), random.Random(i)
+        rows = task.compute.output.shape[2 if task.compute.op == "conv2d" else -2]
+        ragged = {c for c in (space.sample(rng) for _ in range(400))
+                  if c.get("algorithm", "direct") == "direct" and rows % c["tile_h"]}
+        assert ragged, task.compute.describe()  # the space offers them
+        ops = operands(task.compute, i)
+        expected = reference(task.compute, *ops)
+        for cfg in sorted(ragged, key=str)[:4]:
+            got = run_candidate(task.compute, cfg, ops, threads=2)
+            assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), \
+                (task.compute.describe(), cfg)
