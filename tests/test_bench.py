@@ -127,3 +127,11 @@ def test_coverage_bench_runs_one_torchvision_model():
     s = json.loads(proc.stdout.splitlines()[-1])
     assert s["models"] == 1 and s["compiled_and_correct"] == 1
     assert s["flops_in_our_kernels"] > 0.99
+
+
+def test_network_bench_names_an_unknown_third_party_model():
+    """bench/network.py takes bench/models.py's names (torchvision/NAME); an unknown one is
+    one clear line, before any work."""
+    network = _bench("network")
+    with pytest.raises(SystemExit, match="unknown model 'torchvision/no_such_net'"):
+        network.load_model("torchvision/no_such_net")

@@ -36,16 +36,21 @@ def operand_kinds(compute: Compute) -> list[OperandKind]:
     out = compute.output.shape
     for op in compute.epilogue:
         for spec in op.operands:
-            kinds.append(OperandKind(_operand_kind(op, spec.shape, out)))
+            kinds.append(OperandKind(_operand_kind(op, spec.shape, out, compute.op)))
     return kinds
 
 
-def _operand_kind(op: EpilogueOp, shape: tuple, out: tuple) -> str:
+# ops whose vector (channel) axis is dim 1 of an NCHW output; dense and matmul vectorise
+# their last axis, whatever the rank (a per-head scale of attention scores is not one)
+_NCHW_OPS = ("conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d")
+
+
+def _operand_kind(op: EpilogueOp, shape: tuple, out: tuple, anchor: str) -> str:
     if op.op in ("bias", "affine"):
         return "channel"
     if tuple(shape) == tuple(out):
         return "output"
-    chan = 1 if len(out) == 4 else len(out) - 1
+    chan = 1 if len(out) == 4 and anchor in _NCHW_OPS else len(out) - 1
     padded = (1,) * (len(out) - len(shape)) + tuple(shape)
     if all(s == 1 for i, s in enumerate(padded) if i != chan) and padded[chan] == out[chan]:
         return "channel"

@@ -124,10 +124,12 @@ def _operand_load(name: str, spec, shape: RowShape, row: Affine, lanes: int, tot
     size = math.prod(spec.shape)
     if size == total:
         return Ld(Access(name, row))
-    if shape.channels is not None and size == shape.channels:
-        return LdScalar(Access(name, Affine((("r", 1),))))
-    if shape.channels is None and size == shape.n:
-        return Ld(Access(name, Affine((("j", lanes),))))
+    dims = [i for i, d in enumerate(spec.shape) if d != 1]  # the axes it is not broadcast on
+    axes = len(spec.shape)
+    if shape.channels is not None and size == shape.channels and dims == [axes - 3]:
+        return LdScalar(Access(name, Affine((("r", 1),))))  # (C, 1, 1): one per row
+    if shape.channels is None and size == shape.n and dims == [axes - 1]:
+        return Ld(Access(name, Affine((("j", lanes),))))  # along the row
     raise RowLoweringError(f"epilogue operand of shape {spec.shape} on rows of {shape.n}")
 
 

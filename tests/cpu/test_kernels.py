@@ -200,3 +200,29 @@ def test_tile_heights_that_do_not_divide_the_rows_get_a_tail_tile():
             got = run_candidate(task.compute, cfg, ops, threads=2)
             assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), \
                 (task.compute.describe(), cfg)
+
+
+class HeadScaled(torch.nn.Module):
+    """Swin V2's cosine attention: scores of (1, heads, T, T) times a per-head scale of
+    shape (heads, 1, 1), then a standalone op with an operand along the last axis whose
+    length equals the head count (a (C,) operand broadcasts along W, not C)."""
+
+    def __init__(self, heads=8):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.rand(heads, 1, 1) + 0.5)
+        self.along = torch.nn.Parameter(torch.randn(heads))
+
+    def forward(self, q, k):
+        s = (q @ k.transpose(-2, -1)) * self.scale
+        return torch.softmax(s, dim=-1)[..., :8] * self.along
+
+
+def test_epilogue_operands_broadcast_on_the_right_axis():
+    from raytune_kernels.compile.api import compile_network
+    torch.manual_seed(0)
+    model, q, k = HeadScaled().eval(), torch.randn(1, 8, 16, 16), torch.randn(1, 8, 16, 16)
+    with pytest.warns(UserWarning):
+        net = compile_network(model, (q, k))
+    q2, k2 = torch.randn(1, 8, 16, 16), torch.randn(1, 8, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(net(q2, k2), model(q2, k2), atol=1e-5, rtol=1e-4)
