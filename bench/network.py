@@ -1,6 +1,7 @@
 """Network benchmark: tune (or reuse records), compile, and time against PyTorch in one run.
 
     python bench/network.py resnet18 --trials 1000 --threads 2 [--records FILE]
+    python bench/network.py torchvision/mobilenet_v3_large ...   # bench/models.py's names
 
 Tunes the model's tasks with `trials` measurements at `threads` threads (a records file that
 already holds them is resumed, nothing re-measured; by default
@@ -151,9 +152,10 @@ def main_cuda(args) -> int:
 
 def bench_cuda(args, gpu: str) -> int:
     target = str(args.target)
+    name = args.model.replace("/", "_")
     records = args.records or os.path.join(
-        os.path.dirname(__file__), "results", f"network_{args.model}_cuda.jsonl")
-    model, inputs = zoo.load(args.model)  # random inputs (zoo: seeded randn)
+        os.path.dirname(__file__), "results", f"network_{name}_cuda.jsonl")
+    model, inputs = load_model(args.model)  # random inputs (zoo: seeded randn)
 
     start = time.perf_counter()
     tuned = tune_network(model, inputs, target=target, trials=args.trials, records=records,
@@ -200,6 +202,20 @@ def bench_cuda(args, gpu: str) -> int:
 
 # ------------------------------------------------------------------------------- main
 
+def load_model(name: str):
+    """A zoo name, path/to/file.py:factory, or a third-party model as bench/models.py
+    names it (torchvision/mobilenet_v3_large, timm/..., hf/...)."""
+    if "/" in name and ":" not in name:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import models
+        known = models.all_models()
+        if name not in known:
+            raise SystemExit(f"bench/network.py: unknown model {name!r}: bench/models.py "
+                             f"lists {len(known)} (python bench/models.py)")
+        return known[name]()
+    return zoo.load(name)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -230,9 +246,9 @@ def main() -> None:
     cpu = cpu_info().name  # records measured on one CPU model are not this one's
     records = args.records or os.path.join(
         os.path.dirname(__file__), "results", cpu,
-        f"network_{args.model}_{args.threads}threads.jsonl")
+        f"network_{args.model.replace('/', '_')}_{args.threads}threads.jsonl")
     os.makedirs(os.path.dirname(os.path.abspath(records)), exist_ok=True)
-    model, inputs = zoo.load(args.model)
+    model, inputs = load_model(args.model)
     x = inputs[0]
 
     start = time.perf_counter()
