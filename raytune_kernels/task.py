@@ -37,8 +37,8 @@ class TensorSpec:
 # (cpu/llvm/math_ops.py) and the CUDA epilogue (cuda/epilogue.py); tests/test_task.py
 # checks each implements exactly these names. "bias" and "affine" are channel ops.
 UNARY_OPS = ("relu", "relu6", "gelu", "gelu_tanh", "sigmoid", "silu", "tanh", "hardswish",
-             "hardsigmoid")
-BINARY_OPS = ("add", "sub", "mul", "div")
+             "hardsigmoid", "mish", "exp", "erf", "sqrt", "rsqrt", "square", "neg", "abs")
+BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum")
 
 
 @dataclass(frozen=True)

@@ -235,8 +235,12 @@ UNARY_NP = {
     "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(0.7978845608 * (x + 0.044715 * x ** 3))),
     "hardsigmoid": lambda x: np.clip(x + 3.0, 0.0, 6.0) / 6.0,
     "hardswish": lambda x: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0,
+    "mish": lambda x: x * np.tanh(np.logaddexp(0.0, x)), "exp": np.exp,
+    "erf": np.vectorize(math.erf), "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "square": np.square, "neg": np.negative, "abs": np.abs,
 }
-BINARY_NP = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+BINARY_NP = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+             "maximum": np.maximum, "minimum": np.minimum}
 
 
 def apply_epilogue_np(step: EpiStep, acc: np.ndarray, operands: list[np.ndarray]) -> np.ndarray:
@@ -256,7 +260,7 @@ def interpret(nest: LoopNest, buffers: dict[str, np.ndarray]) -> None:
 
 _EXPR_UNARY = {"exp": np.exp, "sqrt": np.sqrt}
 _EXPR_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-                "max": np.maximum}
+                "max": np.maximum, "min": np.minimum}
 
 
 def _eval(nest: LoopNest, e, env: dict, bufs) -> np.ndarray:

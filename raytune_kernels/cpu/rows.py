@@ -114,9 +114,10 @@ def epilogue_expr(op, value, loads: list):
         return Bin("add", Bin("mul", value, loads[0]), loads[1])
     if op.op == "bias":
         return Bin("add", value, loads[0])
-    if op.op in ("add", "sub", "mul", "div"):
+    if op.op in ("add", "sub", "mul", "div", "maximum", "minimum"):
         other = loads[0] if loads else Num(op.scalar)
-        return Bin(op.op, other, value) if op.reverse else Bin(op.op, value, other)
+        name = {"maximum": "max", "minimum": "min"}.get(op.op, op.op)
+        return Bin(name, other, value) if op.reverse else Bin(name, value, other)
     return Un(op.op, value)
 
 

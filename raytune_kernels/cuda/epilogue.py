@@ -16,6 +16,7 @@ import numpy as np
 
 from raytune_kernels.task import BINARY_OPS, UNARY_OPS, Compute, EpilogueOp, TensorSpec
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_CALL = {"maximum": "fmaxf", "minimum": "fminf"}
 
 
 class CudaLoweringError(ValueError):
@@ -54,6 +55,12 @@ def unary(op: str, v: str) -> str:
         return f"fminf(fmaxf({v} + 3.0f, 0.0f), 6.0f) / 6.0f"
     if op == "hardswish":
         return f"{v} * fminf(fmaxf({v} + 3.0f, 0.0f), 6.0f) / 6.0f"
+    if op == "mish":
+        return f"{v} * tanhf(log1pf(expf({v})))"
+    simple = {"exp": "expf({})", "erf": "erff({})", "sqrt": "sqrtf({})", "rsqrt": "rsqrtf({})",
+              "square": "({0} * {0})", "neg": "(-{})", "abs": "fabsf({})"}
+    if op in simple:
+        return simple[op].format(v)
     raise CudaLoweringError(f"unknown unary epilogue op '{op}'")
 
 
@@ -133,7 +140,11 @@ def epilogue_lines(compute: Compute, var: str, reads: list[str]) -> list[str]:
                 raise CudaLoweringError(f"'{op.op}' has neither a tensor operand nor a scalar")
             other = args[0] if args else flit(op.scalar)
             left, right = (other, var) if op.reverse else (var, other)
-            lines.append(f"{var} = {left} {_SYMBOL[op.op]} {right};")
+            if op.op in _CALL:  # NaN in, NaN out, as torch.maximum (fmaxf drops a NaN)
+                lines.append(f"{var} = ({left} != {left} || {right} != {right}) ? "
+                             f"{left} + {right} : {_CALL[op.op]}({left}, {right});")
+            else:
+                lines.append(f"{var} = {left} {_SYMBOL[op.op]} {right};")
         elif op.op in UNARY_OPS:
             lines.append(f"{var} = {unary(op.op, var)};")
         else:

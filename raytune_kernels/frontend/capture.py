@@ -412,7 +412,7 @@ _MODULES = {
     nn.ReLU: _m_unary("relu"), nn.ReLU6: _m_unary("relu6"), nn.Sigmoid: _m_unary("sigmoid"),
     nn.SiLU: _m_unary("silu"), nn.Tanh: _m_unary("tanh"), nn.GELU: m_gelu,
     nn.Hardtanh: m_hardtanh, nn.Hardswish: _m_unary("hardswish"),
-    nn.Hardsigmoid: _m_unary("hardsigmoid"),
+    nn.Hardsigmoid: _m_unary("hardsigmoid"), nn.Mish: _m_unary("mish"),
     nn.MaxPool2d: m_max_pool, nn.AvgPool2d: m_avg_pool,
     nn.AdaptiveAvgPool2d: lambda b, m, x, out, ctx: ops.h_adaptive_avg(
         b, {"input": x, "output_size": m.output_size}, out, ctx),

@@ -59,6 +59,11 @@ def _s_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
             enable_gqa=False): ...
 def _s_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                  scale_grad_by_freq=False, sparse=False): ...
+def _s_pow(input, exponent): ...
+def _s_clamp(input, min=None, max=None): ...
+def _s_clamp_min(input, min): ...
+def _s_clamp_max(input, max): ...
+def _s_binary(input, other): ...
 def _s_slice(input, dim=0, start=None, end=None, step=1): ...
 def _s_pad(input, pad, mode="constant", value=None): ...
 def _s_roll(input, shifts, dims=None): ...
@@ -155,9 +160,8 @@ def h_gelu(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
 
 
 def h_hardtanh(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    if (float(a["min_val"]), float(a["max_val"])) != (0.0, 6.0):
-        raise ctx.unsupported("hardtanh other than relu6 (min 0, max 6)")
-    return b.node("relu6", [tensor_arg(a["input"], ctx)], {}, out, ctx)
+    return h_clamp(b, {"input": a["input"], "min": a["min_val"], "max": a["max_val"]}, out,
+                   ctx)
 
 
 def _scalar(v: Any) -> float | None:
@@ -179,6 +183,40 @@ def binary(op: str) -> Callable:
         attrs = {"scalar": _scalar(const), "reverse": reverse and op in ("sub", "div")}
         return b.node(op, [tensor_arg(tensor, ctx)], attrs, out, ctx)
     return handler
+
+
+def h_pow(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """x ** c for the constant exponents networks use (RMSNorm's square, a root)."""
+    x, e = a["input"], _scalar(a["exponent"])
+    if not isinstance(x, T) or e is None:
+        raise ctx.unsupported("a power other than a tensor to a constant exponent")
+    if e == 1.0:
+        return T(x.ref, out)
+    ops_of = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt"}
+    if e in ops_of:
+        return b.node(ops_of[e], [x], {}, out, ctx)
+    if e == -1.0:
+        return b.node("div", [x], {"scalar": 1.0, "reverse": True}, out, ctx)
+    raise ctx.unsupported(f"a power with exponent {e:g} (2, 0.5, -0.5 and -1 are lowered)")
+
+
+def h_clamp(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """clamp / clamp_min / clamp_max / hardtanh by constants: a maximum then a minimum
+    with scalars (relu6 stays one op)."""
+    x = tensor_arg(a["input"], ctx)
+    low, high = a.get("min", a.get("min_val")), a.get("max", a.get("max_val"))
+    if any(v is not None and _scalar(v) is None for v in (low, high)):
+        raise ctx.unsupported("clamp by tensors (constant bounds are lowered)")
+    if low is not None and high is not None and (float(low), float(high)) == (0.0, 6.0):
+        return b.node("relu6", [x], {}, out, ctx)
+    if low is None and high is None:
+        raise ctx.unsupported("clamp with neither bound")
+    if low is not None:
+        value = torch.clamp(x.value, min=float(low))
+        x = b.node("maximum", [x], {"scalar": float(low), "reverse": False}, value, ctx)
+    if high is not None:
+        x = b.node("minimum", [x], {"scalar": float(high), "reverse": False}, out, ctx)
+    return T(x.ref, out)
 
 
 def h_max_pool(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
@@ -355,6 +393,22 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((F.hardswish, "aten::hardswish", "aten::hardswish_"), _s_unary, unary("hardswish")),
     ((F.hardsigmoid, "aten::hardsigmoid", "aten::hardsigmoid_"), _s_unary,
      unary("hardsigmoid")),
+    ((F.mish, "aten::mish", "aten::mish_"), _s_unary, unary("mish")),
+    ((torch.exp, "exp", "aten::exp"), _s_unary, unary("exp")),
+    ((torch.erf, torch.special.erf, "erf", "aten::erf", "aten::special_erf"), _s_unary,
+     unary("erf")),
+    ((torch.sqrt, "sqrt", "aten::sqrt"), _s_unary, unary("sqrt")),
+    ((torch.rsqrt, "rsqrt", "aten::rsqrt"), _s_unary, unary("rsqrt")),
+    ((torch.square, "square", "aten::square"), _s_unary, unary("square")),
+    ((torch.neg, operator.neg, "neg", "aten::neg"), _s_unary, unary("neg")),
+    ((torch.abs, operator.abs, "abs", "aten::abs"), _s_unary, unary("abs")),
+    ((torch.pow, operator.pow, "pow", "aten::pow"), _s_pow, h_pow),
+    ((torch.clamp, torch.clip, "clamp", "clip", "clamp_", "aten::clamp", "aten::clip",
+      "aten::clamp_"), _s_clamp, h_clamp),
+    ((torch.clamp_min, "clamp_min", "aten::clamp_min"), _s_clamp_min, h_clamp),
+    ((torch.clamp_max, "clamp_max", "aten::clamp_max"), _s_clamp_max, h_clamp),
+    ((torch.maximum, "maximum", "aten::maximum"), _s_binary, binary("maximum")),
+    ((torch.minimum, "minimum", "aten::minimum"), _s_binary, binary("minimum")),
     ((operator.add, operator.iadd, torch.add, "add", "add_", "aten::add", "aten::add_"),
      _s_addsub, binary("add")),
     ((operator.sub, operator.isub, torch.sub, "sub", "sub_", "aten::sub"), _s_addsub,

@@ -54,9 +54,12 @@ UNARY_FNS = {
     "relu": torch.relu, "relu6": lambda x: torch.clamp(x, 0.0, 6.0),
     "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "sigmoid": torch.sigmoid, "silu": F.silu, "tanh": torch.tanh,
-    "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
+    "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "mish": F.mish, "exp": torch.exp,
+    "erf": torch.erf, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "square": torch.square,
+    "neg": torch.neg, "abs": torch.abs,
 }
-BINARY_FNS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+BINARY_FNS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+              "maximum": torch.maximum, "minimum": torch.minimum}
 
 
 def apply_epilogue(op: EpilogueOp, acc: torch.Tensor, args: list) -> torch.Tensor:

@@ -226,3 +226,22 @@ def test_epilogue_operands_broadcast_on_the_right_axis():
     q2, k2 = torch.randn(1, 8, 16, 16), torch.randn(1, 8, 16, 16)
     with torch.no_grad():
         assert torch.allclose(net(q2, k2), model(q2, k2), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["mish", "exp", "erf", "sqrt", "rsqrt", "square", "neg", "abs",
+                                "gelu", "sigmoid", "tanh", "silu"])
+def test_epilogue_math_matches_torch_over_a_wide_range(op):
+    """Each unary op in the LLVM kernel (a dense's epilogue) on values from -40 to 40:
+    overflow, underflow and the tails of every approximation, against PyTorch's."""
+    from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
+    x = torch.linspace(-40, 40, 16 * 64).reshape(64, 16)
+    eye = torch.eye(16)
+    compute = Compute("dense", (TensorSpec((64, 16)), TensorSpec((16, 16))),
+                      TensorSpec((64, 16)), (), (EpilogueOp(op),))
+    expected = reference(compute, x, eye)
+    cfg = space_for(compute, cpu_info()).sample(random.Random(0))
+    got = run_candidate(compute, cfg, [x, eye], threads=1)
+    finite = torch.isfinite(expected)
+    assert torch.equal(finite, torch.isfinite(got)), op
+    assert torch.allclose(got[finite], expected[finite], rtol=2e-6, atol=1e-6), \
+        (op, (got - expected)[finite].abs().max().item())

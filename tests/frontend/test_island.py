@@ -110,6 +110,8 @@ class MixedOutputs(nn.Module):
 
 @torch.fx.wrap
 def _mixed(x):
+    if bool(x.sum() > 1e9):  # a branch on a value: no export, so it stays one island
+        x = x + 1
     return 3, x.clamp(max=0), x.clamp(min=0).exp()
 
 

@@ -20,9 +20,11 @@ _P = 0.3275911
 
 def apply(em, step: EpiStep, x, ops):
     b = em.b
-    if step.op in ("add", "sub", "mul", "div"):
+    if step.op in ("add", "sub", "mul", "div", "maximum", "minimum"):
         other = ops[0] if ops else em.const(step.scalar)
         lhs, rhs = (other, x) if step.reverse else (x, other)
+        if step.op in ("maximum", "minimum"):  # NaN in, NaN out, as torch.maximum
+            return nan_select(em, lhs, rhs, "maxnum" if step.op == "maximum" else "minnum")
         return {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}[step.op](lhs, rhs)
     if step.op == "affine":
         return em.intrinsic("fma", x, ops[0], ops[1])
@@ -102,6 +104,44 @@ def hardswish(em, x):  # x * relu6(x + 3) / 6
     return em.b.fdiv(em.b.fmul(x, relu6(em, em.b.fadd(x, em.const(3.0)))), em.const(6.0))
 
 
+def nan_select(em, x, y, which: str):
+    """maxnum/minnum of x and y, NaN where either is NaN (torch.maximum's rule)."""
+    b = em.b
+    either = b.fcmp_unordered("uno", x, y)
+    return b.select(either, b.fadd(x, y), em.intrinsic(which, x, y))
+
+
+def mish(em, x):
+    """x * tanh(softplus(x)) = x * n / (n + 2) with n = e^x (e^x + 2); x itself past 20,
+    where e^x would overflow and the ratio is 1 in float32."""
+    b = em.b
+    e = vexp(em, em.intrinsic("minnum", x, em.const(20.0)))
+    n = b.fmul(e, b.fadd(e, em.const(2.0)))
+    y = b.fmul(x, b.fdiv(n, b.fadd(n, em.const(2.0))))
+    return b.select(b.fcmp_ordered(">", x, em.const(20.0)), x, y)
+
+
+def sqrt(em, x):
+    return em.intrinsic("sqrt", x)
+
+
+def rsqrt(em, x):
+    return em.b.fdiv(em.const(1.0), em.intrinsic("sqrt", x))
+
+
+def square(em, x):
+    return em.b.fmul(x, x)
+
+
+def neg(em, x):
+    return em.b.fneg(x)
+
+
+def vabs(em, x):
+    return em.intrinsic("fabs", x)
+
+
 UNARY = {"relu": relu, "relu6": relu6, "sigmoid": sigmoid, "tanh": tanh, "silu": silu,
          "gelu": gelu, "gelu_tanh": gelu_tanh, "hardswish": hardswish,
-         "hardsigmoid": hardsigmoid}
+         "hardsigmoid": hardsigmoid, "mish": mish, "exp": vexp, "erf": erf, "sqrt": sqrt,
+         "rsqrt": rsqrt, "square": square, "neg": neg, "abs": vabs}

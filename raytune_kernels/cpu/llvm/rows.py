@@ -69,7 +69,9 @@ def vector(em, e):
         return em.splat(_scalar(em, e))
     if isinstance(e, Bin):
         x, y = vector(em, e.x), vector(em, e.y)
-        return em.intrinsic("maxnum", x, y) if e.op == "max" else getattr(em.b, _BIN[e.op])(x, y)
+        if e.op in ("max", "min"):
+            return em.intrinsic(e.op + "num", x, y)
+        return getattr(em.b, _BIN[e.op])(x, y)
     x = vector(em, e.x)
     if e.op == "exp":
         return vexp(em, x)

@@ -1,0 +1,57 @@
+"""The elementwise vocabulary beyond activations (mish, exp, erf, sqrt, rsqrt, square, neg,
+abs, pow by constants, clamp / hardtanh by constants, maximum / minimum): captured with no
+island, fused into the kernel before them where they can be, and checked against PyTorch
+through an untuned compile on a new input."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import raytune_kernels as rk
+from raytune_kernels.compile.api import compile_network
+from raytune_kernels.frontend.partition import partition
+
+
+class Chains(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(8, 16, 3, padding=1), nn.Linear(16, 24)
+        self.mish = nn.Mish()
+
+    def forward(self, x, t):
+        c = F.hardtanh(self.mish(self.conv(x)), -0.25, 1.5)  # fused into the conv
+        c = torch.clamp(c ** 2, max=1.0) - torch.rsqrt(c.abs() + 1.0)
+        y = self.fc(t)
+        a = torch.exp(-y.square()) + torch.erf(y) + torch.sqrt(torch.abs(y))
+        b = torch.maximum(y, -y) * torch.minimum(y, torch.full_like(y, 0.5)).clamp_min(-1.0)
+        return c, a + b + y.pow(-1.0).clamp(-4.0, 4.0)
+
+
+def test_elementwise_ops_capture_fuse_and_compile():
+    torch.manual_seed(0)
+    model = Chains().eval()
+    x, t = torch.randn(1, 8, 6, 6), torch.randn(1, 5, 16)
+    graph = rk.capture(model, (x, t), strict=True)  # no island
+    ops = {n.op for n in graph.nodes}
+    assert {"mish", "exp", "erf", "sqrt", "rsqrt", "square", "neg", "abs", "maximum",
+            "minimum"} <= ops
+    tasks = partition(graph).tasks
+    conv = next(t for t in tasks if t.compute.op == "conv2d")
+    assert [e.op for e in conv.compute.epilogue][:4] == ["bias", "mish", "maximum", "minimum"]
+    with pytest.warns(UserWarning, match="untuned"):
+        net = compile_network(model, (x, t))
+    assert all(s.kind != "torch" for s in net.steps)
+    x2, t2 = torch.randn(1, 8, 6, 6), torch.randn(1, 5, 16)
+    with torch.no_grad():
+        for got, want in zip(net(x2, t2), model(x2, t2)):
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fn", [lambda x: x ** 3, lambda x: torch.clamp(x, min=x.mean())])
+def test_forms_without_a_lowering_are_islands(fn):
+    class One(nn.Module):
+        def forward(self, x):
+            return fn(torch.relu(x))
+    x = torch.randn(1, 4, 5)
+    with pytest.raises(rk.UnsupportedOpError):
+        rk.capture(One(), (x,), strict=True)
