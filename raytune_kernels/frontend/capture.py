@@ -133,6 +133,7 @@ class _Walker:
         self.env: dict[str, Any] = {}
         self.graph_inputs: list[tuple[str, tuple[int, ...]]] = []
         self.lifted: dict[int, tuple[torch.Tensor, T]] = {}  # id(constant) -> its param
+        self.unexportable: set = set()  # calls torch.export failed on (frontend/inline.py)
 
     def run(self) -> Graph:
         outputs: tuple[str, ...] = ()
@@ -269,8 +270,6 @@ class _Walker:
         a bias table gathered by its index buffer, a mask filled in place), folded at
         capture. It stays a plain tensor, so later in-place writes reach it, until an op
         on run-time values reads it (`_lift`)."""
-        if isinstance(out, T):
-            return out.value
         return out
 
     def _lift(self, v: Any) -> Any:
@@ -311,8 +310,12 @@ class _Walker:
         """`island`'s call walked op by op from its export (frontend/inline.py): its
         results shaped like `out`, or None (and the builder as it was) where the export
         fails, an op inside is refused, or nothing inside runs in our kernels."""
+        kind = type(island.call) if isinstance(island.call, nn.Module) else island.call
+        if kind in self.unexportable:  # one failed export per module type or function
+            return None
         gm = export_call(island, [t.value for t in inputs])
         if gm is None:
+            self.unexportable.add(kind)
             return None
         saved = self.b.snapshot()
         try:
