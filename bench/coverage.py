@@ -2,6 +2,7 @@
 
     python bench/coverage.py [--threads 1] [--max-gflops 30] [--only NAME ...] [--jobs 2]
                              [--zoo torchvision|timm|hf|all] [--timeout 600]
+                             [--tune MODEL ... [--trials 1000] [--tune-threads 2]]
 
 For each model (random weights, batch 1, 224x224; inception_v3 299x299; bench/models.py
 builds them and makes torchvision importable beside the CPU torch), in a process of its
@@ -21,7 +22,8 @@ Models over --max-gflops GFLOPs are skipped for time and listed. Each model's ro
 printed as it completes; the last line of stdout is one JSON object: {"cpu", "threads",
 "models", "captured", "compiled_and_correct", "no_island", "flops_in_our_kernels"
 (median share), "islands" {op: [models]}, "skipped", "failed" {model: reason},
-"untuned_vs_eager" (median speedup), "rows"}.
+"untuned_vs_eager" (median speedup), "rows", "tuned" {model: speedup_vs_best_torch, ours_ms,
+torch_ms, trials, threads} for the --tune models (bench/network.py, records resumed)}.
 """
 from __future__ import annotations
 
@@ -158,6 +160,11 @@ def main() -> None:
     p.add_argument("--zoo", default="torchvision", choices=["torchvision", "timm", "hf", "all"])
     p.add_argument("--jobs", type=int, default=1, help="models measured at once")
     p.add_argument("--timeout", type=int, default=600, help="seconds per model")
+    p.add_argument("--tune", nargs="*", default=[], metavar="MODEL",
+                   help="also tune these (zoo/name) with bench/network.py and report their "
+                        "time against PyTorch's best variant")
+    p.add_argument("--trials", type=int, default=1000, help="per --tune model")
+    p.add_argument("--tune-threads", type=int, default=2)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -183,7 +190,25 @@ def main() -> None:
         for row in pool.map(lambda n: run_one(n, args), names):
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print(json.dumps(summary(rows, args.threads)))
+    result = summary(rows, args.threads)
+    result["tuned"] = {m: tune_one(m, args) for m in args.tune}
+    print(json.dumps(result))
+
+
+def tune_one(name: str, args) -> dict:
+    """bench/network.py on one model: its records (resumed), compile, and time against
+    eager, channels_last, TorchScript freeze and torch.compile in one run; its figures, or
+    the reason it gave none."""
+    cmd = [sys.executable, os.path.join(HERE, "network.py"), name, "--trials",
+           str(args.trials), "--threads", str(args.tune_threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {proc.returncode}: {tail}"[:300]}
+    got = json.loads(lines[-1])
+    return {k: got[k] for k in ("speedup_vs_best_torch", "ours_ms", "torch_ms", "trials",
+                                "threads")}
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from raytune_kernels.frontend.builder import Builder, Ctx, T, bind
 from raytune_kernels.frontend.graph import Graph
 from raytune_kernels.frontend.inline import export_call, inlinable
 from raytune_kernels.frontend.island import ISLAND, Island, MethodCall, island_of
-from raytune_kernels.frontend.passes import fold_affine, prune_params
+from raytune_kernels.frontend.passes import fold_affine, pad_channels, prune_params
 
 
 def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor,
@@ -45,7 +45,7 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Ten
         gm = _export(model, inputs)
     with torch.no_grad():
         graph = _Walker(gm, inputs, strict).run()
-    graph = prune_params(fold_affine(graph))
+    graph = prune_params(pad_channels(fold_affine(graph)))
     islands = [n for n in graph.nodes if n.op == ISLAND]
     if islands:
         named = dict.fromkeys(f"{n.attr('what')} in '{n.layer}'" for n in islands)

@@ -54,7 +54,7 @@ def test_batch_norm_not_folded_when_conv_output_is_shared():
     class Shared(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv, self.bn = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+            self.conv, self.bn = nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8)
 
         def forward(self, x):
             y = self.conv(x)
@@ -96,7 +96,7 @@ def test_mixed_ops_capture_and_run():
 
 
 def test_layer_names_are_module_paths():
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.ReLU(), nn.Conv2d(4, 4, 1)))
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Sequential(nn.ReLU(), nn.Conv2d(8, 8, 1)))
     graph = rk.capture(model, (torch.randn(1, 3, 8, 8),))
     assert [n.layer for n in graph.nodes] == ["0", "1.0", "1.1"]
 
@@ -144,7 +144,7 @@ def test_value_dependent_shapes_are_refused():
 class ShapeBranch(nn.Module):
     def __init__(self):
         super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
 
     def forward(self, x):
         y = self.conv(x)
