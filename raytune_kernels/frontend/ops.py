@@ -66,6 +66,7 @@ def _s_clamp_max(input, max): ...
 def _s_binary(input, other): ...
 def _s_slice(input, dim=0, start=None, end=None, step=1): ...
 def _s_pad(input, pad, mode="constant", value=None): ...
+def _s_constant_pad(input, pad, value=0.0, mode="constant"): ...
 def _s_roll(input, shifts, dims=None): ...
 def _s_einsum(equation, *operands, path=None): ...
 def _s_embedding_aten(weight, indices, padding_idx=-1, scale_grad_by_freq=False,
@@ -96,25 +97,7 @@ def h_conv2d(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     attrs = {"stride": pair(a["stride"]), "dilation": dilation, "groups": int(a["groups"]),
              "padding": _conv_padding(a["padding"], w.value, dilation, ctx)}
     ins = [x, w] + ([need_param(b, a["bias"], ctx, "bias")] if a["bias"] is not None else [])
-    if _conv_is_dense(x.value, w.value, attrs):
-        return _conv_as_dense(b, x, w, ins[2:], out, ctx)
     return b.node("conv2d", ins, attrs, out, ctx)
-
-
-def _conv_is_dense(x: torch.Tensor, w: torch.Tensor, attrs: dict) -> bool:
-    """A 1x1 conv of a 1x1 map (a squeeze-excite block's) whose output channels do not
-    fill 8-float vectors (12, 26, 110): a dense, whose N pads to the vector, has a kernel
-    for any channel count; the others keep their conv2d task (and its records)."""
-    return x.shape[0] == 1 and tuple(x.shape[2:]) == (1, 1) and tuple(w.shape[2:]) == (1, 1) \
-        and attrs["groups"] == 1 and attrs["padding"] == (0, 0) and w.shape[0] % 8 != 0
-
-
-def _conv_as_dense(b: Builder, x: T, w: T, bias: list, out: torch.Tensor, ctx: Ctx) -> T:
-    rows = x.value.reshape(1, x.value.shape[1])
-    flat = b.node("reshape", [x], {"shape": tuple(rows.shape)}, rows, ctx)
-    weight = b.param(f"{ctx.layer}.dense_weight", w.value.reshape(w.value.shape[:2]))
-    y = b.node("dense", [flat, weight] + bias, {}, out.reshape(1, out.shape[1]), ctx)
-    return b.node("reshape", [y], {"shape": tuple(out.shape)}, out, ctx)
 
 
 def h_dense(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
@@ -442,7 +425,8 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((F.embedding,), _s_embedding, h_embedding),
     (("aten::embedding",), _s_embedding_aten, h_embedding),
     (("aten::slice",), _s_slice, h_slice),
-    ((F.pad, torch.constant_pad_nd, "aten::pad", "aten::constant_pad_nd"), _s_pad, h_pad),
+    ((F.pad, "aten::pad"), _s_pad, h_pad),
+    ((torch.constant_pad_nd, "aten::constant_pad_nd"), _s_constant_pad, h_pad),
     ((torch.roll, "roll", "aten::roll"), _s_roll, h_roll),
     ((torch.broadcast_to, "expand", "expand_as", "broadcast_to", "repeat", "aten::expand",
       "aten::expand_as", "aten::broadcast_to", "aten::repeat"), _s_any, h_expand),

@@ -36,6 +36,7 @@ def _check(fn, *xs, want_ops=()):
     (lambda x: F.pad(torch.relu(x), (1, 2, 0, 3), value=-0.5), "pad"),
     (lambda x: F.pad(torch.relu(x), (2, 1, 1, 2), mode="reflect"), "pad"),
     (lambda x: F.pad(torch.relu(x), (1, 1, 1, 1), mode="replicate"), "pad"),
+    (lambda x: torch.constant_pad_nd(torch.relu(x), (1, 0, 2, 1), 0.25), "pad"),
     (lambda x: torch.roll(torch.relu(x), shifts=(-2, 3), dims=(2, 3)), "roll"),
     (lambda x: torch.relu(x).expand(2, 3, 6, 7), "expand"),
     (lambda x: torch.relu(x).repeat(1, 2, 1, 2), "repeat"),
