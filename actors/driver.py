@@ -2,6 +2,7 @@
 actors; it imports them only when called, so the core stays importable without Ray."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -57,13 +58,17 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
     measurements already in `records` count toward the budget and are never repeated,
     and the cost model starts trained on them. Returns the best record per task and the
     estimated network latency (sum of weight x best latency). Ops without a kernel of ours
-    run in PyTorch (islands, named in one warning) unless `strict`, which refuses them."""
-    from raytune_kernels import extract_tasks
+    run in PyTorch (islands, named in one warning) unless `strict`, which refuses them; on
+    "llvm" the estimate includes their PyTorch time (and that of tasks with no kernel on
+    this CPU), measured once on this machine with `threads` threads before tuning."""
+    from raytune_kernels import capture, partition
 
     tgt = _preflight(target, records, address, threads, num_measurers)
-    tasks = extract_tasks(model, example_inputs, tgt, strict=strict)
-    return _tune(tasks, tgt, trials, records, resume, address, num_measurers, num_builders,
-                 batch, seed, threads, verbose)
+    part = partition(capture(model, example_inputs, strict=strict))
+    inputs = ((example_inputs,) if isinstance(example_inputs, torch.Tensor)
+              else tuple(example_inputs))
+    return _tune(list(part.tasks), tgt, trials, records, resume, address, num_measurers,
+                 num_builders, batch, seed, threads, verbose, network=(part, inputs))
 
 
 def tune_tasks(tasks: Sequence[Task], target: str = "llvm", trials: int = 200,
@@ -95,12 +100,33 @@ def _preflight(target: str, records: str | None, address: str | None, threads: i
 
 
 def _tune(tasks: list[Task], tgt: Target, trials, records, resume, address, num_measurers,
-          num_builders, batch, seed, threads, verbose) -> TuningResult:
-    tasks = _tunable(tasks, tgt)
+          num_builders, batch, seed, threads, verbose, network=None) -> TuningResult:
+    tasks, skipped = _tunable(tasks, tgt)
+    torch_s = _torch_part(skipped, network, tgt, threads)
     history = load_records(records).records if (records and resume) else []
     ray = _start_ray(address)
     return _run(ray, tasks, tgt, records, history, trials, batch, seed,
-                threads, num_measurers, num_builders, verbose)
+                threads, num_measurers, num_builders, verbose, torch_s)
+
+
+def _torch_part(skipped: list[Task], network, tgt: Target, threads: int) -> float:
+    """Seconds of the network that run PyTorch however long we tune: tasks without a kernel
+    here (weight x PyTorch's time on random operands) and, for a captured network
+    (`network` = (partition, inputs)), its islands timed on the values they receive.
+    Measured on this machine's CPU with `threads` threads; on cuda they are not measured
+    (the GPU is the measurers'), and the estimate says it leaves them out."""
+    part = network[0] if network else None
+    islands = part is not None and any(n.op == "torch" for n in part.graph.nodes)
+    if tgt.kind != "llvm":
+        if skipped or islands:
+            warnings.warn("the estimated latency leaves out what runs PyTorch (islands, tasks "
+                          f"without a kernel): it is measured only for llvm, not {tgt.kind}",
+                          stacklevel=4)
+        return 0.0
+    from raytune_kernels.compile.cpu_network import island_seconds, torch_seconds
+
+    total = sum(t.weight * torch_seconds(t.compute, threads) for t in skipped)
+    return total + (island_seconds(part, network[1], threads) if islands else 0.0)
 
 
 def _check_cores(threads: int, num_measurers: int | None) -> None:
@@ -150,14 +176,15 @@ def _initial(ray, actor):
         raise
 
 
-def _tunable(tasks, tgt: Target):
+def _tunable(tasks, tgt: Target) -> tuple[list[Task], list[Task]]:
+    """(the tasks the target has a kernel for, the others), warning once about those."""
     reasons = [unsupported_on(tgt)(t.compute) for t in tasks]
     skipped = [(t, r) for t, r in zip(tasks, reasons) if r]
     if skipped:
         warnings.warn(f"not tuned for {tgt.kind} (no kernel for them yet): " +
                       "; ".join(f"{t.compute.describe()} ({r})" for t, r in skipped),
                       stacklevel=4)
-    return [t for t, r in zip(tasks, reasons) if not r]
+    return [t for t, r in zip(tasks, reasons) if not r], [t for t, _ in skipped]
 
 
 def check_reachable(address: str, timeout_s: float = 3.0) -> None:
@@ -191,7 +218,7 @@ def _start_ray(address: str | None):
 
 
 def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads,
-         num_measurers, num_builders, verbose) -> TuningResult:
+         num_measurers, num_builders, verbose, torch_s: float = 0.0) -> TuningResult:
     from actors.tuning_actors import ON_HEAD, TaskSchedulerActor
 
     from raytune_kernels.tune.progress import ProgressView
@@ -211,17 +238,26 @@ def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads
         view = ProgressView(trials) if verbose else None
         if view:
             view.__enter__()
-            view.update(first)
+            view.update(_with_torch(first, torch_s))
         while (summary := ray.get(actor.step.remote())) is not None:
             if view:
-                view.update(summary)
+                view.update(_with_torch(summary, torch_s))
         if view:
             view.__exit__(None, None, None)
         result = ray.get(actor.result.remote())
     finally:
         ray.kill(actor)
+    result.estimated_latency_s += torch_s
+    result.torch_s = torch_s
     if verbose:
-        print(f"estimated latency {result.estimated_latency_s * 1e3:.3f} ms over "
+        of_torch = f" ({torch_s * 1e3:.3f} ms of it PyTorch)" if torch_s else ""
+        print(f"estimated latency {result.estimated_latency_s * 1e3:.3f} ms{of_torch} over "
               f"{len(result.best)} tasks, {result.trials} trials; records: {records}")
     return result
+
+
+def _with_torch(summary, torch_s: float):
+    """A round's summary with the PyTorch part added to its estimate."""
+    return dataclasses.replace(summary, estimated_s=summary.estimated_s + torch_s,
+                               torch_s=torch_s)
 

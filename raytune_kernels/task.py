@@ -141,6 +141,8 @@ def _anchor_flops(c: Compute) -> int:
         return 5 * out
     if c.op == "layer_norm":
         return 8 * out
+    if c.op == "reduce":
+        return c.inputs[0].numel
     return 0
 
 

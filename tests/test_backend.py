@@ -107,7 +107,7 @@ def test_the_driver_skips_tasks_without_a_kernel_with_a_warning(monkeypatch):
     monkeypatch.setattr(driver, "unsupported_on", lambda tgt: cpu_backend(cramped).unsupported)
     dense = Task("k", _dense(), 1, ("fc",))
     with pytest.warns(UserWarning, match=r"not tuned for llvm .*no register tile fits"):
-        assert driver._tunable([dense], driver.parse_target("llvm")) == []
+        assert driver._tunable([dense], driver.parse_target("llvm")) == ([], [dense])
 
 
 def test_an_epilogue_operand_the_row_kernel_cannot_read_is_a_reason():

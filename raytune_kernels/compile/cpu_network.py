@@ -41,7 +41,8 @@ from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
 from raytune_kernels.layout.costs import candidates_from_records, layouts_of
 from raytune_kernels.layout.graph import NCHW, Candidate
 from raytune_kernels.measure import MeasureOptions, cold_copies, random_operands
-from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep, partition, run_steps
+from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition,
+                                                 run_glue, run_steps)
 from raytune_kernels.tune.records import Record, best_per_task, load_records
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
@@ -218,6 +219,27 @@ def torch_seconds(compute, threads: int, opts: TimingOptions =
     try:
         with torch.no_grad():
             return median(time_fn(run, opts))
+    finally:
+        torch.set_num_threads(prev)
+
+
+def island_seconds(part: Partition, inputs: Sequence[torch.Tensor], threads: int,
+                   opts: TimingOptions = TimingOptions(warmup=2, min_repeat_ms=10, repeats=5)
+                   ) -> float:
+    """PyTorch's median time for the network's islands, each timed alone on the values it
+    receives when the network runs `inputs` (as they run in the compiled network), summed;
+    0.0 without islands."""
+    nodes = part.graph.node_map()
+    islands = [nodes[s.node] for s in part.steps
+               if isinstance(s, GlueStep) and nodes[s.node].op == "torch"]
+    if not islands:
+        return 0.0
+    env = run_steps(part, inputs)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            return sum(median(time_fn(lambda n=n: run_glue(n, env), opts)) for n in islands)
     finally:
         torch.set_num_threads(prev)
 

@@ -20,7 +20,7 @@ from raytune_kernels.space import Config
 from raytune_kernels.task import Compute
 
 OPS = ("conv2d", "dense", "matmul", "max_pool2d", "avg_pool2d", "softmax", "layer_norm",
-       "elementwise")
+       "elementwise", "reduce")
 MAX_LOOPS = 8
 THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 

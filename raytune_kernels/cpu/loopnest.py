@@ -177,12 +177,14 @@ class Let:
 
 @dataclass(frozen=True)
 class Map:
-    """For var in [0, extent): store the vector expr at out (whose index includes var)."""
+    """For var in [0, extent): store the vector expr at out (whose index includes var);
+    `scalar`: store only its first lane (a reduction's one value per row)."""
 
     out: Access
     expr: Expr
     var: str
     extent: int
+    scalar: bool = False
 
 
 Stmt = Union[For, Split, ZeroTile, UpdateTile, StoreTile, Reduce, Let, Map]
@@ -295,7 +297,10 @@ def _row_stmt(nest: LoopNest, s, env: dict, bufs) -> None:
             env[s.var] = j
             i = s.out.index.eval(env)
             value = np.broadcast_to(_eval(nest, s.expr, env, bufs), (nest.lanes,))
-            bufs[s.out.buffer][i: i + nest.lanes] = value
+            if s.scalar:
+                bufs[s.out.buffer][i] = value[0]
+            else:
+                bufs[s.out.buffer][i: i + nest.lanes] = value
 
 
 def _run(nest: LoopNest, body, env, bufs, accs) -> None:

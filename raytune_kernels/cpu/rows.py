@@ -1,8 +1,10 @@
-"""Row kernels: softmax and layer norm over the last axis, and bare elementwise tasks.
+"""Row kernels: softmax and layer norm over the last axis, reductions of the last axis
+(sum, mean, max, min), and bare elementwise tasks.
 
 Each row of N floats is handled by one iteration of a (parallel) row loop: reductions into
 vector accumulators then across lanes, scalar registers, and a vector map that writes the
-row with the task's epilogue fused. Buffers keep torch's contiguous layout.
+row with the task's epilogue fused (a reduction writes one value per row). Buffers keep
+torch's contiguous layout.
 Knobs: the vector width (one that divides N; 1 when none does), the number of independent
 accumulators in each reduction, and whether the row loop runs in parallel.
 """
@@ -19,7 +21,7 @@ from raytune_kernels.cpu.loopnest import (PARALLEL, SERIAL, Access, Affine, Bin,
                                           LdScalar, Let, LoopNest, Map, Num, Reduce, Reg, Un)
 from raytune_kernels.space import Space
 
-ROW_OPS = ("softmax", "layer_norm", "elementwise")
+ROW_OPS = ("softmax", "layer_norm", "elementwise", "reduce")
 
 
 class RowLoweringError(ValueError):
@@ -34,6 +36,9 @@ class RowShape:
 
 
 def row_shape(c: Compute) -> RowShape:
+    if c.op == "reduce":  # rows of the input, one value out per row
+        shape = c.inputs[0].shape
+        return RowShape(math.prod(shape[:-1]), shape[-1], None)
     shape = c.output.shape
     if c.op == "softmax" and c.attr("dim") != len(shape) - 1:
         raise RowLoweringError(f"softmax over axis {c.attr('dim')} (only the last axis)")
@@ -61,12 +66,19 @@ def lower_rows(c: Compute, cfg) -> LoopNest:
     x = Ld(Access("x", row))
     body, value, extra = _anchor(c, x, cfg["accs"], steps, lanes)
     names = [f"e{i}" for i in range(sum(len(e.operands) for e in c.epilogue))]
-    value = _epilogue(c, value, names, shape, row, lanes)
-    body.append(Map(Access("out", row), value, "j", steps))
     total = shape.rows * shape.n
-    buffers = [Buffer("x", total, "in")] + extra
+    if c.op == "reduce":  # one value per row: the epilogue reads per-row operands
+        value = _epilogue(c, value, names, RowShape(shape.rows, 1, None), Affine((("r", 1),)),
+                          lanes)
+        body.append(Map(Access("out", Affine((("r", 1),))), value, "j", 1, scalar=True))
+        out_size, total = shape.rows, shape.rows
+    else:
+        value = _epilogue(c, value, names, shape, row, lanes)
+        body.append(Map(Access("out", row), value, "j", steps))
+        out_size = total
+    buffers = [Buffer("x", shape.rows * shape.n, "in")] + extra
     buffers += [Buffer(n, _operand_size(c, i, shape, total), "in") for i, n in enumerate(names)]
-    buffers.append(Buffer("out", total, "out"))
+    buffers.append(Buffer("out", out_size, "out"))
     loop = For("r", shape.rows, PARALLEL if cfg["parallel"] else SERIAL, tuple(body))
     return LoopNest(f"k_{c.key()}", tuple(buffers), (), (loop,), lanes)
 
@@ -74,6 +86,13 @@ def lower_rows(c: Compute, cfg) -> LoopNest:
 def _anchor(c: Compute, x, accs: int, steps: int, lanes: int):
     if c.op == "elementwise":
         return [], x, []
+    if c.op == "reduce":
+        kind, n = c.attr("kind"), steps * lanes
+        if kind == "min":  # the max of the negated row, negated
+            return [Reduce("m", "max", Un("neg", x), "j", steps, accs)], Un("neg", Reg("m")), []
+        op = "max" if kind == "max" else "sum"
+        value = Bin("mul", Reg("m"), Num(1.0 / n)) if kind == "mean" else Reg("m")
+        return [Reduce("m", op, x, "j", steps, accs)], value, []
     if c.op == "softmax":
         shifted = Un("exp", Bin("sub", x, Reg("max")))
         body = [Reduce("max", "max", x, "j", steps, accs),
@@ -123,14 +142,16 @@ def epilogue_expr(op, value, loads: list):
 
 def _operand_load(name: str, spec, shape: RowShape, row: Affine, lanes: int, total: int):
     size = math.prod(spec.shape)
-    if size == total:
-        return Ld(Access(name, row))
+    if size == total:  # rows of one value (a reduction's output) are read one at a time
+        return LdScalar(Access(name, row)) if shape.n == 1 else Ld(Access(name, row))
     dims = [i for i, d in enumerate(spec.shape) if d != 1]  # the axes it is not broadcast on
     axes = len(spec.shape)
     if shape.channels is not None and size == shape.channels and dims == [axes - 3]:
         return LdScalar(Access(name, Affine((("r", 1),))))  # (C, 1, 1): one per row
     if shape.channels is None and size == shape.n and dims == [axes - 1]:
         return Ld(Access(name, Affine((("j", lanes),))))  # along the row
+    if shape.channels is None and size == shape.rows and spec.shape[-1] == 1:
+        return LdScalar(Access(name, Affine((("r", 1),))))  # (..., 1): one per row
     raise RowLoweringError(f"epilogue operand of shape {spec.shape} on rows of {shape.n}")
 
 

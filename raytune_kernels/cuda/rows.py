@@ -1,8 +1,10 @@
-"""Row kernels in CUDA C: softmax (any axis), layer norm, and bare elementwise tasks.
+"""Row kernels in CUDA C: softmax (any axis), layer norm, reductions of the last axis
+(sum, mean, max, min), and bare elementwise tasks.
 
-Softmax and layer norm give each row to one block: its threads stride over the row
-(`vec` floats at a time where the row is contiguous and vec divides it), reduce through
-warp shuffles and a 32-float shared array, and write the row with the epilogue fused.
+Softmax, layer norm and reductions give each row to one block: its threads stride over
+the row (`vec` floats at a time where the row is contiguous and vec divides it), reduce
+through warp shuffles and a 32-float shared array, and write the row (a reduction: its
+one value, by thread 0) with the epilogue fused.
 Elementwise tasks are a flat map: each thread handles `items` vectors of `vec` floats,
 spaced a block apart so that every load instruction of a warp is contiguous.
 Knobs: threads per block, vec, and (elementwise) items per thread.
@@ -19,7 +21,7 @@ from raytune_kernels.cuda.kernel import (CudaKernel, buffers_of, check_grid, ker
                                          kernel_source)
 from raytune_kernels.space import Config, Space
 
-ROW_OPS = ("softmax", "layer_norm")
+ROW_OPS = ("softmax", "layer_norm", "reduce")
 _LANES = "xyzw"
 
 REDUCE_HELPERS = """\
@@ -54,6 +56,9 @@ class Rows:
 
     @classmethod
     def from_compute(cls, c: Compute) -> "Rows":
+        if c.op == "reduce":  # rows of the input's last axis, one value out per row
+            shape = c.inputs[0].shape
+            return cls(c.inputs[0].numel // shape[-1], shape[-1], 1, None)
         shape = c.output.shape
         if c.op == "softmax":
             d = c.attr("dim") % len(shape)
@@ -136,6 +141,19 @@ def _write(compute: Compute, rows: Rows, cfg: Config, value) -> list[str]:
     return _row_loop(rows, cfg, body)
 
 
+def _reduction(compute: Compute, rows: Rows, cfg: Config) -> list[str]:
+    """The block's reduction of its row, its epilogue and store by thread 0; min is the
+    max of the negated row, negated."""
+    kind = compute.attr("kind")
+    sign = "-" if kind == "min" else ""
+    lines = _reduce(rows, cfg, "acc", "max" if kind in ("max", "min") else "sum",
+                    lambda x: f"{sign}{x}")
+    value = {"sum": "acc", "mean": f"acc / {float(rows.n)}f", "max": "acc", "min": "-acc"}
+    epi = epilogue_lines(compute, "v0", operand_reads(compute, "o0", {}))
+    return lines + ["if (threadIdx.x == 0) {", "const int o0 = blockIdx.x;",
+                    f"float v0 = {value[kind]};", *epi, "out[o0] = v0;", "}"]
+
+
 def render_rows(compute: Compute, rows: Rows, cfg: Config) -> CudaKernel:
     body = ["__shared__ float red[32];", f"const int base = {rows.base()};",
             "const float* xr = in0 + base;"]
@@ -144,6 +162,8 @@ def render_rows(compute: Compute, rows: Rows, cfg: Config) -> CudaKernel:
         body += _reduce(rows, cfg, "sm", "sum", lambda x: f"expf({x} - mx)")
         body += ["const float inv = 1.0f / sm;"]
         body += _write(compute, rows, cfg, lambda x, j: f"expf({x} - mx) * inv")
+    elif compute.op == "reduce":
+        body += _reduction(compute, rows, cfg)
     else:
         eps = flit(compute.attr("eps"))
         body += _reduce(rows, cfg, "s1", "sum", lambda x: x)

@@ -21,7 +21,7 @@ ELEMENTWISE_OPS = UNARY_OPS | BINARY_OPS | {"affine"}
 # Ops that anchor a task: the heavy op of a fused kernel.
 ANCHOR_OPS = frozenset({
     "conv2d", "dense", "matmul", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
-    "softmax", "layer_norm",
+    "softmax", "layer_norm", "reduce",
 })
 # Data-movement ops: executed between tasks, never tuned as a task of their own.
 # "torch" nodes are islands (frontend/island.py)

@@ -6,6 +6,7 @@ single handler per op turns either into a node.
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Callable
 
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from raytune_kernels.errors import DynamicShapeError
 from raytune_kernels.frontend.builder import Builder, Ctx, T, need_param, norm_dim, pair, tensor_arg
 from raytune_kernels.frontend.attention import h_sdpa
+from raytune_kernels.frontend.reference import REDUCE_FNS
 from raytune_kernels.frontend.movement import h_einsum, h_expand, h_pad, h_roll, h_slice
 from raytune_kernels.frontend.slicing import h_getitem, h_select, h_split, h_unbind
 
@@ -50,6 +52,9 @@ def _s_any(input, *args, **kwargs): ...
 def _s_dropout(input, p=0.5, training=False, inplace=False): ...
 def _s_stochastic_depth(input, p, mode, training=True): ...
 def _s_mean(input, dim=None, keepdim=False, dtype=None): ...
+def _s_amax(input, dim=(), keepdim=False): ...
+def _s_norm(input, p="fro", dim=None, keepdim=False, dtype=None): ...
+def _s_vector_norm(input, ord=2, dim=None, keepdim=False, dtype=None): ...
 def _s_getitem(input, index): ...
 def _s_split(input, split, dim=0): ...
 def _s_unbind(input, dim=0): ...
@@ -169,7 +174,9 @@ def binary(op: str) -> Callable:
 
 
 def h_pow(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    """x ** c for the constant exponents networks use (RMSNorm's square, a root)."""
+    """x ** c for the constant exponents networks use: RMSNorm's square, roots, GELU-tanh's
+    cube; any integer exponent up to 16 in magnitude by repeated multiplication (square
+    and multiply), a negative one as the reciprocal of that."""
     x, e = a["input"], _scalar(a["exponent"])
     if not isinstance(x, T) or e is None:
         raise ctx.unsupported("a power other than a tensor to a constant exponent")
@@ -178,9 +185,28 @@ def h_pow(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     ops_of = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt"}
     if e in ops_of:
         return b.node(ops_of[e], [x], {}, out, ctx)
-    if e == -1.0:
-        return b.node("div", [x], {"scalar": 1.0, "reverse": True}, out, ctx)
-    raise ctx.unsupported(f"a power with exponent {e:g} (2, 0.5, -0.5 and -1 are lowered)")
+    if e != int(e) or not 0 < abs(e) <= _MAX_POW:
+        raise ctx.unsupported(f"a power with exponent {e:g} (integers up to {_MAX_POW} in "
+                              "magnitude, 0.5 and -0.5 are lowered)")
+    n = abs(int(e))
+    power = x if n == 1 else _integer_power(b, x, n, ctx)
+    if e < 0:
+        return b.node("div", [power], {"scalar": 1.0, "reverse": True}, out, ctx)
+    return T(power.ref, out)
+
+
+_MAX_POW = 16
+
+
+def _integer_power(b: Builder, x: T, n: int, ctx: Ctx) -> T:
+    """x ** n, n >= 2, as squares of x multiplied together (n's binary digits)."""
+    if n == 1:
+        return x
+    half = _integer_power(b, x, n // 2, ctx)
+    power = b.node("square", [half], {}, half.value * half.value, ctx)
+    if n % 2:
+        power = b.node("mul", [power, x], {}, power.value * x.value, ctx)
+    return power
 
 
 def h_clamp(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
@@ -306,12 +332,11 @@ def h_stochastic_depth(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
 
 def h_mean(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """A mean over the two spatial dims of an NCHW value (global pooling written as a
-    mean, as in squeeze-excite blocks): an average pool over the whole map."""
+    mean, as in squeeze-excite blocks) is an average pool over the whole map; a mean over
+    any other dims is a row reduction (h_reduce)."""
     x = tensor_arg(a["input"], ctx)
-    dims = a["dim"] if isinstance(a["dim"], (list, tuple)) else (a["dim"],)
-    if x.value.dim() != 4 or a["dtype"] is not None or a["dim"] is None or \
-            sorted(norm_dim(int(d), 4) for d in dims) != [2, 3]:
-        raise ctx.unsupported("a mean other than over the spatial dims of an NCHW value")
+    if x.value.dim() != 4 or a["dtype"] is not None or _reduced_dims(a["dim"], 4) != [2, 3]:
+        return h_reduce("mean")(b, a, out, ctx)
     h, w = x.value.shape[2:]
     attrs = {"kernel": (h, w), "stride": (h, w), "padding": (0, 0), "ceil_mode": False,
              "count_include_pad": True}
@@ -319,6 +344,71 @@ def h_mean(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     y = b.node("avg_pool2d", [x], attrs, pooled, ctx)
     return y if a["keepdim"] else b.node("reshape", [y], {"shape": tuple(out.shape)}, out,
                                          ctx)
+
+
+def _reduced_dims(dim, ndim: int) -> list[int]:
+    """The sorted dims a reduction's `dim` argument names (None or () for all of them)."""
+    if dim is None or (isinstance(dim, (list, tuple)) and not dim):
+        return list(range(ndim))
+    dims = dim if isinstance(dim, (list, tuple)) else (dim,)
+    return sorted({norm_dim(int(d), ndim) for d in dims})
+
+
+def h_reduce(kind: str) -> Callable:
+    """sum / mean / amax / amin over any dims: a "reduce" row task over the last axis.
+    The reduced dims are moved last (a permute, when they are not last already) and
+    flattened into one, so the task reads rows; its output keeps an axis of 1, which a
+    reshape drops unless keepdim and the reduced dim was the last (RMSNorm's mean of
+    squares, whose epilogue then fuses into the reduction)."""
+    def handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+        x = tensor_arg(a["input"], ctx)
+        if a.get("dtype") is not None or not x.value.is_floating_point():
+            raise ctx.unsupported(f"a {kind} of integers or that changes the dtype")
+        return reduce_dims(b, x, kind, _reduced_dims(a.get("dim"), x.value.dim()), out, ctx)
+    return handler
+
+
+def reduce_dims(b: Builder, x: T, kind: str, dims: list[int], out: torch.Tensor,
+                ctx: Ctx) -> T:
+    """x reduced by `kind` over `dims` (sorted, non-negative), giving `out`."""
+    value, ndim = x.value, x.value.dim()
+    if ndim == 0 or value.numel() == 0:
+        raise ctx.unsupported(f"a {kind} of an empty or 0-d tensor")
+    kept = [d for d in range(ndim) if d not in dims]
+    if kept + dims != list(range(ndim)):
+        perm = kept + dims
+        value = value.permute(perm)
+        x = b.node("permute", [x], {"dims": tuple(perm)}, value, ctx)
+    rows = tuple(value.shape[:len(kept)])
+    width = math.prod(value.shape[len(kept):])
+    if value.shape[len(kept):] != (width,):
+        value = value.reshape(*rows, width)
+        x = b.node("reshape", [x], {"shape": tuple(value.shape)}, value, ctx)
+    result = REDUCE_FNS[kind](value)
+    y = b.node("reduce", [x], {"kind": kind}, result, ctx)
+    if tuple(out.shape) == tuple(result.shape):
+        return T(y.ref, out)
+    return b.node("reshape", [y], {"shape": tuple(out.shape)}, out, ctx)
+
+
+def h_vector_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """The 2-norm (sqrt of the sum of squares), 1-norm (sum of abs) and inf-norm (max of
+    abs) over dims (torch.linalg.vector_norm, Tensor.norm; F.normalize's): elementwise
+    ops around a reduce task."""
+    x = tensor_arg(a["input"], ctx)
+    order = a.get("ord", a.get("p", 2))
+    order = 2.0 if order == "fro" else _scalar(order)
+    if a.get("dtype") is not None or order not in (1.0, 2.0, math.inf):
+        raise ctx.unsupported(f"a norm of order {order} (1, 2 and inf are lowered)")
+    dims = _reduced_dims(a.get("dim"), x.value.dim())
+    src = x.value.square() if order == 2.0 else x.value.abs()
+    x = b.node("square" if order == 2.0 else "abs", [x], {}, src, ctx)
+    kind = "max" if order == math.inf else "sum"
+    if order != 2.0:
+        return reduce_dims(b, x, kind, dims, out, ctx)
+    total = src.sum(dims, keepdim=True) if a.get("keepdim") else src.sum(dims)
+    y = reduce_dims(b, x, kind, dims, total, ctx)
+    return b.node("sqrt", [y], {}, out, ctx)
 
 
 def h_addmm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
@@ -418,6 +508,11 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     (("torchvision.ops.stochastic_depth.stochastic_depth",), _s_stochastic_depth,
      h_stochastic_depth),
     ((torch.mean, "mean", "aten::mean"), _s_mean, h_mean),
+    ((torch.sum, "sum", "aten::sum"), _s_mean, h_reduce("sum")),
+    ((torch.amax, "amax", "aten::amax"), _s_amax, h_reduce("max")),
+    ((torch.amin, "amin", "aten::amin"), _s_amax, h_reduce("min")),
+    ((torch.linalg.vector_norm, "aten::linalg_vector_norm"), _s_vector_norm, h_vector_norm),
+    ((torch.norm, "norm", "aten::norm"), _s_norm, h_vector_norm),
     ((operator.getitem,), _s_getitem, h_getitem),
     ((torch.select, "select", "aten::select"), _s_select, h_select),
     ((torch.addmm, "aten::addmm"), _s_addmm, h_addmm),

@@ -45,10 +45,18 @@ def _anchor(c: Compute, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return torch.softmax(xs[0], a("dim"))
     if c.op == "layer_norm":
         return F.layer_norm(xs[0], a("normalized_shape"), xs[1], xs[2], a("eps"))
+    if c.op == "reduce":  # over the last axis, kept as an axis of 1
+        return REDUCE_FNS[a("kind")](xs[0])
     if c.op == "elementwise":
         return xs[0]
     raise ValueError(f"no reference for op '{c.op}'")
 
+
+# the reductions of a "reduce" task, over the last axis (keepdim); min and max propagate NaN
+REDUCE_FNS = {
+    "sum": lambda x: x.sum(-1, keepdim=True), "mean": lambda x: x.mean(-1, keepdim=True),
+    "max": lambda x: x.amax(-1, keepdim=True), "min": lambda x: x.amin(-1, keepdim=True),
+}
 
 UNARY_FNS = {
     "relu": torch.relu, "relu6": lambda x: torch.clamp(x, 0.0, 6.0),

@@ -27,6 +27,8 @@ def task_table(s: RoundSummary) -> Table:
         gf = f"{r.gflops:.1f}" if r.gflops else "-"
         table.add_row(str(r.id), r.compute, lat, gf, str(r.trials), str(r.weight))
     est = f"{s.estimated_s * 1e3:.3f} ms" if math.isfinite(s.estimated_s) else "-"
+    if s.torch_s and math.isfinite(s.estimated_s):
+        est += f" ({s.torch_s * 1e3:.3f} ms of it PyTorch)"
     errs = ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items())) or "none"
     table.caption = (f"Estimated total latency: {est} | Trials: {s.trials}/{s.budget} | "
                      f"Elapsed: {s.elapsed_s:.1f} s | errors this round: {errs}")

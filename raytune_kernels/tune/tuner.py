@@ -91,17 +91,23 @@ class RoundSummary:
     elapsed_s: float
     valid: int
     errors: dict[str, int]
+    torch_s: float = 0.0  # of estimated_s, the part that runs PyTorch (islands, no kernel)
 
 
 @dataclass
 class TuningResult:
-    """Per-task best records, the estimated network latency, the records path."""
+    """Per-task best records, the estimated network latency, the records path.
+
+    The estimate is the sum of weight x best record over the tuned tasks, plus `torch_s`:
+    the measured PyTorch time of what runs PyTorch in the compiled network (islands, tasks
+    with no kernel on this target), when the driver measured it."""
 
     best: dict[str, Record]
     estimated_latency_s: float
     records: str | None
     trials: int
     tasks: list[Task] = field(default_factory=list)
+    torch_s: float = 0.0
 
 
 class Tuner:

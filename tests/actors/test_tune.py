@@ -28,13 +28,29 @@ def test_tune_network_then_resume(ray_session, tmp_path):
     records = load_records(path).records
     assert len(records) == 12 and all(r.ok for r in records)
     expected = sum(t.weight * result.best[t.key].median for t in tasks)
-    assert result.estimated_latency_s == pytest.approx(expected)
+    assert result.estimated_latency_s == pytest.approx(expected) and result.torch_s == 0.0
 
     again = rk.tune_network(model, (x,), trials=16, records=path, batch=4, verbose=False)
     records = load_records(path).records
     assert len(records) == 16 and again.trials == 16
     assert max(collections.Counter((r.task_key, r.config_key()) for r in records).values()) == 1
     assert again.estimated_latency_s <= result.estimated_latency_s
+
+
+class WithIsland(Tiny):
+    def forward(self, x):  # cumsum has no node of ours: it runs PyTorch between our kernels
+        return self.fc(torch.cumsum(torch.relu(self.conv(x)), dim=3).flatten(1))
+
+
+def test_estimate_includes_the_islands_pytorch_time(ray_session, tmp_path):
+    model, x = WithIsland().eval(), torch.randn(1, 16, 8, 8)
+    with pytest.warns(UserWarning, match="cumsum"):
+        result = rk.tune_network(model, (x,), trials=8, batch=4, verbose=False)
+    tasks = rk.extract_tasks(model, (x,))
+    kernels = sum(t.weight * result.best[t.key].median for t in tasks)
+    # the island's time was measured: positive, and small next to a 1-second bound
+    assert 0 < result.torch_s < 1.0
+    assert result.estimated_latency_s == pytest.approx(kernels + result.torch_s)
 
 
 def test_tune_tasks_tunes_only_the_tasks_given(ray_session, tmp_path):

@@ -51,6 +51,7 @@ static inline float4 make_float4(float a, float b, float c, float d) { return {a
 static inline float2 make_float2(float a, float b) { return {a, b}; }
 static inline void __syncthreads() { rk_block_bar->arrive_and_wait(); }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }  // a CUDA math function
 static inline float __shfl_xor_sync(unsigned, float v, int off) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   rk_shfl[w][lane] = v;

@@ -19,6 +19,8 @@ def emit(em, s) -> None:
                      s.var) as iv:
             em.env[s.var] = iv
             value = vector(em, s.expr)
+            if s.scalar:
+                value = em.b.extract_element(value, ir.Constant(ir.IntType(32), 0))
             em.b.store(value, em.addr(s.out, em.index(s.out.index), 0), align=4)
     else:
         raise TypeError(f"cannot render {type(s).__name__}")
