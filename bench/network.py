@@ -45,29 +45,46 @@ GPU_FULL = TimingOptions(warmup=10, min_repeat_ms=100, repeats=7)  # GpuNetwork.
 
 
 def torch_variants(model, x, use_compile: bool) -> dict:
-    """name -> zero-argument callable, or None where the variant cannot be built here."""
-    out = {"eager": lambda: model(x)}
-    cl_model = copy.deepcopy(model).to(memory_format=torch.channels_last)
-    cl_x = x.contiguous(memory_format=torch.channels_last)
-    out["channels_last"] = lambda: cl_model(cl_x)
-    with torch.no_grad():
-        frozen = torch.jit.freeze(torch.jit.trace(copy.deepcopy(model), (x,)).eval())
-        for _ in range(3):
-            frozen(x)  # TorchScript optimises on the first calls
-    out["jit_freeze"] = lambda: frozen(x)
-    out["compile"] = None
-    if use_compile:
-        try:
-            import torch._inductor.config as inductor
+    """name -> zero-argument callable, or None where the variant cannot be built here
+    (channels_last for an input that is not an image; TorchScript or torch.compile that
+    fail on the model: each such failure is reported on stderr)."""
+    out = {"eager": lambda: model(x), "channels_last": None, "jit_freeze": None,
+           "compile": None}
 
-            inductor.freezing = True
-            compiled = torch.compile(copy.deepcopy(model))
-            with torch.no_grad():
-                compiled(x)
-            out["compile"] = lambda: compiled(x)
-        except Exception as exc:  # no compiler toolchain, unsupported op: report, go on
-            print(f"torch.compile unavailable here: {type(exc).__name__}: {exc}"[:300],
+    def build(name, make):
+        try:
+            out[name] = make()
+        except Exception as exc:  # a variant this model or machine cannot build: report
+            print(f"{name} unavailable here: {type(exc).__name__}: {exc}"[:300],
                   file=sys.stderr)
+
+    def channels_last():
+        cl_model = copy.deepcopy(model).to(memory_format=torch.channels_last)
+        cl_x = x.contiguous(memory_format=torch.channels_last)
+        return lambda: cl_model(cl_x)
+
+    def jit_freeze():
+        with torch.no_grad():
+            traced = torch.jit.trace(copy.deepcopy(model), (x,), strict=False)
+            frozen = torch.jit.freeze(traced.eval())
+            for _ in range(3):
+                frozen(x)  # TorchScript optimises on the first calls
+        return lambda: frozen(x)
+
+    def compiled():
+        import torch._inductor.config as inductor
+
+        inductor.freezing = True
+        fn = torch.compile(copy.deepcopy(model))
+        with torch.no_grad():
+            fn(x)
+        return lambda: fn(x)
+
+    if x.dim() == 4:  # channels_last is a memory format of images
+        build("channels_last", channels_last)
+    build("jit_freeze", jit_freeze)
+    if use_compile:
+        build("compile", compiled)
     return out
 
 

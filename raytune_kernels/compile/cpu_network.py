@@ -26,8 +26,8 @@ import torch
 from raytune_kernels.compile.choose import (TORCH, Solver, choose, estimated_latency,
                                             layout_family, prune)
 from raytune_kernels.compile.cpu_plan import Buf, Planner, Step, allocate, transform_cost
-from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, scaled_error,
-                                             worst)
+from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
+                                             scaled_error)
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.rows import ROW_OPS
@@ -78,6 +78,8 @@ class CompiledNetwork(Reporting):
             return s.kernel.fn, args + (ctypes.c_int32(self.threads),)
         ins = [self.view(o) if isinstance(o, Buf) else o for o in s.operands]
         out, fn = self.view(s.writes[0]), s.fn
+        if s.into is not None:
+            return s.into, (out, *ins)
 
         def call() -> None:
             out.copy_(fn(*ins))
@@ -415,9 +417,7 @@ def check_network(net: CompiledNetwork, model, inputs, atol: float) -> None:
     with torch.no_grad():
         want = model(*inputs)
         got = net(*inputs)
-    wants = want if isinstance(want, (tuple, list)) else (want,)
-    gots = got if isinstance(got, tuple) else (got,)
-    err = worst(scaled_error(g, w) for g, w in zip(gots, wants))
+    err = output_error(got, want)
     if err <= atol:
         return
     raise CompileError(f"compiled network differs from the model: error {err:.3g} of the "

@@ -66,6 +66,7 @@ class Step:
     kernel: LoadedKernel | None = None
     operands: list = field(default_factory=list)  # Buf or constant np.ndarray, in order
     fn: Callable | None = None  # torch steps: plain tensors in -> tensor out
+    into: Callable | None = None  # or: into(out, *ins) writes the result into out itself
 
 
 class Planner:
@@ -193,6 +194,9 @@ class Planner:
         fn = lambda *xs, _n=node: run_glue(_n, dict(zip(_n.inputs, xs)))  # noqa: E731
         kind = "torch" if node.op == "torch" else "glue"  # an island runs PyTorch's op
         self._torch(node.name, kind, (node.layer,), args, out, fn, 0.0, None)
+        if node.op == "concat":  # written in place: no temporary, no second copy
+            self.steps[-1].into = lambda out, *xs, _d=node.attr("dim"): torch.cat(xs, _d,
+                                                                                  out=out)
         self._produce(node.name, out, NCHW)
 
     def _scratch(self, b) -> np.ndarray:

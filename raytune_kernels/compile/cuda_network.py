@@ -38,7 +38,8 @@ from raytune_kernels.compile.choose import TORCH, Solver, estimated_latency
 from raytune_kernels.compile.cuda_plan import (NCHW, Const, GBuf, GpuPlan, GpuStep,
                                                choose_layouts, physical_shape, plan_network,
                                                step_candidates, to_layout)
-from raytune_kernels.compile.report import Profile, ProfileRow, Reporting, scaled_error, worst
+from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
+                                             scaled_error)
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import Partition, TaskStep, partition, run_steps
 from raytune_kernels.tune.records import Record, best_per_task, load_records
@@ -254,9 +255,7 @@ def check_gpu_network(net: GpuNetwork, model, inputs, atol: float) -> None:
     with torch.no_grad():
         want = model(*inputs)
     got = net(*inputs)
-    wants = want if isinstance(want, (tuple, list)) else (want,)
-    gots = got if isinstance(got, tuple) else (got,)
-    err = worst(scaled_error(g, w) for g, w in zip(gots, wants))
+    err = output_error(got, want)
     if err <= atol:
         return
     raise CompileError(f"compiled GPU network differs from the model: error {err:.3g} of "

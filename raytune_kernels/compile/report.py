@@ -26,6 +26,19 @@ def scaled_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got - want).abs().max().item() / scale
 
 
+def output_error(got, want) -> float:
+    """The worst scaled_error over a network's outputs: `want` is what the model returned
+    (a tensor, a tuple, a dict or a Hugging Face ModelOutput: flattened as capture flattens
+    it, by torch's pytree), `got` the compiled network's tensor or tuple of tensors."""
+    from torch.utils import _pytree as pytree
+
+    wants = pytree.tree_flatten(want)[0]
+    gots = list(got) if isinstance(got, (tuple, list)) else [got]
+    if len(gots) != len(wants) or not all(isinstance(w, torch.Tensor) for w in wants):
+        return math.nan  # the outputs do not even line up
+    return worst(scaled_error(g, w) for g, w in zip(gots, wants))
+
+
 def worst(errors) -> float:
     """The largest of several errors, NaN if any is (max() would pass over a NaN)."""
     errors = list(errors)

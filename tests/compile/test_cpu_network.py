@@ -287,3 +287,30 @@ def test_large_activations_are_not_refused_for_rounding():
         want = model(x)
     abs_error = (net(x) - want).abs().max().item()
     assert abs_error > 1e-3  # an absolute limit of 1e-3 would have refused this network
+
+
+class DictOut(torch.nn.Module):
+    """Outputs in a dict, as Hugging Face's ModelOutput holds them (a pytree of tensors)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return {"last_hidden_state": h, "pooled": torch.tanh(h[:, 0])}
+
+
+def test_outputs_in_a_dict_are_checked_leaf_by_leaf():
+    model, x = DictOut().eval(), torch.randn(1, 5, 16)
+    with pytest.warns(UserWarning, match="untuned"):
+        net = compile_network(model, (x,))  # check=True compares every leaf
+    got = net(x)
+    assert isinstance(got, tuple) and len(got) == 2
+    from raytune_kernels.compile.report import output_error
+    with torch.no_grad():
+        want = model(x)
+        assert output_error(got, want) < 1e-5
+        assert math.isnan(output_error(got[:1], want))  # outputs that do not line up
+        bad = (got[0], got[1] + 1.0)
+        assert output_error(bad, want) > 0.1
