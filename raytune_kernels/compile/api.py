@@ -36,8 +36,9 @@ def compile_network(model: torch.nn.Module,
     rounding, nor small ones passed by a bound larger than themselves.
 
     On "cuda" targets: a cuda_network.GpuNetwork (the same calls, run on the GPU, from
-    records of its arch; a task without one is an error unless fallback="torch": there
-    is no untuned GPU default yet; `threads` is an option of the CPU path only).
+    records of its arch; a task without one runs an untuned default config chosen by
+    rule, named in a warning, or PyTorch's kernel with fallback="torch"; `threads` is an
+    option of the CPU path only).
 
     `solver` solves the layout problem: PuLP/CBC in this process by default. Called as
     raytune_kernels.compile_network on a running Ray session, it is the LayoutActor's

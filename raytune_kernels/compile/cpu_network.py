@@ -27,7 +27,7 @@ from raytune_kernels.compile.choose import (TORCH, Solver, choose, estimated_lat
                                             layout_family, prune)
 from raytune_kernels.compile.cpu_plan import Buf, Planner, Step, allocate, transform_cost
 from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
-                                             scaled_error)
+                                             random_inputs, scaled_error)
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.rows import ROW_OPS
@@ -103,9 +103,10 @@ class CompiledNetwork(Reporting):
         for fn, args in self._calls:
             fn(*args)
 
+    examples: "Sequence[torch.Tensor] | None" = None  # the inputs it was compiled with
+
     def _random_inputs(self, seed: int = 0) -> list[torch.Tensor]:
-        g = torch.Generator().manual_seed(seed)
-        return [torch.randn(b.shape, generator=g) for b in self._in]
+        return random_inputs([b.shape for b in self._in], self.examples, seed)
 
     def benchmark(self, opts: TimingOptions = TimingOptions(warmup=3, min_repeat_ms=200,
                                                             repeats=7)) -> float:
@@ -294,6 +295,7 @@ def compile_network_cpu(model: torch.nn.Module,
     estimated = estimated_latency(part, best, others)
     net = CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
                           estimated, planner.value_of, planner.aliases)
+    net.examples = inputs
     if verbose:
         print(f"compiled {len(planner.steps)} steps "
               f"({sum(s.kind == 'kernel' for s in planner.steps)} kernels, "

@@ -27,19 +27,21 @@ The plan is made in compile/cuda_plan.py; this module runs it.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
 
-from raytune_kernels.cuda.render import cuda_unsupported_reason
+from raytune_kernels.cuda.render import cuda_layouts, cuda_unsupported_reason, default_config
 from raytune_kernels.frontend.capture import capture
 from raytune_kernels.layout.problem import solve_ilp
 from raytune_kernels.compile.choose import TORCH, Solver, estimated_latency
+from raytune_kernels.layout.graph import Candidate
 from raytune_kernels.compile.cuda_plan import (NCHW, Const, GBuf, GpuPlan, GpuStep,
                                                choose_layouts, physical_shape, plan_network,
                                                step_candidates, to_layout)
 from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
-                                             scaled_error)
+                                             random_inputs, scaled_error)
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import Partition, TaskStep, partition, run_steps
 from raytune_kernels.tune.records import Record, best_per_task, load_records
@@ -138,6 +140,8 @@ class GpuNetwork(Reporting):
     """A network compiled for the GPU. Call it like the model: torch tensors in (on any
     device), torch tensors out on the first input's device."""
 
+    examples: "Sequence[torch.Tensor] | None" = None  # the inputs it was compiled with
+
     def __init__(self, plan: GpuPlan, device: Device):
         self.plan, self.part, self.steps, self.device = plan, plan.part, plan.steps, device
         self.estimated_s = plan.estimated_s
@@ -184,10 +188,10 @@ class GpuNetwork(Reporting):
         """Median seconds per inference, timed by the device's clock (CUDA events on a
         GPU) around the launches alone: inputs are random and already on the device,
         warm-up, `number` grown to min_repeat_ms per repeat, the median of the repeats."""
-        g = torch.Generator().manual_seed(0)
+        xs = random_inputs([v.shape for v in self._in_views], self.examples)
         with torch.no_grad(), torch_gpu_mode():
-            for view in self._in_views:
-                view.copy_(torch.randn(view.shape, generator=g))
+            for view, x in zip(self._in_views, xs):
+                view.copy_(x)
             for _ in range(opts.warmup):
                 self._run()
             return median(time_runs(self.device.timer(self._run), opts))
@@ -279,14 +283,17 @@ def cuda_records(records: "str | Iterable[Record] | None", arch: str, plain_ok: 
     return [r for r in records if r.target in wanted]
 
 
-def _missing(part: Partition, best: dict[str, Record]) -> list[str]:
+def _without_kernel(part: Partition, best: dict[str, Record]) -> list[str]:
+    """The steps without a record whose task has no CUDA kernel at all (an untuned
+    default cannot run them either), named by layer and reason."""
     out = []
     for step in part.steps:
         if isinstance(step, TaskStep) and step.key not in best:
             c = part.task(step.key).compute
             why = cuda_unsupported_reason(c)
-            out.append(f"layer {step.layer}: {c.describe()} (task {step.key})"
-                       + (f", which has no CUDA kernel: {why}" if why else ""))
+            if why:
+                out.append(f"layer {step.layer}: {c.describe()} (task {step.key}), which "
+                           f"has no CUDA kernel: {why}")
     return out
 
 
@@ -313,9 +320,12 @@ def compile_network_cuda(model: torch.nn.Module,
 
     Each step runs the best record of the layout the layout ILP gives it (layout="ilp"),
     or of one layout for the whole network where it has one ("uniform"); transforms
-    between layouts are timed on the device. A task without a record is an error naming
-    its layer; with fallback="torch" it runs torch's kernel on the GPU tensors, and so
-    does any step where torch's kernel, timed on the device, is faster. With `check`,
+    between layouts are timed on the device. A task without a record runs an untuned
+    default config (cuda.render.default_config: chosen by rule, not measured, so left out
+    of the estimate), named in one warning; with fallback="torch" it runs torch's kernel
+    on the GPU tensors instead, and so does any step where torch's kernel, timed on the
+    device, is faster. A task with no CUDA kernel at all is an error naming its layer,
+    unless fallback="torch". With `check`,
     the output is compared with model(x) (difference <= atol of its scale) and the first diverging
     step named. `device` is the executor class (default: CupyDevice on the current GPU;
     tests pass an emulator): it times transforms and torch's kernels, and runs the plan."""
@@ -330,22 +340,35 @@ def compile_network_cuda(model: torch.nn.Module,
     recs = cuda_records(records, arch, plain_ok=tgt.arch is None)
     best = best_per_task(recs)
     part = partition(capture(model, inputs))
-    missing = _missing(part, best)
+    missing = _without_kernel(part, best)
     if missing and fallback is None:
-        raise CompileError(f"no cuda record for {arch} for {len(missing)} step(s): "
+        raise CompileError(f"no CUDA kernel for {len(missing)} step(s): "
                            + "; ".join(missing[:5]) + ("; ..." if len(missing) > 5 else "")
-                           + ". Tune them, or pass fallback='torch' to run PyTorch's kernels")
+                           + ". Pass fallback='torch' to run PyTorch's kernels for them")
+    untuned = [] if fallback else [t for t in part.tasks if t.key not in best]
+    if untuned:
+        warnings.warn(f"{len(untuned)} task(s) without a cuda record for {arch} run an "
+                      "untuned default config (tune them for speed): "
+                      + "; ".join(t.compute.describe() for t in untuned[:5])
+                      + ("; ..." if len(untuned) > 5 else ""), stacklevel=3)
     if device is None:
         device = _gpu_device()
     torch_s = None
     if fallback:
         torch_s = {t.key: device.torch_seconds(t.compute) for t in part.tasks}
     cands = step_candidates(part, recs, torch_s)
+    defaults = {t.key: default_config(t.compute) for t in untuned}
+    for step, options in zip(part.steps, cands):
+        if isinstance(step, TaskStep) and step.key in defaults:
+            cfg = defaults[step.key]
+            options.append(Candidate(*cuda_layouts(part.task(step.key).compute, cfg), 0.0,
+                                     cfg))
     layout_plan, chosen = choose_layouts(part, cands, layout, device.transform_seconds,
                                          time_limit_s, solver)
     plan = plan_network(part, chosen, arch, estimated_latency(part, best, torch_s),
                         layout_plan)
     net = GpuNetwork(plan, device(plan))
+    net.examples = inputs
     if verbose:
         print("compiled " + plan.summary())
     if check:

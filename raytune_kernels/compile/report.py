@@ -26,6 +26,22 @@ def scaled_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got - want).abs().max().item() / scale
 
 
+def random_inputs(shapes, examples=None, seed: int = 0) -> list[torch.Tensor]:
+    """Inputs to time a network on: random normal floats of each input's shape; where the
+    example input the network was compiled with holds integers or booleans (token ids, a
+    mask), its own values shuffled, so ids stay within the table they index."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, shape in enumerate(shapes):
+        ex = examples[i] if examples is not None else None
+        if ex is None or ex.is_floating_point():
+            out.append(torch.randn(tuple(shape), generator=g))
+        else:
+            flat = ex.detach().cpu().reshape(-1)
+            out.append(flat[torch.randperm(flat.numel(), generator=g)].reshape(ex.shape))
+    return out
+
+
 def output_error(got, want) -> float:
     """The worst scaled_error over a network's outputs: `want` is what the model returned
     (a tensor, a tuple, a dict or a Hugging Face ModelOutput: flattened as capture flattens

@@ -91,9 +91,11 @@ def gemm_space(view) -> Space:
 
 
 def _tiles(view):
-    """(bm, bn, tm, tn) with 32..512 threads, a whole number of warps."""
+    """(bm, bn, tm, tn) with 32..512 threads, a whole number of warps. A block of one row
+    (M = 1: a batch-1 dense) may be wider than N, so that a narrow N (a 10-class head)
+    still gives a warp its 32 columns (the kernel guards columns past N)."""
     for bm in tile_options(view.m):
-        for bn in tile_options(view.n):
+        for bn in tile_options(max(view.n, 32 // bm)):
             for tm in (t for t in (1, 2, 4, 8) if t <= bm):
                 for tn in (t for t in (1, 2, 4, 8) if t <= bn):
                     threads = (bm // tm) * (bn // tn)

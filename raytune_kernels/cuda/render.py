@@ -82,6 +82,36 @@ def _space(compute: Compute) -> Space | UnionSpace:
     return gemm_space(gemm_view(compute))
 
 
+def default_config(compute: Compute) -> Config:
+    """The config an untuned task runs on a GPU: a middle-of-the-road point of its space,
+    chosen by rule, not measured. Every point of a space obeys the space's limits
+    (registers, threads, vector alignment), so any is safe; this one prefers 256 threads
+    per block (128 for windows), 64x64 GEMM blocks of 4x4 per thread, K slices of 16,
+    the widest vector loads, no prefetch, an unroll of 4, and NCHW. Tuning replaces it."""
+    space = cuda_space_for(compute)
+    if isinstance(space, UnionSpace):  # GEMM convolutions: one space per layout
+        part = dict(space.parts).get("NCHW") or space.parts[0][1]
+        label = "NCHW" if "NCHW" in dict(space.parts) else space.parts[0][0]
+        best = min(part, key=_default_penalty)
+        return Config(tuple(sorted(best.knobs + ((space.key, label),))))
+    return min(space, key=_default_penalty)
+
+
+def _default_penalty(cfg: Config) -> float:
+    d, log2 = dict(cfg.knobs), np.log2
+    if "bm" in d:  # a GEMM tile
+        threads = (d["bm"] // d["tm"]) * (d["bn"] // d["tn"])
+        p = abs(log2(threads / 256)) + abs(log2(d["bm"] * d["bn"] / 4096))
+        p += abs(log2(d["tm"] * d["tn"] / 16)) + 0.5 * abs(log2(d["bk"] / 16))
+        p += 0.5 * d["prefetch"] + 0.1 * d["interleave"] - 0.25 * log2(d["va"] * d["vb"])
+        return float(p + 0.2 * (d["unroll"] != 4))
+    target = 128 if "tw" in d else 256
+    p = abs(log2(d["threads"] / target)) - 0.25 * log2(d.get("vec", 1))
+    p += 0.1 * log2(d.get("items", 1)) + 0.3 * abs(log2(d.get("tw", 2) / 2))
+    p += 0.2 * (d.get("unroll") is False) + 0.01 * (d.get("layout", "NCHW") != "NCHW")
+    return float(p)
+
+
 def cuda_layouts(compute: Compute, cfg: Config) -> tuple[str, str]:
     """(data input's layout, output's layout) of a config's kernel. Epilogue operands of
     the output's shape (residuals) are read in the output's layout, every other operand

@@ -159,7 +159,9 @@ def test_pack_checks_operands_and_unpack_restores_the_shape():
         cuda_pack(c, ops[:3], cfg)
 
 
-def _emulate_samples(names, per_case: int, seed: int):
+def _emulate_samples(names, per_case: int, seed: int, pick=None):
+    """Emulate per_case sampled configs of each case (every config: 0; or pick(compute)'s
+    list) and compare with the reference; returns how many ran."""
     runs, meta = [], []
     for name in names:
         c = CASES[name]
@@ -167,7 +169,8 @@ def _emulate_samples(names, per_case: int, seed: int):
         with torch.no_grad():
             expected = reference(c, *ops)
         space = cuda_space_for(c)
-        cfgs = list(space) if per_case == 0 else [space.sample(rng) for _ in range(per_case)]
+        cfgs = pick(c) if pick else \
+            list(space) if per_case == 0 else [space.sample(rng) for _ in range(per_case)]
         for cfg in cfgs:
             runs.append((render_cuda(c, cfg), cuda_pack(c, ops, cfg)))
             meta.append((name, cfg, expected))
@@ -183,6 +186,13 @@ def _emulate_samples(names, per_case: int, seed: int):
 @needs_cxx
 def test_sampled_configs_of_every_family_match_the_reference():
     assert _emulate_samples(sorted(CASES), 2, seed=0) == 2 * len(CASES)
+
+
+@needs_cxx
+def test_the_untuned_default_config_of_every_case_matches_the_reference():
+    from raytune_kernels.cuda.render import default_config
+    assert _emulate_samples(sorted(CASES), 1, seed=4,
+                            pick=lambda c: [default_config(c)]) == len(CASES)
 
 
 @needs_cxx

@@ -95,6 +95,7 @@ CASES: dict[str, Compute] = {
     "avgpool_global": pool("avg_pool2d", (1, 40, 7, 7), 7, 7),
     "adaptive_avgpool": make("adaptive_avg_pool2d", ((1, 4, 7, 7),), {"output_size": (3, 3)}),
     "dense_bias_gelu": make("dense", ((1, 24), (37, 24)), epilogue=(bias(1), unary("gelu"))),
+    "dense_narrow_head": make("dense", ((1, 16), (10, 16)), epilogue=(bias(1),)),  # M=1, N=10
     "dense_3d_residual": make("dense", ((2, 5, 16), (20, 16)),
                               epilogue=(bias(2), residual())),
     "matmul_batched_div": make("matmul", ((2, 3, 8, 12), (2, 3, 12, 16)),
