@@ -120,10 +120,26 @@ def _operand_size(c: Compute, i: int, shape: RowShape, total: int) -> int:
 def _epilogue(c: Compute, value, names, shape: RowShape, row: Affine, lanes: int):
     it = iter(names)
     total = shape.rows * shape.n
+    ndim = len(c.output.shape)
     for op in c.epilogue:
-        loads = [_operand_load(next(it), spec, shape, row, lanes, total) for spec in op.operands]
+        if op.op in ("affine", "bias") and op.axis is not None:  # (C,) operands on an axis
+            loads = [_axis_load(next(it), op.axis % ndim, ndim, shape, lanes)
+                     for _ in op.operands]
+        else:
+            loads = [_operand_load(next(it), spec, shape, row, lanes, total)
+                     for spec in op.operands]
         value = epilogue_expr(op, value, loads)
     return value
+
+
+def _axis_load(name: str, axis: int, ndim: int, shape: RowShape, lanes: int):
+    """A per-channel operand of an affine or bias along `axis`: one value per row of an
+    NCHW task (rows are channels), or a vector along the row when it is the last axis."""
+    if shape.channels is not None and axis == 1:
+        return LdScalar(Access(name, Affine((("r", 1),))))
+    if shape.channels is None and axis == ndim - 1:
+        return Ld(Access(name, Affine((("j", lanes),))))
+    raise RowLoweringError(f"a per-channel operand along axis {axis} of rows of {shape.n}")
 
 
 def epilogue_expr(op, value, loads: list):

@@ -409,6 +409,27 @@ def m_layer_norm(b, m: nn.LayerNorm, x, out, ctx):
     return ops.h_layer_norm(b, a, out, ctx)
 
 
+def m_group_norm(b, m: nn.GroupNorm, x, out, ctx):
+    a = {"input": x, "num_groups": m.num_groups, "eps": m.eps,
+         "weight": _mparam(b, ctx, m, "weight"), "bias": _mparam(b, ctx, m, "bias")}
+    return ops.h_group_norm(b, a, out, ctx)
+
+
+def m_instance_norm(b, m: nn.modules.instancenorm._InstanceNorm, x, out, ctx):
+    a = {"input": x, "eps": m.eps, "weight": _mparam(b, ctx, m, "weight"),
+         "bias": _mparam(b, ctx, m, "bias"), "running_mean": m.running_mean,
+         "running_var": m.running_var,
+         "use_input_stats": m.training or not m.track_running_stats}
+    return ops.h_instance_norm(b, a, out, ctx)
+
+
+def m_upsample(b, m: nn.Upsample, x, out, ctx):
+    a = {"input": x, "size": m.size, "scale_factor": m.scale_factor, "mode": m.mode,
+         "align_corners": m.align_corners,
+         "recompute_scale_factor": m.recompute_scale_factor}
+    return ops.h_interpolate(b, a, out, ctx)
+
+
 _MODULES = {
     nn.Conv2d: m_conv, nn.Linear: m_linear,
     nn.BatchNorm1d: m_bn, nn.BatchNorm2d: m_bn,
@@ -421,7 +442,9 @@ _MODULES = {
         b, {"input": x, "output_size": m.output_size}, out, ctx),
     nn.Flatten: lambda b, m, x, out, ctx: ops.h_reshape(b, {"input": x}, out, ctx),
     nn.Unflatten: lambda b, m, x, out, ctx: ops.h_reshape(b, {"input": x}, out, ctx),
-    nn.Softmax: m_softmax, nn.LayerNorm: m_layer_norm,
+    nn.Softmax: m_softmax, nn.LayerNorm: m_layer_norm, nn.GroupNorm: m_group_norm,
+    nn.InstanceNorm1d: m_instance_norm, nn.InstanceNorm2d: m_instance_norm,
+    nn.Upsample: m_upsample,
     nn.Embedding: lambda b, m, x, out, ctx: ops.h_embedding(
         b, {"input": x, "weight": _mparam(b, ctx, m, "weight"), "max_norm": m.max_norm}, out,
         ctx),

@@ -53,6 +53,15 @@ def _s_dropout(input, p=0.5, training=False, inplace=False): ...
 def _s_stochastic_depth(input, p, mode, training=True): ...
 def _s_mean(input, dim=None, keepdim=False, dtype=None): ...
 def _s_amax(input, dim=(), keepdim=False): ...
+def _s_where(condition, input, other): ...
+def _s_masked_fill(input, mask, value): ...
+def _s_group_norm(input, num_groups, weight=None, bias=None, eps=1e-5): ...
+def _s_group_norm_aten(input, num_groups, weight=None, bias=None, eps=1e-5,
+                       cudnn_enabled=True): ...
+def _s_instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
+                     use_input_stats=True, momentum=0.1, eps=1e-5): ...
+def _s_interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                   recompute_scale_factor=None, antialias=False): ...
 def _s_norm(input, p="fro", dim=None, keepdim=False, dtype=None): ...
 def _s_vector_norm(input, ord=2, dim=None, keepdim=False, dtype=None): ...
 def _s_getitem(input, index): ...
@@ -411,6 +420,169 @@ def h_vector_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("sqrt", [y], {}, out, ctx)
 
 
+def h_group_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """group_norm: each sample's channel groups normalized by their own mean and variance,
+    then the per-channel weight and bias."""
+    x = tensor_arg(a["input"], ctx)
+    return normalize_groups(b, x, int(a["num_groups"]), a.get("weight"), a.get("bias"),
+                            float(a["eps"]), out, ctx)
+
+
+def h_instance_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """instance_norm: group norm with one channel per group; with running statistics
+    instead of the input's (track_running_stats in eval), a per-channel affine."""
+    x = tensor_arg(a["input"], ctx)
+    if not a.get("use_input_stats", True):
+        mean, var = a.get("running_mean"), a.get("running_var")
+        weight, bias = (v.value if isinstance(v, T) else v
+                        for v in (a.get("weight"), a.get("bias")))
+        if not all(isinstance(v, (torch.Tensor, T)) for v in (mean, var)):
+            raise ctx.unsupported("instance norm without running statistics to use")
+        mean, var = (v.value if isinstance(v, T) else v for v in (mean, var))
+        return _affine(b, x, mean, var, weight, bias, float(a["eps"]), out, ctx)
+    return normalize_groups(b, x, x.value.shape[1], a.get("weight"), a.get("bias"),
+                            float(a["eps"]), out, ctx)
+
+
+def normalize_groups(b: Builder, x: T, groups: int, weight, bias, eps: float,
+                     out: torch.Tensor, ctx: Ctx) -> T:
+    """(x - mean) * rsqrt(var + eps) over each (sample, group) of channels and positions,
+    as rows: a mean reduction, a subtraction, a mean of squares with `+ eps` and rsqrt
+    fused into it, a multiplication; then weight and bias as a per-channel affine."""
+    v = x.value
+    if v.dim() < 3 or v.shape[1] % groups:
+        raise ctx.unsupported(f"a group norm of {groups} groups over a value of shape "
+                              f"{tuple(v.shape)}")
+    rows = v.reshape(v.shape[0], groups, -1)
+    xr = b.node("reshape", [x], {"shape": tuple(rows.shape)}, rows, ctx)
+    mean = rows.mean(-1, keepdim=True)
+    centred = rows - mean
+    var = centred.square().mean(-1, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    m = b.node("reduce", [xr], {"kind": "mean"}, mean, ctx)
+    cen = b.node("sub", [xr, m], {}, centred, ctx)
+    sq = b.node("square", [cen], {}, centred.square(), ctx)
+    r = b.node("reduce", [sq], {"kind": "mean"}, var, ctx)
+    r = b.node("add", [r], {"scalar": eps, "reverse": False}, var + eps, ctx)
+    r = b.node("rsqrt", [r], {}, rstd, ctx)
+    y = b.node("mul", [cen, r], {}, centred * rstd, ctx)
+    normed = (centred * rstd).reshape(v.shape)
+    y = b.node("reshape", [y], {"shape": tuple(v.shape)}, normed, ctx)
+    if weight is None and bias is None:
+        return T(y.ref, out)
+    c = v.shape[1]
+    w = need_param(b, weight, ctx, "weight") if weight is not None else \
+        b.param(f"{ctx.layer}.norm_weight", torch.ones(c))
+    t = need_param(b, bias, ctx, "bias") if bias is not None else \
+        b.param(f"{ctx.layer}.norm_bias", torch.zeros(c))
+    return b.node("affine", [y, w, t], {"axis": 1}, out, ctx)
+
+
+def h_interpolate(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """Resizing an NCHW image (interpolate, nn.Upsample): nearest by whole factors as an
+    expand (glue, no arithmetic); every other linear, separable mode (bilinear, bicubic,
+    area, nearest by other factors) as two denses by constant resampling matrices, along
+    W then along H. The matrices are PyTorch's own: the same call applied to the one-hot
+    rows of each axis; the result is checked against the call's output at capture."""
+    x = tensor_arg(a["input"], ctx)
+    v = x.value
+    if v.dim() != 4 or a.get("antialias"):
+        raise ctx.unsupported("resizing other than of an NCHW value without antialias")
+    (n, c, h, w), (ho, wo) = v.shape, out.shape[2:]
+    if a.get("mode", "nearest") == "nearest" and ho % h == 0 and wo % w == 0:
+        sh, sw = ho // h, wo // w
+        grid = v.reshape(n, c, h, 1, w, 1)
+        y = b.node("reshape", [x], {"shape": tuple(grid.shape)}, grid, ctx)
+        wide = grid.expand(n, c, h, sh, w, sw)
+        y = b.node("expand", [y], {"shape": tuple(wide.shape)}, wide, ctx)
+        return b.node("reshape", [y], {"shape": tuple(out.shape)}, out, ctx)
+    along_h, along_w = (_resampling(a, v, axis) for axis in (2, 3))
+    got = torch.einsum("ph,nchw,qw->ncpq", along_h, v, along_w)
+    if got.shape != out.shape or not torch.allclose(got, out, atol=1e-5, rtol=1e-4):
+        raise ctx.unsupported(f"resizing in mode {a.get('mode')!r} that is not separable")
+    y = x
+    if not (wo == w and torch.equal(along_w, torch.eye(w))):
+        wide = v @ along_w.T
+        y = b.node("dense", [y, b.param(f"{ctx.layer}.resample_w", along_w)], {}, wide, ctx)
+        v = wide
+    if ho == h and torch.equal(along_h, torch.eye(h)):
+        return T(y.ref, out)
+    turned = v.transpose(2, 3)
+    y = b.node("permute", [y], {"dims": (0, 1, 3, 2)}, turned, ctx)
+    tall = turned @ along_h.T
+    y = b.node("dense", [y, b.param(f"{ctx.layer}.resample_h", along_h)], {}, tall, ctx)
+    return b.node("permute", [y], {"dims": (0, 1, 3, 2)}, out, ctx)
+
+
+def h_upsample_aten(mode: str) -> Callable:
+    """aten's upsample ops (what torch.export leaves of interpolate): resized to the
+    output's size, with align_corners where the mode has it (a scale-based mapping that
+    differs from the size-based one fails the check in h_interpolate: an island)."""
+    def handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+        rest = a.get("args", ())
+        align = rest[1] if mode in ("bilinear", "bicubic") and len(rest) > 1 else None
+        call = {"input": a["input"], "size": tuple(out.shape[2:]), "mode": mode,
+                "align_corners": align}
+        return h_interpolate(b, call, out, ctx)
+    return handler
+
+
+def _resampling(a: dict, v: torch.Tensor, axis: int) -> torch.Tensor:
+    """The (out, in) matrix of the resize along `axis` (2: H, 3: W): the call applied to
+    one-hot images that are 1 wide along the other axis (which it then keeps at 1)."""
+    n_in = v.shape[axis]
+    basis = torch.eye(n_in).reshape(n_in, 1, n_in, 1)  # image i: one-hot at row i
+    if axis == 3:
+        basis = basis.transpose(2, 3)
+    size, scale = a.get("size"), a.get("scale_factor")
+    size = None if size is None else tuple(size) if isinstance(size, (list, tuple)) \
+        else (size, size)
+    scale = None if scale is None else tuple(scale) if isinstance(scale, (list, tuple)) \
+        else (scale, scale)
+    keep = 3 - (axis - 2)  # the other axis, kept at 1
+    if size is not None:
+        size = tuple(1 if d + 2 == keep else s for d, s in enumerate(size))
+    if scale is not None:
+        scale = tuple(1.0 if d + 2 == keep else float(s) for d, s in enumerate(scale))
+    options = {k: a[k] for k in ("mode", "align_corners", "recompute_scale_factor")
+               if a.get(k) is not None}
+    with torch.no_grad():
+        moved = F.interpolate(basis, size=size, scale_factor=scale, **options)
+    return moved.reshape(n_in, -1).T.contiguous()  # (out, in)
+
+
+def h_where(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """where(mask, x, fill) / where(mask, fill, x) / x.masked_fill(mask, fill) with a
+    constant boolean mask and a constant scalar fill: an infinite fill (an attention mask)
+    is the addition of a constant tensor (0 where x is kept, the fill elsewhere), exact;
+    a finite one multiplies by the kept mask, then adds the fill where x is not kept."""
+    cond, x, y = a["condition"], a["input"], a["other"]
+    if isinstance(cond, T) or not isinstance(cond, torch.Tensor) or cond.dtype != torch.bool:
+        raise ctx.unsupported("where with a condition computed at run time (a constant "
+                              "boolean mask is lowered)")
+    if isinstance(x, T) == isinstance(y, T):
+        raise ctx.unsupported("where choosing between two run-time tensors or none")
+    value, fill, keep = (x, y, cond) if isinstance(x, T) else (y, x, ~cond)
+    s = _scalar(fill)
+    if s is None:
+        raise ctx.unsupported("where with a fill that is not a constant scalar")
+    keep = keep.expand(out.shape)
+    shift = torch.where(keep, 0.0, s).float().contiguous()
+    if math.isinf(s):
+        add = b.param(f"{ctx.layer}.where_fill", shift)
+        return b.node("add", [value, add], {}, out, ctx)
+    kept = b.param(f"{ctx.layer}.where_keep", keep.float().contiguous())
+    masked = value.value * keep
+    y = b.node("mul", [value, kept], {}, masked, ctx)
+    add = b.param(f"{ctx.layer}.where_fill", shift)
+    return b.node("add", [y, add], {}, out, ctx)
+
+
+def h_masked_fill(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    return h_where(b, {"condition": a["mask"], "input": a["value"], "other": a["input"]},
+                   out, ctx)
+
+
 def h_addmm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """bias + x @ w (GPT-2's Conv1D): a matmul with the bias added in its epilogue."""
     if a["beta"] != 1 or a["alpha"] != 1:
@@ -512,6 +684,16 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((torch.amax, "amax", "aten::amax"), _s_amax, h_reduce("max")),
     ((torch.amin, "amin", "aten::amin"), _s_amax, h_reduce("min")),
     ((torch.linalg.vector_norm, "aten::linalg_vector_norm"), _s_vector_norm, h_vector_norm),
+    ((F.group_norm,), _s_group_norm, h_group_norm),
+    ((torch.where, "where", "aten::where"), _s_where, h_where),
+    ((torch.masked_fill, "masked_fill", "aten::masked_fill"), _s_masked_fill, h_masked_fill),
+    (("aten::group_norm",), _s_group_norm_aten, h_group_norm),
+    ((F.instance_norm,), _s_instance_norm, h_instance_norm),
+    ((F.interpolate, F.upsample), _s_interpolate, h_interpolate),
+    (("aten::upsample_nearest2d",), _s_any, h_upsample_aten("nearest")),
+    (("aten::_upsample_nearest_exact2d",), _s_any, h_upsample_aten("nearest-exact")),
+    (("aten::upsample_bilinear2d",), _s_any, h_upsample_aten("bilinear")),
+    (("aten::upsample_bicubic2d",), _s_any, h_upsample_aten("bicubic")),
     ((torch.norm, "norm", "aten::norm"), _s_norm, h_vector_norm),
     ((operator.getitem,), _s_getitem, h_getitem),
     ((torch.select, "select", "aten::select"), _s_select, h_select),

@@ -77,13 +77,17 @@ def test_cpu_options_are_refused_for_cuda(tmp_path):
 
 def test_tasks_without_a_cuda_kernel_are_left_out_with_a_warning():
     from actors.driver import _tunable
+    from raytune_kernels.task import Compute, Task, TensorSpec
 
     tasks = rk.extract_tasks(Tiny().eval(), (torch.randn(1, 16, 8, 8),), target="cuda")
-    with pytest.warns(UserWarning, match="not tuned for cuda .*dense 1x2048 -> 1x16"):
+    half = TensorSpec((4, 32), "float16")  # the CUDA kernels are float32 only
+    odd = Compute("softmax", (half,), half, (("dim", 1),))
+    tasks.append(Task(odd.key(), odd, 1, ("attn",)))
+    with pytest.warns(UserWarning, match="not tuned for cuda .*softmax 4x32.*float16"):
         kept, skipped = _tunable(tasks, rk.parse_target("cuda"))
-    assert [t.compute.op for t in kept] == ["conv2d"]
-    assert [t.compute.op for t in skipped] == ["dense"]
-    assert len(_tunable(tasks, rk.parse_target("llvm"))[0]) == 2  # both lower for the CPU
+    assert [t.compute.op for t in kept] == ["conv2d", "dense"]
+    assert [t.compute.op for t in skipped] == ["softmax"]
+    assert len(_tunable(tasks[:2], rk.parse_target("llvm"))[0]) == 2  # both lower for the CPU
 
 
 @pytest.mark.skipif(nvrtc_unavailable() is not None, reason="NVRTC unavailable")
