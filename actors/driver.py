@@ -63,6 +63,8 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
     this CPU), measured once on this machine with `threads` threads before tuning."""
     from raytune_kernels import capture, partition
 
+    _check_numbers(trials=trials, batch=batch, threads=threads, num_measurers=num_measurers,
+                   num_builders=num_builders)
     tgt = _preflight(target, records, address, threads, num_measurers)
     part = partition(capture(model, example_inputs, strict=strict))
     inputs = ((example_inputs,) if isinstance(example_inputs, torch.Tensor)
@@ -78,9 +80,21 @@ def tune_tasks(tasks: Sequence[Task], target: str = "llvm", trials: int = 200,
                ) -> TuningResult:
     """tune_network() for a chosen list of tasks (e.g. some of extract_tasks(model, x)):
     the same checks, pipeline, records and result, with `trials` shared by these tasks."""
+    _check_numbers(trials=trials, batch=batch, threads=threads, num_measurers=num_measurers,
+                   num_builders=num_builders)
     tgt = _preflight(target, records, address, threads, num_measurers)
     return _tune(list(tasks), tgt, trials, records, resume, address, num_measurers,
                  num_builders, batch, seed, threads, verbose)
+
+
+def _check_numbers(**numbers) -> None:
+    """Every count a run takes is a positive integer (None: the default), refused before
+    any work with an error naming the argument."""
+    for name, value in numbers.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TuneError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _preflight(target: str, records: str | None, address: str | None, threads: int,

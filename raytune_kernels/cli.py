@@ -63,6 +63,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from raytune_kernels.tune.timing import TimingOptions, median, time_fn
 
     tgt = parse_target(args.target)
+    if args.threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {args.threads}")
     if not os.path.exists(args.records):
         print(f"raytune-kernels: error: records file {args.records!r} does not exist",
               file=sys.stderr)

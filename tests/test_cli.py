@@ -48,6 +48,12 @@ def test_tasks_runs_unknown_ops_as_islands_and_strict_refuses_them(tmp_path, cap
     (["tasks", "nosuchnet"], "unknown model 'nosuchnet'"),
     (["tasks", "resnet18", "--target", "rocm"], "unknown target 'rocm'"),
     (["tasks", "/nonexistent.py:make"], "does not exist"),
+    (["tune", "resnet18", "--trials", "0"], "trials must be a positive integer, got 0"),
+    (["tune", "resnet18", "--batch", "-1"], "batch must be a positive integer, got -1"),
+    (["tune", "resnet18", "--builders", "-1"], "num_builders must be a positive integer"),
+    (["tune", "resnet18", "--measurers", "-1"], "num_measurers must be a positive integer"),
+    (["compile", "resnet18", "--records", "r.jsonl", "--threads", "0"],
+     "threads must be a positive integer, got 0"),
 ])
 def test_errors_are_named(argv, message, capsys):
     assert main(argv) == 2

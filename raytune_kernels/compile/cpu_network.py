@@ -264,6 +264,11 @@ def compile_network_cpu(model: torch.nn.Module,
         raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
     if layout not in ("ilp", "uniform"):
         raise CompileError(f"layout must be 'ilp' or 'uniform', got {layout!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise CompileError(f"threads must be a positive integer, got {threads!r}")
+    if not time_limit_s > 0 or not atol >= 0:
+        raise CompileError(f"time_limit_s must be > 0 and atol >= 0, got {time_limit_s!r} "
+                           f"and {atol!r}")
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) \
         else tuple(example_inputs)
     recs = _records(records, str(tgt), threads)

@@ -11,6 +11,7 @@ import math
 import os
 import platform
 import statistics
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -207,12 +208,19 @@ def distill(src: str, dst: str, k: int = 1) -> int:
         if r.ok:
             groups.setdefault(distill_key(r), []).append(r)
     kept = [r for g in groups.values() for r in sorted(g, key=lambda r: r.median)[:k]]
-    tmp = dst + ".tmp"
-    if os.path.exists(tmp):
-        os.remove(tmp)
-    with RecordWriter(tmp) as w:
-        w.write_batch(kept)
-    os.replace(tmp, dst)
+    # a temp file of a unique name beside dst, renamed over it: two distills into the
+    # same dst never share a temp file, and a reader sees the old file or the new one
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dst) + ".", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(dst)))
+    os.close(fd)
+    try:
+        with RecordWriter(tmp) as w:
+            w.write_batch(kept)
+        os.replace(tmp, dst)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     return len(kept)
 
 

@@ -79,3 +79,10 @@ def test_bad_inputs_fail_before_any_work(tmp_path):
         rk.tune_tasks(tasks, records=str(tmp_path / "missing" / "r.jsonl"))
     with pytest.raises(TuneError, match="cannot reach a Ray cluster"):
         rk.tune_tasks(tasks, address="127.0.0.1:1")
+    for bad in ({"trials": 0}, {"batch": -1}, {"threads": 0}, {"num_builders": -1},
+                {"num_measurers": 0}, {"trials": 2.5}):
+        (name, value), = bad.items()
+        with pytest.raises(TuneError, match=f"{name} must be a positive integer, got {value}"):
+            rk.tune_network(model, (x,), **bad)
+        with pytest.raises(TuneError, match=f"{name} must be a positive integer"):
+            rk.tune_tasks(tasks, **bad)

@@ -94,6 +94,19 @@ def test_distill_keeps_the_best_per_task(tmp_path):
     assert {(r.task_key, r.median) for r in load_records(dst)} == {("a", 1.0), ("c", 5.0)}
 
 
+def test_distill_writes_through_a_temp_file_of_its_own(tmp_path):
+    """A file named dst.tmp (another writer's, say) is neither used nor removed, and no
+    temp file is left behind."""
+    src, dst = str(tmp_path / "all.jsonl"), str(tmp_path / "best.jsonl")
+    with RecordWriter(src) as w:
+        w.write_batch([rec("a", 3.0), rec("a", 1.0)])
+    (tmp_path / "best.jsonl.tmp").write_text("someone else's\n")
+    assert distill(src, dst) == 1
+    assert (tmp_path / "best.jsonl.tmp").read_text() == "someone else's\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all.jsonl", "best.jsonl",
+                                                          "best.jsonl.tmp"]
+
+
 def test_distill_keeps_the_best_of_each_layout_and_thread_count(tmp_path):
     """compile_network weighs each layout's best record and reads one thread count:
     distilling must not drop them."""
