@@ -102,6 +102,12 @@ def _preflight(target: str, records: str | None, address: str | None, threads: i
     """Everything that can fail before any work: the target, the cluster address, a GPU
     for cuda, a writable records file, the cores for CPU measurers."""
     tgt = parse_target(target)
+    if tgt.kind == "llvm" and tgt.mcpu:
+        from raytune_kernels.cpu.build import mcpu_problem
+
+        problem = mcpu_problem(tgt.mcpu)
+        if problem:
+            raise TuneError(f"target {str(tgt)!r}: {problem}")
     if address:
         check_reachable(address)
     if tgt.kind == "cuda":

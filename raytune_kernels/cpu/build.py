@@ -49,6 +49,44 @@ def host_cpu() -> tuple[str, str]:
     return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
+_LIST_CPUS = """
+import llvmlite.binding as llvm
+llvm.initialize_native_target(); llvm.initialize_native_asmprinter()
+target = llvm.Target.from_triple(llvm.get_process_triple())
+machine = target.create_target_machine(cpu="help")  # LLVM lists its CPUs on stderr
+machine.emit_object(llvm.parse_assembly("define void @f() { ret void }"))
+"""
+
+
+@functools.cache
+def known_cpus() -> frozenset[str]:
+    """The CPU names LLVM knows for this process's target (what -mcpu may name), read
+    from LLVM's own list in a child process (an unknown name aborts LLVM: never ask it
+    in this one)."""
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _LIST_CPUS], capture_output=True,
+                          text=True, timeout=60)
+    lines = proc.stderr.split("Available CPUs for this target:", 1)[-1].splitlines()
+    names = {ln.split()[0] for ln in lines if " - " in ln and ln.startswith("  ")}
+    names.discard("Available")
+    return frozenset(names)
+
+
+def mcpu_problem(mcpu: str | None) -> str | None:
+    """Why `-mcpu=mcpu` cannot be used here (None when it can, or when none is given):
+    a name LLVM does not know makes every build abort."""
+    if not mcpu or mcpu == host_cpu()[0]:
+        return None
+    cpus = known_cpus()
+    if cpus and mcpu not in cpus:
+        near = sorted(c for c in cpus if c[:3] == mcpu[:3])[:8]
+        return (f"-mcpu={mcpu} is not a CPU LLVM knows"
+                + (f" (similar: {', '.join(near)})" if near else "")
+                + f"; this host is {host_cpu()[0]}")
+    return None
+
+
 @functools.cache
 def _target_machine(mcpu: str | None):
     llvm = _llvm()

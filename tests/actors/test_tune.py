@@ -79,6 +79,8 @@ def test_bad_inputs_fail_before_any_work(tmp_path):
         rk.tune_tasks(tasks, records=str(tmp_path / "missing" / "r.jsonl"))
     with pytest.raises(TuneError, match="cannot reach a Ray cluster"):
         rk.tune_tasks(tasks, address="127.0.0.1:1")
+    with pytest.raises(TuneError, match="-mcpu=notacpu is not a CPU LLVM knows"):
+        rk.tune_network(model, (x,), target="llvm -mcpu=notacpu")
     for bad in ({"trials": 0}, {"batch": -1}, {"threads": 0}, {"num_builders": -1},
                 {"num_measurers": 0}, {"trials": 2.5}):
         (name, value), = bad.items()

@@ -224,6 +224,8 @@ def test_targets_and_options_are_checked_before_any_work(small):
         compile_network(model, inputs, records, fallback="onnx")
     with pytest.raises(CompileError, match="layout must be 'ilp' or 'uniform'"):
         compile_network(model, inputs, records, layout="nhwc")
+    with pytest.raises(CompileError, match="-mcpu=znve4 is not a CPU LLVM knows .*znver4"):
+        compile_network(model, inputs, records, target="llvm -mcpu=znve4")
     with pytest.raises(CompileError, match="threads must be a positive integer, got 0"):
         compile_network(model, inputs, records, threads=0)
     with pytest.raises(CompileError, match="time_limit_s must be > 0 and atol >= 0"):
