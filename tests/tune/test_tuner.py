@@ -165,4 +165,9 @@ def test_progress_table_fits_a_log_and_states_the_estimate(tasks):
                                  8, {}))
     text = out.getvalue()
     assert "Estimated total latency:" in text and "Trials: 24/24" in text
+    assert "of it PyTorch" not in text
     assert all(len(line) <= 80 for line in text.splitlines())
+    out = io.StringIO()
+    with ProgressView(24, Console(file=out, width=80), table_every=1) as view:
+        view.update(RoundSummary(3, 0, tuner.rows(), 0.0125, 24, 24, 1.0, 8, {}, 0.0025))
+    assert "12.500 ms (2.500 ms of it PyTorch)" in " ".join(out.getvalue().split())
