@@ -23,12 +23,17 @@ def _node_cores(index: int, count: int) -> tuple[int, ...]:
     return tuple(mine[index * count:(index + 1) * count])
 
 
-@ray.remote
+@ray.remote(max_restarts=-1, max_task_retries=0)
 class BuilderActor:
-    """Renders and compiles candidates; returns library bytes or the build error."""
+    """Renders and compiles candidates; returns library bytes or the build error. Ray
+    restarts it when its process dies (an LLVM abort, the OOM killer); the pipeline then
+    builds the candidate again once, and records a second death as that candidate's."""
 
     def __init__(self, cores: tuple[int, ...] = ()):
         _pin(cores)
+
+    def ready(self) -> int:
+        return os.getpid()
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()

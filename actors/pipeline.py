@@ -93,6 +93,7 @@ class MeasurePipeline:
                          for _ in range(n_builders)]
         self.builder_nodes: list[str | None] = [None] * n_builders
         self.cluster, self._turn = False, 0
+        self._build_node: dict = {}  # build ObjectRef -> (its builder's node, the builder)
         for slot in self.slots:
             self._start(slot)
         ray.get([s.actor.ready.remote() for s in self.slots])
@@ -109,6 +110,7 @@ class MeasurePipeline:
         the first measurer's GPU when not given."""
         self = cls.__new__(cls)
         self.opts, self.mcpu, self.cluster, self._turn = opts, mcpu, True, 0
+        self._build_node: dict = {}
         self.arch = arch
         self.device, self.cores_per_measurer = device, cores_per_measurer
         self.measurers_per_node = measurers_per_node
@@ -164,10 +166,12 @@ class MeasurePipeline:
 
     def _build(self, item: tuple[Task, Config]):
         self._turn += 1
-        builder = self.builders[self._turn % len(self.builders)]
+        k = self._turn % len(self.builders)
         task, cfg = item
         target = self.gpu_arch() if getattr(self, "device", "cpu") == "gpu" else self.mcpu
-        return builder.build.remote(task.compute.to_json(), cfg.to_json(), target)
+        ref = self.builders[k].build.remote(task.compute.to_json(), cfg.to_json(), target)
+        self._build_node[ref] = (self.builder_nodes[k], self.builders[k])
+        return ref
 
     def gpu_arch(self) -> str:
         """The arch CUDA builders target: the one asked for, else the first measurer's GPU."""
@@ -199,6 +203,32 @@ class MeasurePipeline:
         """Measure libraries built elsewhere (e.g. injected faults) through the measurers."""
         return self._measure(items, [ray.put(b) for b in built])
 
+    def _build_again(self, i: int, ref) -> bool:
+        """Whether a build whose builder died is done again: always when the builder's node
+        left the cluster; otherwise once (Ray restarts the builder), since a second death
+        on the same candidate is the candidate's doing (an LLVM abort), not bad luck."""
+        node, builder = self._build_node.pop(ref, (None, None))
+        if self.cluster and node is not None and \
+                node not in {n.node_id for n in alive_nodes()}:
+            return True
+        self._build_deaths[i] = self._build_deaths.get(i, 0) + 1
+        if self._build_deaths[i] >= 2:
+            return False
+        if builder is not None:  # calls to a builder still restarting would fail too
+            self._await_ready(builder)
+        return True
+
+    @staticmethod
+    def _await_ready(actor, limit_s: float = 60.0) -> None:
+        """Until a restarting actor answers again (or `limit_s` passes)."""
+        end = time.perf_counter() + limit_s
+        while time.perf_counter() < end:
+            try:
+                ray.get(actor.ready.remote(), timeout=max(0.1, end - time.perf_counter()))
+                return
+            except RayError:
+                time.sleep(0.1)
+
     def _rebuild(self, items, builds: list, i: int) -> None:
         if self.cluster:
             self.refresh()
@@ -208,6 +238,7 @@ class MeasurePipeline:
 
     def _measure(self, items, builds: list) -> list[MeasureResult]:
         results: list[MeasureResult | None] = [None] * len(items)
+        self._build_deaths: dict[int, int] = {}
         pending = list(range(len(items)))  # waiting for a build and a free measurer
         inflight: dict = {}  # ObjectRef -> (index, slot)
         waiting_build = self._waiting = {b: i for i, b in enumerate(builds)}
@@ -235,9 +266,12 @@ class MeasurePipeline:
             i = ready.pop(0)
             try:
                 built: BuildResult = ray.get(builds[i])
-            except RayError:  # the build went down with its builder's node: build again
-                self._rebuild(items, builds, i)
-                continue
+            except RayError as exc:  # its builder died: with its node, or by the build
+                if self._build_again(i, builds[i]):
+                    self._rebuild(items, builds, i)
+                    continue
+                built = BuildResult(None, "the builder process died building it, twice: "
+                                    + _first_line(exc).split(": ", 1)[-1], 0.0)
             pending.remove(i)
             if built.error:
                 results[i] = MeasureResult.error(BUILD_ERROR, built.error, built.seconds)

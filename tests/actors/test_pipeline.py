@@ -127,3 +127,33 @@ def _standalone(task, cfg, cores) -> float:
                          timeout=300)
     assert out.returncode == 0, out.stderr
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_builder_that_dies_mid_batch_is_restarted_and_nothing_hangs(pipeline, task, configs):
+    """Builders killed while a batch builds (as an LLVM abort or the OOM killer would):
+    Ray restarts them, their builds are done again, every candidate gets its time."""
+    import threading
+    import time
+
+    import ray
+    out, redone = {}, pipeline.stats.redone
+    worker = threading.Thread(target=lambda: out.update(
+        results=pipeline.run([(task, c) for c in configs[:3]])), daemon=True)
+    worker.start()
+    time.sleep(0.05)
+    for builder in pipeline.builders:
+        ray.kill(builder, no_restart=False)
+    worker.join(120)
+    assert not worker.is_alive(), "the pipeline hung after its builder died"
+    assert [r.error_kind for r in out["results"]] == [None] * 3
+    assert pipeline.stats.redone > redone  # the killed builds were done again (a build
+    # with LLVM at O3 and a link takes far longer than the 50 ms before the kill)
+
+
+def test_a_candidate_whose_build_kills_the_builder_twice_is_a_build_error(pipeline):
+    """The first death of a candidate's build may be bad luck (built again), the second is
+    the candidate's (recorded); a builder lost with its node is always built again."""
+    pipeline._build_deaths = {}
+    assert pipeline._build_again(7, object()) is True
+    assert pipeline._build_again(7, object()) is False
+    assert pipeline._build_again(8, object()) is True
