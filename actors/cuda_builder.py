@@ -11,11 +11,17 @@ from raytune_kernels.space import Config
 from raytune_kernels.task import Compute
 
 
-@ray.remote
+@ray.remote(max_restarts=-1, max_task_retries=0)
 class CudaBuilderActor:
+    """Restarted by Ray when its process dies, like the CPU builder (the pipeline builds
+    the candidate again once, then records it as a build error)."""
+
     def __init__(self, cores: tuple[int, ...] = ()):
         if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cores)
+
+    def ready(self) -> int:
+        return os.getpid()
 
     def build(self, compute: dict, config: dict, arch: str) -> CudaBuildResult:
         return build_cuda(Compute.from_json(compute), Config.from_json(config), arch)
