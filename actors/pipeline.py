@@ -191,6 +191,7 @@ class MeasurePipeline:
         start = time.perf_counter()
         if self.cluster:
             self.refresh()
+        self._build_node = {}  # this batch's builds only
         builds = [self._build(item) for item in items]
         if self.phased:
             ray.wait(builds, num_returns=len(builds))

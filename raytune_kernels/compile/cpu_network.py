@@ -261,8 +261,9 @@ def compile_network_cpu(model: torch.nn.Module,
     tgt = parse_target(target)
     if tgt.kind != "llvm":
         raise CompileError(f"target {target!r}: no network compiler for this target kind")
-    if mcpu_problem(tgt.mcpu):
-        raise CompileError(f"target {str(tgt)!r}: {mcpu_problem(tgt.mcpu)}")
+    problem = mcpu_problem(tgt.mcpu)
+    if problem:
+        raise CompileError(f"target {str(tgt)!r}: {problem}")
     if fallback not in (None, TORCH):
         raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
     if layout not in ("ilp", "uniform"):

@@ -90,8 +90,7 @@ def default_config(compute: Compute) -> Config:
     the widest vector loads, no prefetch, an unroll of 4, and NCHW. Tuning replaces it."""
     space = cuda_space_for(compute)
     if isinstance(space, UnionSpace):  # GEMM convolutions: one space per layout
-        part = dict(space.parts).get("NCHW") or space.parts[0][1]
-        label = "NCHW" if "NCHW" in dict(space.parts) else space.parts[0][0]
+        label, part = next((p for p in space.parts if p[0] == "NCHW"), space.parts[0])
         best = min(part, key=_default_penalty)
         return Config(tuple(sorted(best.knobs + ((space.key, label),))))
     return min(space, key=_default_penalty)

@@ -489,11 +489,12 @@ def h_interpolate(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if v.dim() != 4 or a.get("antialias"):
         raise ctx.unsupported("resizing other than of an NCHW value without antialias")
     (n, c, h, w), (ho, wo) = v.shape, out.shape[2:]
-    if a.get("mode", "nearest") == "nearest" and ho % h == 0 and wo % w == 0:
-        sh, sw = ho // h, wo // w
-        grid = v.reshape(n, c, h, 1, w, 1)
+    grid = v.reshape(n, c, h, 1, w, 1)
+    wide = grid.expand(n, c, h, ho // h, w, wo // w)
+    # a scale factor that is not the size ratio maps pixels otherwise: check, as below
+    if a.get("mode", "nearest") == "nearest" and ho % h == 0 and wo % w == 0 and \
+            torch.equal(wide.reshape(out.shape), out):
         y = b.node("reshape", [x], {"shape": tuple(grid.shape)}, grid, ctx)
-        wide = grid.expand(n, c, h, sh, w, sw)
         y = b.node("expand", [y], {"shape": tuple(wide.shape)}, wide, ctx)
         return b.node("reshape", [y], {"shape": tuple(out.shape)}, out, ctx)
     along_h, along_w = (_resampling(a, v, axis) for axis in (2, 3))

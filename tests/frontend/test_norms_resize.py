@@ -32,6 +32,8 @@ RESIZES = [
     lambda y: F.interpolate(y, size=(9, 8), mode="nearest"),
     lambda y: F.interpolate(y, scale_factor=(1.5, 2.0), mode="bicubic"),
     lambda y: F.interpolate(y, size=(3, 2), mode="area"),
+    # 6 -> 18 rows by a factor of 3.1: a whole ratio, but not repeated rows
+    lambda y: F.interpolate(y, scale_factor=(3.1, 1.0), mode="nearest"),
 ]
 
 
