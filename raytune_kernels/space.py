@@ -19,6 +19,7 @@ vector widths `lanes`, `regs` vector registers and a measured machine model:
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -89,13 +90,24 @@ class Space:
         combo = tuple(current[n] for n in self.coupled_names)
         if name in self.coupled_names:
             i = self.coupled_names.index(name)
-            near = [c for c in self.coupled if c[i] != combo[i] and
-                    sum(a != b for a, b in zip(c, combo)) == 1]
+            near = [c for c in self._neighbours[i].get(combo[:i] + combo[i + 1:], ())
+                    if c[i] != combo[i]]
             combo = rng.choice(near) if near else rng.choice(self.coupled)
         else:
             choices = [v for v in dict(self.independent)[name] if v != current[name]]
             rest[name] = rng.choice(choices)
         return self._make(combo, rest)
+
+    @functools.cached_property
+    def _neighbours(self) -> list[dict[tuple, list[tuple]]]:
+        """Per coupled knob i: the combos grouped by their other knobs, in space order, so
+        that a mutation finds the combos differing from it in knob i alone without a scan
+        of the whole space (GEMM spaces hold thousands of combos)."""
+        groups: list[dict[tuple, list[tuple]]] = [{} for _ in self.coupled_names]
+        for c in self.coupled:
+            for i, g in enumerate(groups):
+                g.setdefault(c[:i] + c[i + 1:], []).append(c)
+        return groups
 
     def crossover(self, a: Config, b: Config, rng: random.Random) -> Config:
         """A child taking the coupled knobs from one parent (as a block, so it stays valid)

@@ -6,8 +6,10 @@ CuPy is imported lazily so the core package imports without it. The pip wheel
 nvidia-cuda-nvrtc-cu12 keeps libnvrtc under site-packages/nvidia/cuda_nvrtc/lib, outside
 the loader's search path: when CuPy cannot open NVRTC itself, we load it from there with
 RTLD_GLOBAL (so CuPy's own dlopen finds it) and try again.
-ptxas runs with -v: its report ("Used N registers, M bytes smem", spills) is parsed so the
-schedule space can be checked against what the compiler actually allocated.
+What the compiler allocated (registers, static shared memory, stack) is read from the cubin
+itself, so the schedule space is checked against it whatever NVRTC version built it: ptxas -v's
+report ("Used N registers, M bytes smem", spills) is kept in the log, but NVRTC 13 on an H100
+returned no such report, and every candidate then failed the launch-limit check.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import functools
 import glob
 import os
 import re
+import struct
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -38,7 +41,7 @@ class CudaBuildResult:
     error: str | None
     registers: int | None = None
     smem_bytes: int | None = None
-    spill_bytes: int | None = None
+    stack_bytes: int | None = None  # per thread: local arrays and register spills
     log: str = ""
     seconds: float = 0.0
 
@@ -112,13 +115,75 @@ def nvrtc_version() -> tuple[int, int] | None:
 
 
 def _report(log: str) -> dict:
-    """registers, smem and spill bytes from ptxas -v (None where the log lacks them)."""
+    """registers, smem and stack bytes from ptxas -v (None where the log lacks them)."""
     regs = re.search(r"Used (\d+) registers", log)
     smem = re.search(r"(\d+) bytes smem", log)
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    stack = re.search(r"(\d+) bytes stack frame", log)
     return {"registers": int(regs.group(1)) if regs else None,
             "smem_bytes": int(smem.group(1)) if smem else (0 if regs else None),
-            "spill_bytes": int(spills.group(1)) + int(spills.group(2)) if spills else None}
+            "stack_bytes": int(stack.group(1)) if stack else None}
+
+
+EIATTR_FRAME_SIZE, EIATTR_REGCOUNT = 0x11, 0x2F  # attribute ids in a cubin's .nv.info
+SM90_RESERVED_SMEM = 1024  # sm_90+ cubins count the block's system-reserved shared memory
+
+
+def _elf_sections(elf: bytes) -> dict[str, tuple[int, int, int]]:
+    """name -> (offset, size, sh_info) of every section of a 64-bit little-endian ELF."""
+    if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    names = heads[shstrndx][4]
+    return {elf[names + h[0]:elf.index(b"\0", names + h[0])].decode(): (h[4], h[5], h[7])
+            for h in heads}
+
+
+def _nv_info(data: bytes) -> dict[int, list[tuple[int, int]]]:
+    """attribute -> [(symbol, value)] of a .nv.info section's 8-byte (symbol, value) entries.
+    Entries are [format, attribute, payload]: format 1 has no payload, 2 one byte, 3 two, 4 a
+    16-bit length and that many bytes."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    i = 0
+    while i + 2 <= len(data):
+        fmt, attr = data[i], data[i + 1]
+        if fmt == 4:
+            n, = struct.unpack_from("<H", data, i + 2)
+            if n == 8:
+                out.setdefault(attr, []).append(struct.unpack_from("<II", data, i + 4))
+            i += 4 + n
+        else:
+            i += {1: 2, 2: 3, 3: 4}.get(fmt, len(data))
+    return out
+
+
+def cubin_resources(cubin: bytes, arch: str) -> dict:
+    """registers per thread, static shared memory and stack-frame bytes of the cubin's one
+    kernel, read from its ELF sections (`.nv.info`'s REGCOUNT and FRAME_SIZE, the size of
+    `.nv.shared.<kernel>`); shared memory is what the kernel declares, as ptxas -v counts it."""
+    sections = _elf_sections(cubin)
+    texts = [name[len(".text."):] for name in sections if name.startswith(".text.")]
+    if len(texts) != 1:
+        raise ValueError(f"expected one kernel in the cubin, found {len(texts)}")
+    info = sections.get(".nv.info")
+    attrs = _nv_info(cubin[info[0]:info[0] + info[1]]) if info else {}
+    if EIATTR_REGCOUNT not in attrs:
+        raise ValueError("the cubin has no register count")
+    smem = sections.get(".nv.shared." + texts[0], (0, 0, 0))[1]
+    if smem and int(re.sub(r"\D", "", arch)[:2]) >= 90:
+        smem = max(0, smem - SM90_RESERVED_SMEM)
+    return {"registers": max(v for _, v in attrs[EIATTR_REGCOUNT]),
+            "smem_bytes": smem,
+            "stack_bytes": max((v for _, v in attrs.get(EIATTR_FRAME_SIZE, [])), default=0)}
+
+
+def _resources(cubin: bytes, arch: str, log: str) -> dict:
+    """The cubin's own figures; ptxas' report where the cubin cannot be read."""
+    try:
+        return cubin_resources(cubin, arch)
+    except (ValueError, struct.error, IndexError, UnicodeDecodeError):
+        return _report(log)
 
 
 def compile_cuda(source: str, arch: str, name: str = "kernel.cu",
@@ -145,9 +210,10 @@ def compile_cuda(source: str, arch: str, name: str = "kernel.cu",
         except Exception as exc:
             log = _log(lib, prog)
             return failed(f"NVRTC compile failed for {arch}: {exc}\n{log}".strip(), log)
-        log = _log(lib, prog)
-        return CudaBuildResult(arch, bytes(lib.getCUBIN(prog)), bytes(lib.getPTX(prog)), None,
-                               log=log, seconds=time.perf_counter() - start, **_report(log))
+        log, cubin = _log(lib, prog), bytes(lib.getCUBIN(prog))
+        return CudaBuildResult(arch, cubin, bytes(lib.getPTX(prog)), None, log=log,
+                               seconds=time.perf_counter() - start,
+                               **_resources(cubin, arch, log))
     except Exception as exc:  # a bad candidate must not crash its builder
         return failed(f"{type(exc).__name__}: {exc}")
     finally:
@@ -167,7 +233,7 @@ def resource_problems(result: CudaBuildResult, threads: int) -> list[str]:
     """What the compiled kernel would break at launch with `threads` per block."""
     problems = []
     if result.registers is None or result.smem_bytes is None:
-        return ["ptxas reported no register / shared-memory usage"]
+        return ["the register / shared-memory usage could not be read from the build"]
     if result.registers > MAX_REGS_PER_THREAD:
         problems.append(f"{result.registers} registers per thread > {MAX_REGS_PER_THREAD}")
     if result.registers * threads > REGS_PER_BLOCK:
@@ -194,6 +260,6 @@ def build_cuda(compute, cfg, arch: str) -> CudaBuildResult:
     problems = [] if result.error else resource_problems(result, kernel.threads)
     if problems:
         return CudaBuildResult(arch, None, None, "over launch limits: " + "; ".join(problems),
-                               result.registers, result.smem_bytes, result.spill_bytes,
+                               result.registers, result.smem_bytes, result.stack_bytes,
                                result.log, result.seconds)
     return result

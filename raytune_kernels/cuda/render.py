@@ -11,6 +11,8 @@ NHWC; everything else reads and writes torch's contiguous layouts. cuda_pack / c
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -31,6 +33,7 @@ __all__ = ["CudaKernel", "CudaLoweringError", "cuda_layouts", "cuda_pack", "cuda
 GEMM_OPS = ("conv2d", "dense", "matmul")
 
 
+@functools.lru_cache(maxsize=512)
 def cuda_unsupported_reason(compute: Compute) -> str | None:
     """None when the compute renders to CUDA; otherwise why not, in words."""
     bad = [s.dtype for s in (*compute.inputs, compute.output) if s.dtype != "float32"]
@@ -69,7 +72,11 @@ def cuda_space_for(compute: Compute) -> Space | UnionSpace:
     return _space(compute)
 
 
+@functools.lru_cache(maxsize=512)
 def _space(compute: Compute) -> Space | UnionSpace:
+    """Built once per compute: enumerating a GEMM space takes tens of milliseconds, and
+    every render and every cost-model feature row checks its config against the space
+    (on an H100 run, rebuilding it per candidate held tuning under one trial a second)."""
     if compute.op in ROW_OPS:
         return row_space(Rows.from_compute(compute))
     if compute.op == "elementwise":

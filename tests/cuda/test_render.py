@@ -14,6 +14,7 @@ import torch
 
 import raytune_kernels as rk
 from tests.support import cuda_emulate
+from raytune_kernels.cuda import build as build_mod
 from raytune_kernels.cuda.build import (CudaBuildResult, build_cuda, compile_cuda,
                                         nvrtc_unavailable, resource_problems)
 from raytune_kernels.cuda.gemm_views import gemm_view
@@ -398,7 +399,7 @@ def _compile_zoo(zoo_tasks, arch: str, per_task: int, seed: int) -> int:
             assert result.error is None, (where, result.error)
             assert "warning" not in result.log, (where, result.log)
             assert resource_problems(result, kernel.threads) == [], where
-            assert result.spill_bytes == 0, (where, result.log)
+            assert result.stack_bytes == 0, (where, result.log)
             assert result.cubin[:4] == b"\x7fELF" and f".target {arch}".encode() in result.ptx
             compiled += 1
     return compiled
@@ -424,6 +425,48 @@ def test_the_small_cases_compile_for_both_archs():
         for arch in ARCHS:
             result = compile_cuda(kernel.source, arch)
             assert result.error is None and result.registers > 0, (c.describe(), arch)
+
+
+@needs_nvrtc
+def test_the_cubin_is_read_for_registers_shared_memory_and_stack_as_ptxas_reports_them():
+    """NVRTC 13 (seen on an H100) returns no ptxas report: the figures come from the cubin's
+    ELF sections, and agree with ptxas -v's report where NVRTC 12 gives one."""
+    compared = 0
+    for name, c in sorted(CASES.items()):
+        space = cuda_space_for(c)
+        for seed in range(3):
+            kernel = render_cuda(c, space.sample(random.Random(seed)))
+            for arch in ARCHS:
+                result = compile_cuda(kernel.source, arch)
+                assert result.error is None, (name, arch, result.error)
+                reported = build_mod._report(result.log)
+                read = build_mod.cubin_resources(result.cubin, arch)
+                assert read == {"registers": result.registers, "smem_bytes": result.smem_bytes,
+                                "stack_bytes": result.stack_bytes}
+                if reported["registers"] is not None:
+                    assert read == reported, (name, arch, result.log)
+                    compared += 1
+    assert compared > 0 or build_mod.nvrtc_version()[0] >= 13
+
+
+@needs_nvrtc
+def test_a_build_without_ptxas_report_still_passes_the_launch_limit_check(monkeypatch):
+    c = CASES["softmax_last"]
+    monkeypatch.setattr(build_mod, "_log", lambda lib, prog: "")
+    result = build_cuda(c, cuda_space_for(c).sample(random.Random(0)), "sm_90")
+    assert result.error is None and result.registers > 0 and result.smem_bytes >= 0
+
+
+def test_an_unreadable_cubin_falls_back_to_the_report_and_then_fails_the_check():
+    with pytest.raises(ValueError, match="not a 64-bit"):
+        build_mod.cubin_resources(b"not an elf", "sm_90")
+    assert build_mod._resources(b"junk", "sm_90", "ptxas info    : Used 12 registers, "
+                                "used 0 barriers, 64 bytes smem") == \
+        {"registers": 12, "smem_bytes": 64, "stack_bytes": None}
+    blind = CudaBuildResult("sm_90", b"junk", b"", None, **build_mod._resources(b"junk", "sm_90",
+                                                                                 ""))
+    assert resource_problems(blind, 128) == [
+        "the register / shared-memory usage could not be read from the build"]
 
 
 @needs_nvrtc
