@@ -201,7 +201,7 @@ class GpuNetwork(Reporting):
                 ) -> Profile:
         """Per-step table: each step timed alone by the device's clock (launches are
         asynchronous, so a step is not clocked apart inside a run: ours = alone here),
-        next to PyTorch's kernel for the same task on the same device tensors, and the
+        next to PyTorch's kernel for the same task on the same device, and the
         record's time; end to end from benchmark(). Prints it, optionally saves a chart."""
         end_to_end = self.benchmark(TimingOptions(opts.warmup, opts.min_repeat_ms * 10,
                                                   opts.repeats))
@@ -225,10 +225,10 @@ class GpuNetwork(Reporting):
         return median(time_runs(self.device.timer(fn), opts))
 
     def _torch_time(self, s: GpuStep, opts: TimingOptions) -> float:
-        compute = self.part.task(s.key).compute
-        ops = [self._operand(o) if isinstance(o, Const) else
-               to_layout(self.view(o), o.layout, NCHW).view(o.shape) for o in s.operands]
-        return self._time(lambda: reference(compute, *ops), opts)
+        """PyTorch's kernel for the step's task, on random operands in torch's layouts (the
+        plan's constants are packed for our kernels: an NHWC convolution's weight is OHWI,
+        which torch would read as another convolution), timed as the records are."""
+        return self.device.torch_seconds(self.part.task(s.key).compute)
 
     # the CPU network's explanation of estimate vs measurement reads only estimated_s and
     # profile(), which this class has in the same form
