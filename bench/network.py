@@ -5,10 +5,10 @@
 
 Tunes the model's tasks with `trials` measurements at `threads` threads (a records file that
 already holds them is resumed, nothing re-measured; by default
-bench/results/CPU/network_MODEL_<threads>threads.jsonl, CPU being LLVM's name for this
-host, so that figures of one CPU model are never taken for another's), compiles it twice (layouts chosen by
-the ILP, and the best uniform layout), checks both against the model, then times, at the
-same thread count and interleaved round by round: ours, ours uniform, PyTorch eager,
+bench/results/CPU/network_MODEL_<threads>threads.jsonl, CPU being LLVM's name for this host,
+so that figures of one CPU model are never taken for another's), compiles it twice (layouts
+chosen by the ILP, and the best uniform layout), checks both against the model, then times,
+at the same thread count and interleaved round by round: ours, ours uniform, PyTorch eager,
 channels_last, TorchScript trace+freeze, and torch.compile with freezing where the machine
 can build it. Prints the per-layer profile and the fidelity report.
 
@@ -16,12 +16,12 @@ can build it. Prints the per-layer profile and the fidelity report.
     python bench/network.py resnet18 --target "cuda -arch=sm_90" ...
 
 With a cuda target: tunes on the GPU (GPU measurers, NVRTC builders; records default
-bench/results/network_MODEL_cuda.jsonl, resumed), compiles a GpuNetwork, and times it
-against PyTorch on the same GPU, interleaved round by round: eager fp32 (TF32 off,
-cudnn.benchmark on), channels_last and torch.compile (each baseline that fails is reported
-and left out), all by CUDA events after warm-up, the median of the repeats
-(raytune_kernels.cuda.torch_timing). Without a visible CUDA GPU: exit status 2.
-Last line of stdout: one JSON object (with a cuda target, naming the device and target).
+bench/results/GPU/network_MODEL_cuda.jsonl, GPU as gpu_folder() names it, resumed), compiles
+a GpuNetwork, and times it against PyTorch on the same GPU, interleaved round by round:
+eager fp32 (TF32 off, cudnn.benchmark on), channels_last and torch.compile (each baseline
+that fails is reported and left out), all by CUDA events after warm-up, the median of the
+repeats (raytune_kernels.cuda.torch_timing). Without a visible CUDA GPU: exit status 2. Last
+line of stdout: one JSON object (with a cuda target, naming the device and target).
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import sys
 import time
 
@@ -167,11 +168,19 @@ def main_cuda(args) -> int:
         return 2
 
 
+def gpu_folder(name: str) -> str:
+    """bench/results/ folder of a GPU: its product name in lower case, words joined by '-',
+    without the vendor ("NVIDIA H100 80GB HBM3" -> "h100-80gb-hbm3")."""
+    words = re.findall(r"[a-z0-9]+", name.lower())
+    return "-".join(w for w in words if w != "nvidia") or "gpu"
+
+
 def bench_cuda(args, gpu: str) -> int:
     target = str(args.target)
     name = args.model.replace("/", "_")
     records = args.records or os.path.join(
-        os.path.dirname(__file__), "results", f"network_{name}_cuda.jsonl")
+        os.path.dirname(__file__), "results", gpu_folder(gpu),
+        f"network_{name}_cuda.jsonl")
     model, inputs = load_model(args.model)  # random inputs (zoo: seeded randn)
 
     start = time.perf_counter()
@@ -243,7 +252,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2, help="CPU only")
     ap.add_argument("--records", default=None, help="default bench/results/CPU/network_MODEL_"
                                                     "<threads>threads.jsonl (cuda: "
-                                                    "network_MODEL_cuda.jsonl)")
+                                                    "GPU/network_MODEL_cuda.jsonl)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--fallback", choices=["torch"], default=None,

@@ -289,7 +289,7 @@ def gpu_arch():
     pytest.importorskip("cupy")
     if not _has_gpu() or not torch.cuda.is_available():
         pytest.skip("no CUDA GPU visible to cupy and torch")
-    from raytune_kernels.cuda.measure import device_arch
+    from raytune_kernels.cuda.device import device_arch
     return device_arch()
 
 
