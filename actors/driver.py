@@ -122,6 +122,11 @@ def _preflight(target: str, records: str | None, address: str | None, threads: i
 def _tune(tasks: list[Task], tgt: Target, trials, records, resume, address, num_measurers,
           num_builders, batch, seed, threads, verbose, network=None) -> TuningResult:
     tasks, skipped = _tunable(tasks, tgt)
+    if trials < len(tasks):
+        warnings.warn(f"{trials} trials for {len(tasks)} tasks: {len(tasks) - trials} task(s) "
+                      f"get no trial and no kernel, and the estimate stays infinite; give at "
+                      f"least {len(tasks)} trials (each task's first round is shortened to fit)",
+                      stacklevel=3)
     torch_s = _torch_part(skipped, network, tgt, threads)
     history = load_records(records).records if (records and resume) else []
     ray = _start_ray(address)

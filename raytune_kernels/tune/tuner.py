@@ -142,13 +142,24 @@ class Tuner:
             if i is None:
                 return None
             task = self.tasks[i]
-            n = min(self.opts.batch, self.opts.trials - self.spent)
-            cfgs = self.pool.propose(task.key, n)
+            cfgs = self.pool.propose(task.key, self._round_size(i))
             if not cfgs:  # nothing left to try for this task
                 self.scheduler.update(i, [], exhausted=True)
                 continue
             return self._run_round(i, task, cfgs)
         return None
+
+    def _round_size(self, i: int) -> int:
+        """`batch` trials, or fewer while tasks are still warming up and the budget left
+        cannot give each of them a full batch: a budget under tasks x batch (160 trials for
+        ResNet-18's 21 tasks at batch 8) otherwise left the last tasks with no trial at all,
+        and the estimate infinite."""
+        left = self.opts.trials - self.spent
+        states, warmup = self.scheduler.states, self.scheduler.opts.warmup
+        if states[i].rounds < warmup:
+            cold = sum(1 for j in self.scheduler.active() if states[j].rounds < warmup)
+            left = max(1, left // cold)
+        return min(self.opts.batch, left)
 
     def _run_round(self, i: int, task: Task, cfgs: list[Config]) -> RoundSummary:
         results = self.measure([(task, c) for c in cfgs])

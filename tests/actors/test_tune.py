@@ -63,6 +63,18 @@ def test_tune_tasks_tunes_only_the_tasks_given(ray_session, tmp_path):
     assert result.estimated_latency_s == pytest.approx(conv.weight * result.best[conv.key].median)
 
 
+def test_fewer_trials_than_tasks_warms_and_measures_as_many_tasks(ray_session, tmp_path):
+    model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
+    tasks = rk.extract_tasks(model, (x,))
+    assert len(tasks) >= 2
+    path = str(tmp_path / "few.jsonl")
+    with pytest.warns(UserWarning, match=f"1 trials for {len(tasks)} tasks: "
+                                         f"{len(tasks) - 1} task"):
+        result = rk.tune_tasks(tasks, trials=1, records=path, batch=4, verbose=False)
+    assert result.trials == 1 and len(load_records(path).records) == 1
+    assert result.estimated_latency_s == float("inf")
+
+
 def test_bad_inputs_fail_before_any_work(tmp_path):
     model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
     with pytest.raises(rk.UnknownTargetError):

@@ -110,6 +110,16 @@ def test_scheduler_warms_up_every_task_first(tasks):
     assert order == [0, 1, 2, 3, 4]
 
 
+def test_a_budget_under_tasks_times_batch_still_measures_every_task(tasks):
+    some = tasks[:6]
+    tuner, result, fake = tune(some, 20, batch=8)
+    per_task = collections.Counter(r.task_key for r in tuner.records)
+    assert tuner.spent == 20 and set(per_task) == {t.key for t in some}
+    assert min(per_task.values()) >= 3 and math.isfinite(result.estimated_latency_s)
+    tuner, _, _ = tune(some, 4, batch=8)  # fewer trials than tasks: one each, in order
+    assert [r.task_key for r in tuner.records] == [t.key for t in some[:4]]
+
+
 def test_resume_continues_exactly(tasks, tmp_path):
     some = [tasks[2], tasks[5], tasks[20]]
     path = str(tmp_path / "r.jsonl")
