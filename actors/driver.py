@@ -11,11 +11,11 @@ from typing import Sequence
 import torch
 
 from raytune_kernels.compile.api import compile_network as compile_here
-from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.machine import cpu_info, host_device
 from raytune_kernels.backend import unsupported_on
 from raytune_kernels.errors import RaytuneError
 from raytune_kernels.measure import MeasureOptions
-from raytune_kernels.tune.records import RecordWriter, load_records
+from raytune_kernels.tune.records import RecordWriter, describe_devices, load_records
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Task
 from raytune_kernels.tune.tuner import TuneOptions, TuningResult
@@ -254,12 +254,19 @@ def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads
                            cold_weights=opts.cold_weights, flush_cache=tgt.kind == "cuda")
     cluster = len([n for n in ray.nodes() if n["Alive"]]) > 1
     cpu = cpu_info(tgt.mcpu) if tgt.kind == "llvm" else None  # a GPU describes itself
+    # records name the CPU that measures them (with -mcpu=X, code for X timed on this host)
+    host, isa = host_device() if cpu else (None, None)
     actor = TaskSchedulerActor.options(**ON_HEAD).remote(
-        [t.to_json() for t in tasks], str(tgt), cpu and cpu.name, cpu, records,
+        [t.to_json() for t in tasks], str(tgt), host, cpu, records,
         [r.to_json() for r in history], opts, num_measurers, num_builders, mopts, tgt.mcpu,
-        cluster)
+        cluster, isa)
     try:
         first = _initial(ray, actor)
+        others = ray.get(actor.other_devices.remote())
+        if others:
+            warnings.warn(f"{records}: skipped {sum(others.values())} record(s) of target "
+                          f"{str(tgt)!r} measured on another device "
+                          f"({describe_devices(others)}); this run tunes its own", stacklevel=4)
         view = ProgressView(trials) if verbose else None
         if view:
             view.__enter__()

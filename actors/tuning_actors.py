@@ -103,10 +103,11 @@ class TaskSchedulerActor:
     def __init__(self, tasks: list[dict], target: str, device: str | None,
                  cpu: CpuInfo | None, records: str | None, history: list[dict],
                  opts: TuneOptions, num_measurers: int | None, num_builders: int | None,
-                 measure_opts, mcpu, cluster: bool = False):
-        """`device` and `cpu` name and describe the CPU of an llvm target. A cuda target
-        passes None for both: the measuring GPU tells its name and arch, and the records'
-        target gains the arch ("cuda" -> "cuda -arch=sm_90")."""
+                 measure_opts, mcpu, cluster: bool = False, isa: str | None = None):
+        """`device` and `isa` name the measuring CPU of an llvm target, `cpu` describes
+        the CPU code is built for. A cuda target passes None for them: the measuring GPU
+        tells its name and arch, and the records' target gains the arch ("cuda" ->
+        "cuda -arch=sm_90")."""
         task_list = [Task.from_json(t) for t in tasks]
         self.problem: Exception | None = None
         if parse_target(target).kind == "cuda":
@@ -122,7 +123,7 @@ class TaskSchedulerActor:
         self.writer = RecordWriter(records) if records else None
         pool = RaySearchPool(task_list, backend_for(target, info), opts.seed, opts.search)
         self.tuner = Tuner(task_list, target, device, self.pipeline.run, pool, self.writer,
-                           [Record.from_json(r) for r in history], opts)
+                           [Record.from_json(r) for r in history], opts, isa)
 
     def initial(self) -> RoundSummary:
         """The table before any round; raises what made the run impossible, if anything."""
@@ -134,6 +135,10 @@ class TaskSchedulerActor:
 
     def step(self) -> RoundSummary | None:
         return self.tuner.step()
+
+    def other_devices(self) -> dict[str, int]:
+        """Records of this target in the history that another device measured (skipped)."""
+        return self.tuner.other_devices if hasattr(self, "tuner") else {}
 
     def pipeline_stats(self) -> dict:
         return {"measurers": len(self.pipeline.slots), "nodes": len(

@@ -33,7 +33,7 @@ from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.rows import ROW_OPS
 from raytune_kernels.cpu.estimate import cycles
-from raytune_kernels.cpu.machine import CpuInfo, cpu_info
+from raytune_kernels.cpu.machine import CpuInfo, cpu_info, host_device
 from raytune_kernels.cpu.schedules import lower, no_kernel_reason, space_for
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
@@ -44,7 +44,9 @@ from raytune_kernels.layout.graph import NCHW, Candidate
 from raytune_kernels.measure import MeasureOptions, cold_copies, random_operands
 from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition,
                                                  run_glue, run_steps)
-from raytune_kernels.tune.records import Record, best_per_task, load_records
+from raytune_kernels.space import Config
+from raytune_kernels.tune.records import (Record, best_per_task, describe_devices,
+                                          load_records, measured_on, other_devices)
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.tune.timing import TimingOptions, median, time_fn
@@ -282,6 +284,7 @@ def compile_network_cpu(model: torch.nn.Module,
     opts = MeasureOptions(threads=threads, min_repeat_ms=5, repeats=5, cold_weights=cold)
     cpu = cpu_info(tgt.mcpu)
     no_kernel = {t.key: why for t in part.tasks if (why := no_kernel_reason(t.compute, cpu))}
+    recs = _in_todays_spaces(recs, part.tasks, cpu, no_kernel)
     tseconds = {t.key: torch_seconds(t.compute, threads, cold_weights=cold)
                 for t in part.tasks if fallback or t.key in no_kernel}
     cands = _candidates(part, recs, fallback, tseconds, threads, cpu, no_kernel,
@@ -317,19 +320,62 @@ def compile_network_cpu(model: torch.nn.Module,
 
 
 def _records(records, target: str, threads: int) -> list[Record]:
+    """The records of this target and thread count measured on this CPU (name and vector
+    ISA). Records measured elsewhere are skipped with one warning that counts them; if
+    they are all there is, the compile is refused, naming the devices the records hold."""
     if records is None:
         return []
     if isinstance(records, str):
         import os
         if not os.path.exists(records):
             raise CompileError(f"records file {records!r} does not exist")
-        loaded = load_records(records).records
+        loaded, where = load_records(records).records, f"records file {records!r}"
     else:
-        loaded = list(records)
-    mine = [r for r in loaded if r.target == target and r.threads == threads]
+        loaded, where = list(records), "the records given"
+    mine = on_this_device(loaded, where, host_device(),
+                          lambda r: r.target == target and r.threads == threads,
+                          f"target {target!r} at {threads} thread(s)")
     cold = {r.task_key for r in mine if r.cold_weights}
     # a task timed with cold weights is compared only with cold timings of itself
     return [r for r in mine if r.cold_weights or r.task_key not in cold]
+
+
+def _in_todays_spaces(recs: list[Record], tasks, cpu: CpuInfo, no_kernel: dict[str, str]
+                      ) -> list[Record]:
+    """The valid records whose config is a point of its task's schedule space today. A
+    record of an older space (a knob since added or renamed) is skipped with one warning,
+    not left to fail with a KeyError deep in the layout costs."""
+    spaces = {t.key: space_for(t.compute, cpu) for t in tasks if t.key not in no_kernel}
+    kept, stale = [], []
+    for r in recs:
+        space = spaces.get(r.task_key)
+        if r.ok and space is not None and Config.from_json(r.config) not in space:
+            stale.append(r)
+        else:
+            kept.append(r)
+    if stale:
+        warnings.warn(f"skipped {len(stale)} record(s) whose config is not in today's "
+                      f"schedule space (an older version wrote them), first: task "
+                      f"{stale[0].task_key} config {stale[0].config}", stacklevel=3)
+    return kept
+
+
+def on_this_device(records: list[Record], where: str, device: tuple[str, str | None],
+                   wanted: Callable[[Record], bool], what: str) -> list[Record]:
+    """The `wanted` records measured on `device` (name, isa). The wanted ones of other
+    devices are skipped with one warning counting them, or, when no wanted record is of
+    this device, refused with an error naming the devices they are of."""
+    wanted_ones = [r for r in records if wanted(r)]
+    mine = [r for r in wanted_ones if measured_on(r, *device)]
+    others = other_devices(wanted_ones, *device)
+    if others and not mine:
+        raise CompileError(f"{where} holds no record of {what} measured on this device "
+                           f"({device[0]}); it holds {describe_devices(others)}: tune on "
+                           f"this machine, or compile on the machine that measured them")
+    if others:
+        warnings.warn(f"{where}: skipped {sum(others.values())} record(s) of {what} measured "
+                      f"on another device ({describe_devices(others)})", stacklevel=4)
+    return mine
 
 
 def _candidates(part: Partition, recs: list[Record], fallback: str | None,

@@ -275,12 +275,18 @@ def cuda_records(records: "str | Iterable[Record] | None", arch: str, plain_ok: 
     `plain_ok`: the caller's GPU is the arch they were measured on)."""
     if records is None:
         return []
+    where = "the records given"
     if isinstance(records, str):
         if not os.path.exists(records):
             raise CompileError(f"records file {records!r} does not exist")
-        records = load_records(records).records
+        records, where = load_records(records).records, f"records file {records!r}"
     wanted = {f"cuda -arch={arch}"} | ({"cuda"} if plain_ok else set())
-    return [r for r in records if r.target in wanted]
+    mine = [r for r in records if r.target in wanted]
+    others = sorted({r.target for r in records if r.target.startswith("cuda")} - wanted)
+    if others and not mine:
+        raise CompileError(f"{where} holds no cuda record for {arch}, only for "
+                           f"{', '.join(others)}: tune on this GPU, or compile for that arch")
+    return mine
 
 
 def _without_kernel(part: Partition, best: dict[str, Record]) -> list[str]:

@@ -116,6 +116,24 @@ class CpuInfo:
         return self.machine.unit(lanes).chains
 
 
+# the instruction sets that decide which kernels run and how fast: what records key on
+VECTOR_ISA = ("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512bw",
+              "avx512dq", "avx512vnni", "avx512bf16", "avx512fp16", "amx-tile", "neon", "sve",
+              "sve2")
+
+
+def host_isa(features: str | None = None) -> str:
+    """The host's vector instruction sets among VECTOR_ISA, comma-separated ("" if none)."""
+    flags = set((features if features is not None else host_cpu()[1]).split(","))
+    return ",".join(f for f in VECTOR_ISA if f"+{f}" in flags)
+
+
+def host_device() -> tuple[str, str]:
+    """(LLVM's name for the host CPU, its vector ISA): what a CPU record is measured on."""
+    name, features = host_cpu()
+    return name, host_isa(features)
+
+
 def cpu_info(mcpu: str | None = None) -> CpuInfo:
     """Vector widths, register count and machine model for the host CPU or a named one.
     A named CPU runs on the host's hardware, so it shares the host's measured vector

@@ -38,7 +38,7 @@ class MalformedRecord(ValueError):
 class Record:
     task_key: str
     target: str
-    device: str  # CPU name or GPU name
+    device: str  # the measuring CPU (LLVM's host name) or GPU (its product name)
     config: dict
     times: tuple[float, ...]
     error_kind: str | None = None
@@ -50,6 +50,9 @@ class Record:
     schema: int = SCHEMA
     threads: int = 1  # threads the kernel ran with: part of what the time means
     cold_weights: bool = False  # timed with its weights out of cache, as in a network
+    # the measuring CPU's vector instruction sets (cpu/machine.host_isa); None: a GPU, or a
+    # record written before the field existed (matched by device name alone)
+    isa: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -68,7 +71,8 @@ class Record:
                 "error_kind": self.error_kind, "error_msg": self.error_msg,
                 "build_s": self.build_s, "run_s": self.run_s, "timestamp": self.timestamp,
                 "versions": self.versions, "threads": self.threads,
-                "cold_weights": self.cold_weights}
+                "cold_weights": self.cold_weights,
+                **({"isa": self.isa} if self.isa is not None else {})}
 
     @classmethod
     def from_json(cls, d: object) -> "Record":
@@ -85,7 +89,14 @@ class Record:
                    d.get("error_kind"), str(d.get("error_msg", "")), float(d.get("build_s", 0)),
                    float(d.get("run_s", 0)), float(d.get("timestamp", 0)),
                    dict(d.get("versions", {})), int(d.get("schema", SCHEMA)),
-                   _threads(d.get("threads", 1)), bool(d.get("cold_weights", False)))
+                   _threads(d.get("threads", 1)), bool(d.get("cold_weights", False)),
+                   _isa(d.get("isa")))
+
+
+def _isa(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise MalformedRecord(f"isa must be a string, got {value!r}")
+    return value
 
 
 def _threads(value: object) -> int:
@@ -225,8 +236,31 @@ def distill(src: str, dst: str, k: int = 1) -> int:
 
 
 def record_of(task_key: str, target: str, device: str, config: dict, result,
-              threads: int = 1, cold_weights: bool = False) -> Record:
+              threads: int = 1, cold_weights: bool = False, isa: str | None = None) -> Record:
     """A Record from a MeasureResult (anything with times/error_kind/error_msg/build_s/run_s)."""
     return Record(task_key, target, device, config, tuple(result.times), result.error_kind,
                   result.error_msg, result.build_s, result.run_s, time.time(), versions(),
-                  threads=threads, cold_weights=cold_weights)
+                  threads=threads, cold_weights=cold_weights, isa=isa)
+
+
+def measured_on(r: Record, device: str, isa: str | None = None) -> bool:
+    """Whether `r` was measured on this device: the same CPU or GPU name and, where both
+    name one, the same vector instruction sets (a VM may hide AVX-512 from a CPU whose
+    name still says it has it). Times of another device say nothing of this one."""
+    return r.device == device and (r.isa is None or isa is None or r.isa == isa)
+
+
+def other_devices(records: Iterable[Record], device: str, isa: str | None = None
+                  ) -> dict[str, int]:
+    """How many of `records` were measured elsewhere, by device ("znver3", or
+    "znver4 [avx2,fma]" where only the instruction sets differ)."""
+    out: dict[str, int] = {}
+    for r in records:
+        if not measured_on(r, device, isa):
+            name = r.device if r.device != device else f"{r.device} [{r.isa}]"
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
+def describe_devices(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} of {d}" for d, n in sorted(counts.items(), key=lambda x: -x[1]))

@@ -17,7 +17,8 @@ from raytune_kernels.backend import Backend
 from raytune_kernels.space import Config
 from raytune_kernels.tune.cost_model import CostModel, training_set
 from raytune_kernels.measure import MeasureResult
-from raytune_kernels.tune.records import Record, RecordWriter, record_of
+from raytune_kernels.tune.records import (Record, RecordWriter, measured_on, other_devices,
+                                          record_of)
 from raytune_kernels.tune.task_scheduler import SchedulerOptions, TaskScheduler
 from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
 from raytune_kernels.task import Task
@@ -113,14 +114,19 @@ class TuningResult:
 class Tuner:
     def __init__(self, tasks: list[Task], target: str, device: str, measure: Measure,
                  pool: SearchPool, writer: RecordWriter | None = None,
-                 history: list[Record] = (), opts: TuneOptions = TuneOptions()):
-        self.tasks, self.target, self.device = tasks, target, device
+                 history: list[Record] = (), opts: TuneOptions = TuneOptions(),
+                 isa: str | None = None):
+        """`device` (and, on a CPU, `isa`) names what measures: the history resumed is
+        the records of this target measured there; `other_devices` counts the rest."""
+        self.tasks, self.target, self.device, self.isa = tasks, target, device, isa
         self.measure, self.pool, self.writer, self.opts = measure, pool, writer, opts
         self.scheduler = TaskScheduler(tasks, opts.seed, opts.scheduler)
         self.records: list[Record] = []
         self.round, self.start = 0, time.perf_counter()
-        self._resume([r for r in history if r.target == target and r.threads == opts.threads
-                      and r.cold_weights == opts.cold_weights])
+        mine = [r for r in history if r.target == target and r.threads == opts.threads
+                and r.cold_weights == opts.cold_weights]
+        self.other_devices = other_devices(mine, device, isa)
+        self._resume([r for r in mine if measured_on(r, device, isa)])
 
     def _resume(self, history: list[Record]) -> None:
         index = {t.key: i for i, t in enumerate(self.tasks)}
@@ -164,7 +170,7 @@ class Tuner:
     def _run_round(self, i: int, task: Task, cfgs: list[Config]) -> RoundSummary:
         results = self.measure([(task, c) for c in cfgs])
         new = [record_of(task.key, self.target, self.device, c.to_json(), r, self.opts.threads,
-                         self.opts.cold_weights) for c, r in zip(cfgs, results)]
+                         self.opts.cold_weights, self.isa) for c, r in zip(cfgs, results)]
         if self.writer is not None:
             self.writer.write_batch(new)
         self.records += new

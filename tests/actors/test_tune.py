@@ -1,11 +1,12 @@
 """tune_network end to end on a tiny model, through the real actors."""
 import collections
+import dataclasses
 
 import pytest
 import torch
 
 import raytune_kernels as rk
-from raytune_kernels.tune.records import load_records
+from raytune_kernels.tune.records import RecordWriter, load_records
 
 
 class Tiny(torch.nn.Module):
@@ -73,6 +74,23 @@ def test_fewer_trials_than_tasks_warms_and_measures_as_many_tasks(ray_session, t
         result = rk.tune_tasks(tasks, trials=1, records=path, batch=4, verbose=False)
     assert result.trials == 1 and len(load_records(path).records) == 1
     assert result.estimated_latency_s == float("inf")
+
+
+def test_records_of_another_cpu_are_kept_but_not_resumed(ray_session, tmp_path):
+    model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
+    conv = next(t for t in rk.extract_tasks(model, (x,)) if t.compute.op == "conv2d")
+    path = str(tmp_path / "mixed.jsonl")
+    rk.tune_tasks([conv], trials=2, records=path, batch=2, verbose=False)
+    mine = load_records(path).records
+    foreign = [dataclasses.replace(r, device="znver0", isa="sse4.2") for r in mine]
+    with RecordWriter(path) as w:
+        w.write_batch(foreign)
+    with pytest.warns(UserWarning, match=r"skipped 2 record\(s\) of target 'llvm' measured on "
+                                         r"another device \(2 of znver0\)"):
+        result = rk.tune_tasks([conv], trials=4, records=path, batch=2, verbose=False)
+    after = load_records(path).records
+    assert after[:4] == mine + foreign and len(after) == 6  # nothing lost, 2 new here
+    assert result.trials == 4 and {r.device for r in after[4:]} == {mine[0].device}
 
 
 def test_bad_inputs_fail_before_any_work(tmp_path):

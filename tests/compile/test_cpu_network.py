@@ -1,4 +1,5 @@
 """compile_network() for real: records measured here, kernels built, the network checked."""
+import dataclasses
 import math
 import random
 
@@ -15,7 +16,7 @@ from raytune_kernels.measure import MeasureOptions, measure_built
 from raytune_kernels.compile.api import compile_network
 from raytune_kernels.compile.cpu_network import check_network
 from raytune_kernels.errors import CompileError
-from raytune_kernels.tune.records import record_of
+from raytune_kernels.tune.records import RecordWriter, record_of
 
 QUICK = MeasureOptions(threads=1, min_repeat_ms=1, repeats=3)
 
@@ -123,6 +124,32 @@ def test_records_at_another_thread_count_do_not_count(small):
         compile_network(model, inputs, records, threads=2)
     with pytest.raises(CompileError, match="does not exist"):
         compile_network(model, inputs, "/nonexistent/records.jsonl")
+
+
+def test_records_of_another_cpu_are_skipped_or_refused_by_name(small, tmp_path):
+    model, inputs, records = small
+    foreign = [dataclasses.replace(r, device="znver9") for r in records]
+    path = str(tmp_path / "elsewhere.jsonl")
+    with RecordWriter(path) as w:
+        w.write_batch(foreign)
+    with pytest.raises(CompileError, match=rf"records file '{path}' holds no record of target "
+                                           rf"'llvm' at 1 thread.*it holds {len(foreign)} of "
+                                           rf"znver9: tune on this machine"):
+        compile_network(model, inputs, path)
+    with pytest.warns(UserWarning, match=f"the records given: skipped {len(foreign)} record"):
+        net = compile_network(model, inputs, records + foreign)
+    assert net.plan is not None
+
+
+def test_a_record_of_an_older_schedule_space_is_skipped_with_a_warning(small):
+    model, inputs, records = small
+    stale = dataclasses.replace(records[0], config={"tile_w": 4}, times=(1e-9,))
+    with pytest.warns(UserWarning, match=r"skipped 1 record\(s\) whose config is not in "
+                                         r"today's schedule space.*'tile_w': 4"):
+        net = compile_network(model, inputs, [stale] + records)
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
 
 
 def test_uniform_layout_baseline_compiles_and_is_correct(small, net):

@@ -145,6 +145,14 @@ def test_a_record_whose_config_no_longer_renders_is_named(case):
         compile_network_cuda(model, inputs, stale, TARGET, device=EmulatorDevice)
 
 
+def test_records_of_another_arch_alone_are_refused_naming_it(case):
+    model, inputs, records = case
+    other = [dataclasses.replace(r, target="cuda -arch=sm_80") for r in records]
+    with pytest.raises(CompileError, match="holds no cuda record for sm_90, only for "
+                                           "cuda -arch=sm_80: tune on this GPU"):
+        compile_network_cuda(model, inputs, other, TARGET, device=EmulatorDevice)
+
+
 def test_a_wrong_step_is_named(case, net):
     model, inputs, _ = case
     fresh = GpuNetwork(net.plan, EmulatorDevice(net.plan))
@@ -165,8 +173,8 @@ def test_missing_records_run_an_untuned_default_named_in_a_warning(case):
         assert [s.kind for s in net.steps if s.kind != "transform"] == ["kernel"] * 3
         with torch.no_grad():
             assert torch.allclose(net(*inputs), model(*inputs), atol=1e-4, rtol=1e-4)
-    other_arch = cuda_records(records, "sm_80", plain_ok=False)
-    assert other_arch == []  # records are per arch
+    with pytest.raises(CompileError, match="no cuda record for sm_80, only for cuda -arch=sm_90"):
+        cuda_records(records, "sm_80", plain_ok=False)  # records are per arch
 
 
 def _describe(model, inputs, key):

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import signal
@@ -8,7 +9,8 @@ import textwrap
 import pytest
 
 from raytune_kernels.tune.records import (MalformedRecord, Record, RecordWriter, best_per_task,
-                                          distill, load_records, top_k)
+                                          describe_devices, distill, load_records,
+                                          measured_on, other_devices, top_k)
 
 
 def rec(key="k1", t=1.0, error=None, cfg=None):
@@ -110,7 +112,6 @@ def test_distill_writes_through_a_temp_file_of_its_own(tmp_path):
 def test_distill_keeps_the_best_of_each_layout_and_thread_count(tmp_path):
     """compile_network weighs each layout's best record and reads one thread count:
     distilling must not drop them."""
-    import dataclasses
     src, dst = str(tmp_path / "all.jsonl"), str(tmp_path / "best.jsonl")
     recs = [rec("a", 1.0, cfg={"layout": "NHWC", "bm": 16}),
             rec("a", 2.0, cfg={"layout": "NHWC", "bm": 32}),
@@ -183,3 +184,23 @@ def test_records_from_measured_results(tmp_path):
     assert loaded[0].versions["torch"] == torch.__version__ and loaded[0].schema == 1
     best = min(cfgs, key=lambda c: fake.measure(task, c).median)
     assert best_per_task(loaded)[task.key].config == best.to_json()
+
+
+def test_records_name_the_measuring_device_and_its_instruction_sets(tmp_path):
+    avx512 = dataclasses.replace(rec("a", 1.0), isa="avx2,fma,avx512f")
+    old = rec("a", 2.0)  # written before records named the ISA: matched by name alone
+    masked = dataclasses.replace(rec("a", 3.0), isa="avx2,fma")  # a VM hiding AVX-512
+    other = dataclasses.replace(rec("a", 4.0), device="znver3", isa="avx2,fma")
+    path = str(tmp_path / "r.jsonl")
+    with RecordWriter(path) as w:
+        w.write_batch([avx512, old, masked, other])
+    loaded = load_records(path).records
+    assert loaded == [avx512, old, masked, other] and "isa" not in old.to_json()
+    here = ("znver5", "avx2,fma,avx512f")
+    assert [measured_on(r, *here) for r in loaded] == [True, True, False, False]
+    counts = other_devices(loaded, *here)
+    assert counts == {"znver5 [avx2,fma]": 1, "znver3": 1}
+    assert describe_devices({"znver3": 5, "znver4": 9}) == "9 of znver4, 5 of znver3"
+    (tmp_path / "bad.jsonl").write_text(json.dumps({**avx512.to_json(), "isa": 3}) + "\n")
+    with pytest.warns(UserWarning, match="isa must be a string"):
+        assert load_records(str(tmp_path / "bad.jsonl")).records == []

@@ -1,5 +1,6 @@
 """Search, scheduler and tuner against the fake measurer (analytic timings)."""
 import collections
+import dataclasses
 import math
 import random
 
@@ -135,6 +136,20 @@ def test_resume_continues_exactly(tasks, tmp_path):
     assert all(result.best[k].median <= first_best[k] for k in result.best)
     _, again, fake = tune(some, 72, path, history=records)
     assert fake.calls == 0 and again.trials == 72
+
+
+def test_records_of_another_device_are_counted_and_not_resumed(tasks, tmp_path):
+    some = [tasks[2], tasks[5]]
+    path = str(tmp_path / "r.jsonl")
+    tune(some, 16, path)
+    here = load_records(path).records
+    elsewhere = [dataclasses.replace(r, device="znver3") for r in here]
+    fake = FakeMeasurer()
+    tuner = Tuner(some, "llvm", "test", fake_measure(fake), LocalSearchPool(some, BACKEND),
+                  None, elsewhere + here[:8], TuneOptions(trials=24, batch=8))
+    assert tuner.other_devices == {"znver3": 16} and tuner.spent == 8
+    tuner.run()
+    assert fake.calls == 16 and {r.device for r in tuner.records} == {"test"}
 
 
 def test_records_at_another_thread_count_are_not_resumed(tasks, tmp_path):
