@@ -268,11 +268,34 @@ def _load_factory(path: str, name: str):
     file = pathlib.Path(path)
     if not file.is_file():
         raise UnknownModelError(f"model file '{path}' does not exist")
-    module_spec = importlib.util.spec_from_file_location(f"_rk_user_{file.stem}", file)
+    import sys
+
+    module_name = f"_rk_user_{file.stem}"
+    module_spec = importlib.util.spec_from_file_location(module_name, file)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)  # the user's own model code, run on purpose
+    # registered before it runs, as `import` does: dataclasses (under `from __future__
+    # import annotations`), pickling and typing look the module up by name
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)  # the user's own model code, run on purpose
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
     factory = getattr(module, name, None)
     if not callable(factory):
         raise UnknownModelError(f"'{path}' has no callable '{name}'")
-    model, inputs = factory()
+    made = factory()
+    if not (isinstance(made, (tuple, list)) and len(made) == 2
+            and isinstance(made[0], torch.nn.Module)):
+        raise UnknownModelError(f"'{path}:{name}' returned {_kind(made)}; it must return "
+                                f"(model, example_inputs): an nn.Module and a tensor or a "
+                                f"tuple of tensors")
+    model, inputs = made
     return model, tuple(inputs) if not isinstance(inputs, torch.Tensor) else (inputs,)
+
+
+def _kind(value) -> str:
+    if isinstance(value, (tuple, list)):
+        kinds = ", ".join(type(v).__name__ for v in value[:4])
+        return f"a {type(value).__name__} of {len(value)} ({kinds})"
+    return f"a {type(value).__name__}"

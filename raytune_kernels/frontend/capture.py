@@ -87,11 +87,15 @@ def _export(model: nn.Module, inputs: tuple) -> torch.fx.GraphModule:
         return torch.export.export(model, inputs, strict=False).module()
     except Exception as exc:
         text = str(exc)
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        # a bare `assert` or `raise X()` in the model has no message: name the exception
+        first = f"{type(exc).__name__}: {first}" if first else f"{type(exc).__name__} " \
+            "(with no message) raised by the model's forward on the example inputs"
         if "data-dependent" in text or "data dependent" in text:
             raise DynamicShapeError("control flow or a shape depends on tensor values",
-                                    type(model).__name__, text.splitlines()[0]) from None
+                                    type(model).__name__, first) from None
         raise CaptureError(f"neither torch.fx nor torch.export could capture "
-                           f"{type(model).__name__}: {text.splitlines()[0]}") from exc
+                           f"{type(model).__name__}: {first}") from exc
 
 
 def _layer_of(node: torch.fx.Node) -> str:

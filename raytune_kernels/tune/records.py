@@ -168,7 +168,7 @@ def load_records(path: str) -> Loaded:
                 continue
             try:
                 out.append(Record.from_json(json.loads(line)))
-            except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
+            except (ValueError, TypeError, RecursionError) as exc:  # a deeply nested line
                 skipped += 1
                 first = first or f"line {number}: {exc}"
     if skipped:

@@ -153,6 +153,18 @@ class ShapeBranch(nn.Module):
         return torch.relu(y)
 
 
+def test_a_forward_that_raises_without_a_message_is_named():
+    class Checks(nn.Module):
+        def forward(self, x):
+            if x.shape[0] != 5:  # a bare `assert` (pytest would give it a message here)
+                raise AssertionError
+            return x * 2
+
+    with pytest.raises(rk.CaptureError, match="could capture Checks: AssertionError "
+                                              r"\(with no message\) raised by the model"):
+        rk.extract_tasks(Checks(), (torch.randn(2, 3),))
+
+
 def test_shape_control_flow_goes_through_export():
     graph = check_same(ShapeBranch().eval(), torch.randn(1, 3, 8, 8))
     assert ops_of(graph) == ["conv2d", "max_pool2d", "relu"]

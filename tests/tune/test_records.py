@@ -204,3 +204,12 @@ def test_records_name_the_measuring_device_and_its_instruction_sets(tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps({**avx512.to_json(), "isa": 3}) + "\n")
     with pytest.warns(UserWarning, match="isa must be a string"):
         assert load_records(str(tmp_path / "bad.jsonl")).records == []
+
+
+def test_a_deeply_nested_line_is_a_malformed_line_not_a_recursion_error(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(rec("a", 1.0).to_json()) + "\n" + "[" * 100_000 + "]" * 100_000
+                    + "\n" + json.dumps(rec("b", 2.0).to_json()) + "\n")
+    with pytest.warns(UserWarning, match="skipped 1 malformed record line.*line 2"):
+        loaded = load_records(str(path))
+    assert [r.task_key for r in loaded.records] == ["a", "b"] and loaded.skipped == 1
