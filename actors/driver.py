@@ -65,6 +65,7 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
 
     _check_numbers(trials=trials, batch=batch, threads=threads, num_measurers=num_measurers,
                    num_builders=num_builders)
+    records = canonical_records_path(records)
     tgt = _preflight(target, records, address, threads, num_measurers)
     part = partition(capture(model, example_inputs, strict=strict))
     inputs = ((example_inputs,) if isinstance(example_inputs, torch.Tensor)
@@ -82,9 +83,22 @@ def tune_tasks(tasks: Sequence[Task], target: str = "llvm", trials: int = 200,
     the same checks, pipeline, records and result, with `trials` shared by these tasks."""
     _check_numbers(trials=trials, batch=batch, threads=threads, num_measurers=num_measurers,
                    num_builders=num_builders)
+    records = canonical_records_path(records)
     tgt = _preflight(target, records, address, threads, num_measurers)
     return _tune(list(tasks), tgt, trials, records, resume, address, num_measurers,
                  num_builders, batch, seed, threads, verbose)
+
+
+def canonical_records_path(records) -> str | None:
+    """The records file as one absolute path, resolved once here: the driver reads the
+    history from it and the scheduler actor, in another process with its own working
+    directory, appends to it. A relative path resolved in each (a job submitted with a
+    working_dir, a driver started elsewhere) read one file and wrote another."""
+    if records is None:
+        return None
+    if not isinstance(records, (str, os.PathLike)):
+        raise TuneError(f"records must be a path, got {type(records).__name__}")
+    return os.path.abspath(os.path.expanduser(os.fspath(records)))
 
 
 def _check_numbers(**numbers) -> None:

@@ -93,6 +93,19 @@ def test_records_of_another_cpu_are_kept_but_not_resumed(ray_session, tmp_path):
     assert result.trials == 4 and {r.device for r in after[4:]} == {mine[0].device}
 
 
+def test_a_relative_records_path_is_resolved_once_by_the_driver(ray_session, tmp_path,
+                                                                monkeypatch):
+    model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
+    conv = next(t for t in rk.extract_tasks(model, (x,)) if t.compute.op == "conv2d")
+    monkeypatch.chdir(tmp_path)
+    result = rk.tune_tasks([conv], trials=2, records="rel.jsonl", batch=2, verbose=False)
+    assert result.records == str(tmp_path / "rel.jsonl")
+    assert len(load_records(str(tmp_path / "rel.jsonl")).records) == 2
+    from actors.driver import TuneError
+    with pytest.raises(TuneError, match="records must be a path, got int"):
+        rk.tune_tasks([conv], trials=2, records=3, verbose=False)
+
+
 def test_bad_inputs_fail_before_any_work(tmp_path):
     model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
     with pytest.raises(rk.UnknownTargetError):
