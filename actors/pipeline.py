@@ -32,12 +32,16 @@ from raytune_kernels.task import Task
 from actors.measure_actors import BuilderActor, MeasurerActor
 
 
+START_TIMEOUT_S = 120.0  # measurers that cannot be placed in this long will not be
+
+
 @dataclass
 class PipelineStats:
     measure_busy_s: float = 0.0  # summed over measurers
     wall_s: float = 0.0
     measurers: int = 1
     redone: int = 0  # builds and measurements lost with a node and done again elsewhere
+    build_timeouts: int = 0  # builds past opts.build_timeout_s (their builders restarted)
 
     @property
     def idle_fraction(self) -> float:
@@ -96,7 +100,15 @@ class MeasurePipeline:
         self._build_node: dict = {}  # build ObjectRef -> (its builder's node, the builder)
         for slot in self.slots:
             self._start(slot)
-        ray.get([s.actor.ready.remote() for s in self.slots])
+        try:
+            ray.get([s.actor.ready.remote() for s in self.slots], timeout=START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            free = ray.available_resources().get("CPU", 0)
+            self.shutdown()
+            raise RuntimeError(
+                f"{num_measurers} measurer(s) of {cores_per_measurer} CPU(s) did not start "
+                f"within {START_TIMEOUT_S:.0f} s: Ray has {free:g} CPU(s) free (another run "
+                f"or pipeline in this Ray session may hold them)") from None
         self.stats = PipelineStats(measurers=num_measurers)
 
     @classmethod
@@ -171,6 +183,7 @@ class MeasurePipeline:
         target = self.gpu_arch() if getattr(self, "device", "cpu") == "gpu" else self.mcpu
         ref = self.builders[k].build.remote(task.compute.to_json(), cfg.to_json(), target)
         self._build_node[ref] = (self.builder_nodes[k], self.builders[k])
+        self._build_since[ref] = time.perf_counter()
         return ref
 
     def gpu_arch(self) -> str:
@@ -191,7 +204,7 @@ class MeasurePipeline:
         start = time.perf_counter()
         if self.cluster:
             self.refresh()
-        self._build_node = {}  # this batch's builds only
+        self._build_node, self._build_since = {}, {}  # this batch's builds only
         builds = [self._build(item) for item in items]
         if self.phased:
             ray.wait(builds, num_returns=len(builds))
@@ -202,7 +215,39 @@ class MeasurePipeline:
     def measure_built(self, items: list[tuple[Task, Config]],
                       built: list[BuildResult]) -> list[MeasureResult]:
         """Measure libraries built elsewhere (e.g. injected faults) through the measurers."""
+        self._build_node, self._build_since = {}, {}
         return self._measure(items, [ray.put(b) for b in built])
+
+    def _build_deadline(self) -> float | None:
+        """When the oldest build still awaited passes the build timeout."""
+        since = [self._build_since[r] for r in self._waiting if r in self._build_since]
+        return min(since) + self.opts.build_timeout_s if since else None
+
+    def _expire_builds(self, items, builds: list, results: list) -> None:
+        """Builds past the build timeout (LLVM caught in a loop, a builder wedged): each is
+        recorded as a build error and its builder is killed for Ray to restart; the other
+        builds queued on that builder are submitted again, not blamed."""
+        now = time.perf_counter()
+        for ref, i in list(self._waiting.items()):
+            since = self._build_since.get(ref)
+            if since is None or now - since < self.opts.build_timeout_s or \
+                    ref not in self._waiting:
+                continue
+            del self._waiting[ref]
+            self._pending.remove(i)
+            results[i] = MeasureResult.error(
+                BUILD_ERROR, f"build ran past {self.opts.build_timeout_s:.0f} s; its builder "
+                             f"was restarted", now - since)
+            _, builder = self._build_node.pop(ref, (None, None))
+            self.stats.build_timeouts += 1
+            if builder is None:
+                continue
+            ray.kill(builder, no_restart=False)
+            for other, j in list(self._waiting.items()):
+                if self._build_node.get(other, (None, None))[1] is builder:
+                    del self._waiting[other]
+                    self._build_node.pop(other, None)
+                    self._rebuild(items, builds, j)
 
     def _build_again(self, i: int, ref) -> bool:
         """Whether a build whose builder died is done again: always when the builder's node
@@ -252,11 +297,14 @@ class MeasurePipeline:
                                timeout=0) if waiting_build else ([], [])
             for ref in done:
                 ready.append(waiting_build.pop(ref))
+            self._expire_builds(items, builds, results)
             self._dispatch(items, builds, ready, pending, inflight, results)
             if inflight:
                 self._collect(items, inflight, results)
-            elif pending and not ready:
-                ray.wait(list(waiting_build), num_returns=1)
+            elif pending and not ready and waiting_build:
+                deadline = self._build_deadline()
+                ray.wait(list(waiting_build), num_returns=1, timeout=None if deadline is None
+                         else max(0.05, deadline - time.perf_counter()))
         return results  # type: ignore[return-value]
 
     def _dispatch(self, items, builds, ready, pending, inflight, results) -> None:
@@ -287,6 +335,9 @@ class MeasurePipeline:
     def _collect(self, items, inflight, results) -> None:
         now = time.perf_counter()
         deadline = min(s.busy_since for _, s, _ in inflight.values()) + self.opts.timeout_s
+        build_deadline = self._build_deadline()  # wake for an overdue build as well
+        if build_deadline is not None:
+            deadline = min(deadline, max(build_deadline, now + 0.05))
         done, _ = ray.wait(list(inflight), num_returns=1, timeout=max(0.0, deadline - now))
         if done:
             ref = done[0]

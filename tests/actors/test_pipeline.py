@@ -150,6 +150,60 @@ def test_a_builder_that_dies_mid_batch_is_restarted_and_nothing_hangs(pipeline, 
     # with LLVM at O3 and a link takes far longer than the 50 ms before the kill)
 
 
+def test_a_build_past_the_build_timeout_is_a_build_error_and_the_rest_go_on(pipeline, task,
+                                                                         configs):
+    """A build that never returns (LLVM caught in a loop) is recorded as a build error after
+    build_timeout_s, its builder restarted; the builds queued behind it are built again."""
+    import dataclasses
+    import time
+
+    import ray
+
+    @ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0)
+    class StallingBuilder:
+        def ready(self):
+            return 1
+
+        def build(self, compute, config, mcpu):
+            from raytune_kernels.cpu.kernel import build_for
+            from raytune_kernels.space import Config
+            from raytune_kernels.task import Compute
+            if config == hang:
+                time.sleep(3600)
+            return build_for(Compute.from_json(compute), Config.from_json(config), mcpu)
+
+    hang = configs[1].to_json()
+    builders, opts, timeouts = pipeline.builders, pipeline.opts, pipeline.stats.build_timeouts
+    stalling = StallingBuilder.remote()
+    pipeline.builders = [stalling] * len(builders)
+    pipeline.opts = dataclasses.replace(OPTS, build_timeout_s=4.0)
+    try:
+        start = time.perf_counter()
+        results = pipeline.run([(task, c) for c in configs[:3]])
+        assert time.perf_counter() - start < 60
+        assert [r.error_kind for r in results] == [None, "build_error", None]
+        assert "build ran past 4 s; its builder was restarted" in results[1].error_msg
+        assert pipeline.stats.build_timeouts == timeouts + 1
+        assert pipeline.run([(task, configs[0])])[0].ok  # the restarted builder builds
+    finally:
+        pipeline.builders, pipeline.opts = builders, opts
+        ray.kill(stalling)
+
+
+def test_measurers_that_cannot_be_placed_are_an_error_not_a_hang(pipeline, monkeypatch):
+    """The module's pipeline holds this Ray session's CPUs: a second one cannot place its
+    measurer, and says so instead of waiting forever."""
+    import ray
+    from actors import pipeline as pipeline_mod
+
+    monkeypatch.setattr(pipeline_mod, "START_TIMEOUT_S", 3.0)
+    if ray.available_resources().get("CPU", 0) >= 1:
+        pytest.skip("this Ray session has a CPU free")
+    with pytest.raises(RuntimeError, match=r"1 measurer\(s\) of 1 CPU\(s\) did not start "
+                                           r"within 3 s: Ray has 0 CPU\(s\) free"):
+        pipeline_mod.MeasurePipeline(num_measurers=1, opts=OPTS)
+
+
 def test_a_candidate_whose_build_kills_the_builder_twice_is_a_build_error(pipeline):
     """The first death of a candidate's build may be bad luck (built again), the second is
     the candidate's (recorded); a builder lost with its node is always built again."""
