@@ -117,9 +117,9 @@ def _preflight(target: str, records: str | None, address: str | None, threads: i
     for cuda, a writable records file, the cores for CPU measurers."""
     tgt = parse_target(target)
     if tgt.kind == "llvm" and tgt.mcpu:
-        from raytune_kernels.cpu.build import mcpu_problem
+        from raytune_kernels.cpu.probe import unusable_mcpu
 
-        problem = mcpu_problem(tgt.mcpu)
+        problem = unusable_mcpu(tgt.mcpu)
         if problem:
             raise TuneError(f"target {str(tgt)!r}: {problem}")
     if address:

@@ -28,7 +28,7 @@ from raytune_kernels.compile.choose import (TORCH, Solver, choose, estimated_lat
 from raytune_kernels.compile.cpu_plan import Buf, Planner, Step, allocate, transform_cost
 from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
                                              random_inputs, scaled_error)
-from raytune_kernels.cpu.build import mcpu_problem
+from raytune_kernels.cpu.probe import unusable_mcpu
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.rows import ROW_OPS
@@ -263,7 +263,7 @@ def compile_network_cpu(model: torch.nn.Module,
     tgt = parse_target(target)
     if tgt.kind != "llvm":
         raise CompileError(f"target {target!r}: no network compiler for this target kind")
-    problem = mcpu_problem(tgt.mcpu)
+    problem = unusable_mcpu(tgt.mcpu)
     if problem:
         raise CompileError(f"target {str(tgt)!r}: {problem}")
     if fallback not in (None, TORCH):

@@ -1,0 +1,41 @@
+"""-mcpu checks before any work: a CPU LLVM does not know, and one this host cannot run."""
+import random
+import warnings
+
+from raytune_kernels.cpu import probe
+from raytune_kernels.cpu.build import build, host_cpu
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.schedules import lower, space_for
+
+
+def test_cpus_this_host_runs_pass_the_probe():
+    assert probe.unusable_mcpu(None) is None and probe.unusable_mcpu(host_cpu()[0]) is None
+    probe.host_cannot_run.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the probe ran: no "could not run" warning
+        assert probe.unusable_mcpu("x86-64") is None  # the baseline every x86-64 host runs
+    built = probe.probe_libraries("x86-64")
+    assert 1 <= len(built) <= probe.PROBE_CONFIGS
+
+
+def test_an_unknown_cpu_is_named():
+    assert "-mcpu=notacpu is not a CPU LLVM knows" in probe.unusable_mcpu("notacpu")
+
+
+def test_code_the_host_cannot_execute_is_refused_naming_sigill(monkeypatch):
+    """Stands in for AVX-512 code on an AVX2 host: the probe kernel executes ud2
+    (llvm.trap), which the CPU answers with SIGILL, as it does an instruction it lacks."""
+    cfg = space_for(probe.PROBE, cpu_info()).sample(random.Random(0))
+    nest = lower(probe.PROBE, cfg)
+    args = ", ".join(f"ptr %b{i}" for i in range(len(nest.buffers)))
+    trap = build(f'declare void @llvm.trap()\ndefine void @"{nest.name}"({args}, i32 %n) {{\n'
+                 f'entry:\n  call void @llvm.trap()\n  unreachable\n}}\n')
+    assert trap.error is None, trap.error
+    monkeypatch.setattr(probe, "probe_libraries", lambda mcpu: [(cfg, trap.library)])
+    probe.host_cannot_run.cache_clear()
+    try:
+        problem = probe.unusable_mcpu("haswell" if host_cpu()[0] != "haswell" else "znver3")
+    finally:
+        probe.host_cannot_run.cache_clear()
+    assert problem is not None and "dies with SIGILL (illegal instruction) on this host" in \
+        problem and f"use -mcpu={host_cpu()[0]}" in problem
