@@ -287,11 +287,17 @@ def compile_network_cpu(model: torch.nn.Module,
     recs = _in_todays_spaces(recs, part.tasks, cpu, no_kernel)
     tseconds = {t.key: torch_seconds(t.compute, threads, cold_weights=cold)
                 for t in part.tasks if fallback or t.key in no_kernel}
+    unchecked: list[int] = []
     cands = _candidates(part, recs, fallback, tseconds, threads, cpu, no_kernel,
-                        family_of=layout_family)
-    plan, chosen = choose(part, cands, layout,
-                           lambda shape, a, b: transform_cost(shape, a, b, opts), time_limit_s,
-                          solver)
+                        family_of=layout_family, unchecked=unchecked)
+    verdicts: dict = {}
+    while True:  # the chosen untuned kernels pass an isolated check, or are chosen again
+        plan, chosen = choose(part, cands, layout,
+                               lambda shape, a, b: transform_cost(shape, a, b, opts),
+                               time_limit_s, solver)
+        if not _drop_failed_untuned(part, cands, chosen, unchecked, verdicts, tseconds,
+                                    threads, tgt.mcpu):
+            break
     planner = Planner(part, tgt.mcpu, opts)
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):
@@ -380,8 +386,8 @@ def on_this_device(records: list[Record], where: str, device: tuple[str, str | N
 
 def _candidates(part: Partition, recs: list[Record], fallback: str | None,
                 tseconds: dict[str, float], threads: int, cpu: CpuInfo,
-                no_kernel: dict[str, str], family_of: Callable | None = None
-                ) -> list[list[Candidate]]:
+                no_kernel: dict[str, str], family_of: Callable | None = None,
+                unchecked: list[int] | None = None) -> list[list[Candidate]]:
     """Per step (in order): what may run it. The fastest few are kept (within SLACK of the
     best); with `family_of`, the fastest few of every layout family reading and writing
     that family are kept as well: a kernel that needs no transform around it can beat a
@@ -389,8 +395,10 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
 
     A task without a usable record runs PyTorch's kernel with fallback="torch", else the
     analytic estimate's best configs (untuned); a task no kernel of ours can run runs
-    PyTorch's kernel either way. Each of the two is named in one warning."""
+    PyTorch's kernel either way. Each of the two is named in one warning. The positions
+    of untuned steps go to `unchecked` (their kernels are checked once chosen)."""
     out, untuned, islands = [], {}, {}
+    unchecked = [] if unchecked is None else unchecked
     for step in part.steps:
         if isinstance(step, GlueStep):
             out.append([Candidate(NCHW, NCHW, 0.0)])
@@ -416,6 +424,8 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
                 islands[step.key] = f"{task.compute.describe()} (no config binds its operands)"
                 tseconds[step.key] = torch_seconds(task.compute, threads)
                 tuned = [Candidate(NCHW, NCHW, tseconds[step.key], TORCH)]
+            if step.key in untuned:
+                unchecked.append(len(out))
         out.append(tuned)
     if islands:
         warnings.warn(f"{len(islands)} task(s) run PyTorch's kernel, no kernel of ours fits "
@@ -427,6 +437,44 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
                       + "; ".join(list(untuned.values())[:6])
                       + ("; ..." if len(untuned) > 6 else ""), stacklevel=3)
     return out
+
+
+def _drop_failed_untuned(part: Partition, cands: list[list[Candidate]], chosen: list,
+                         unchecked: list[int], verdicts: dict, tseconds: dict, threads: int,
+                         mcpu: str | None) -> bool:
+    """Untuned kernels were never run by a measurer: the chosen ones are checked against
+    their references in a child process (cpu/probe.check_isolated) before this process
+    runs any. Failed ones leave the candidates (a step left with none runs PyTorch's
+    kernel, named in a warning); True when any did, so that the layouts are chosen again.
+    `verdicts` keeps what was checked across rounds."""
+    todo = [(part.task(part.steps[i].key).compute, chosen[i].config) for i in unchecked
+            if chosen[i].config not in (None, TORCH)]
+    todo = [item for item in dict.fromkeys(todo) if item not in verdicts]
+    if not todo:
+        return False
+    from raytune_kernels.cpu.probe import check_isolated
+
+    verdicts.update(zip(todo, check_isolated(todo, mcpu, threads)))
+    dropped, torch_now = False, []
+    for i in unchecked:
+        compute = part.task(part.steps[i].key).compute
+        kept = [c for c in cands[i] if verdicts.get((compute, c.config)) is None]
+        if len(kept) == len(cands[i]):
+            continue
+        dropped = True
+        if not kept:
+            error = next(verdicts[(compute, c.config)] for c in cands[i]
+                         if (compute, c.config) in verdicts)
+            key = part.steps[i].key
+            tseconds[key] = torch_seconds(compute, threads)
+            kept = [Candidate(NCHW, NCHW, tseconds[key], TORCH)]
+            torch_now.append(f"{compute.describe()} ({error})")
+        cands[i] = kept
+    if torch_now:
+        warnings.warn(f"{len(torch_now)} step(s) run PyTorch's kernel: their untuned kernels "
+                      f"failed their isolated check: " + "; ".join(dict.fromkeys(torch_now)),
+                      stacklevel=3)
+    return dropped
 
 
 UNTUNED_POOL = 48  # random configs an untuned task's estimate chooses among

@@ -8,8 +8,10 @@ channel block above their FMAs and spills them (measured: 74-84% -> 91-96% of pe
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
+import hashlib
 import os
 import subprocess
 import tempfile
@@ -125,14 +127,30 @@ def link_shared(obj: bytes) -> bytes:
             return f.read()
 
 
+BUILD_CACHE_SIZE = 256  # libraries of a few tens of KiB each
+
+
 def build(ir_text: str, mcpu: str | None = None) -> BuildResult:
-    """IR text -> shared library bytes; any failure is returned as data, never raised."""
+    """IR text -> shared library bytes; any failure is returned as data, never raised.
+    Successful builds are kept by content (the IR and the CPU), so compile_network builds
+    a kernel it already built (checked in a child, then planned) once."""
+    key = (hashlib.sha256(ir_text.encode()).digest(), mcpu)
+    if key in _built:
+        _built.move_to_end(key)
+        return _built[key]
     start = time.perf_counter()
     try:
         lib = link_shared(compile_object(ir_text, mcpu))
-        return BuildResult(lib, None, time.perf_counter() - start)
     except Exception as exc:  # a bad candidate must not crash its caller
         return BuildResult(None, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
+    result = _built[key] = BuildResult(lib, None, time.perf_counter() - start)
+    if len(_built) > BUILD_CACHE_SIZE:
+        _built.popitem(last=False)
+    return result
+
+
+_built: "collections.OrderedDict[tuple[bytes, str | None], BuildResult]" = \
+    collections.OrderedDict()
 
 
 class LoadedKernel:

@@ -1,10 +1,13 @@
-"""Whether code built for a named CPU (`llvm -mcpu=X`) runs on this host, asked before any
-work: a CPU LLVM knows but the host cannot execute (AVX-512 code on an AVX2 host) made
-every candidate die with SIGILL, recorded as a crash, trial after trial.
+"""Running our kernels in a child process, never in the caller's, where one might crash:
 
-The probe builds a few kernels of a small dense task for X at its widest vectors, where
-the instructions a host may lack appear, and runs them in a child process: a child killed
-by SIGILL means the host lacks them. Cached per CPU name for the life of the process.
+- `unusable_mcpu`: whether code built for a named CPU (`llvm -mcpu=X`) runs on this host,
+  asked before any work. A CPU LLVM knows but the host cannot execute (AVX-512 code on an
+  AVX2 host) made every candidate die with SIGILL, recorded as a crash, trial after trial.
+  A few kernels of a small dense task, built for X at its widest vectors (where the
+  instructions a host may lack appear), run in a child: SIGILL means the host lacks them.
+- `check_isolated`: kernels that no measurer has checked (an untuned task's configs in
+  compile_network) checked against their references in a child before the caller's
+  process runs them. A kernel that kills the child is that kernel's failure alone.
 """
 from __future__ import annotations
 
@@ -19,24 +22,103 @@ import tempfile
 import warnings
 
 from raytune_kernels.cpu.build import host_cpu, mcpu_problem
+from raytune_kernels.space import Config
 from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
 
 # a Linear(64, 48) + ReLU at batch 1, as capture makes it
 PROBE = Compute("dense", (TensorSpec((1, 64)), TensorSpec((48, 64))), TensorSpec((1, 48)), (),
                 (EpilogueOp("bias", (TensorSpec((48,)),), axis=1), EpilogueOp("relu")))
 PROBE_CONFIGS = 3
-_RUN = """
+CHILD_TIMEOUT_S = 300.0
+_CHILD = """
 import json, sys
 from raytune_kernels.measure import MeasureOptions, measure_built
 from raytune_kernels.space import Config
 from raytune_kernels.task import Compute
 job = json.load(open(sys.argv[1]))
-opts = MeasureOptions(warmup=0, min_repeat_ms=0, repeats=1)
-for path, cfg in job["built"]:
-    measure_built(Compute.from_json(job["compute"]), Config.from_json(cfg),
-                  open(path, "rb").read(), opts)
-print("probe ran")
+opts = MeasureOptions(threads=job["threads"], warmup=0, min_repeat_ms=0, repeats=1)
+for compute, cfg, path in job["items"]:
+    print(json.dumps({"started": path}), flush=True)
+    r = measure_built(Compute.from_json(compute), Config.from_json(cfg),
+                      open(path, "rb").read(), opts)
+    print(json.dumps({"done": path, "error": r.error_kind and
+                      f"{r.error_kind}: {r.error_msg}"}), flush=True)
 """
+
+
+def _run_child(items: list[tuple[Compute, Config, bytes]], threads: int
+               ) -> tuple[dict[int, str | None], int | None, int]:
+    """Check `items` in order in one child: (index -> None or its error, for those that
+    finished; the index running when the child died, if it died; the child's exit code)."""
+    with tempfile.TemporaryDirectory(prefix="rk_isolated_") as tmp:
+        paths = [os.path.join(tmp, f"k{i}.so") for i in range(len(items))]
+        for path, (_, _, library) in zip(paths, items):
+            with open(path, "wb") as f:
+                f.write(library)
+        job = os.path.join(tmp, "job.json")
+        with open(job, "w") as f:
+            json.dump({"threads": threads, "items": [[c.to_json(), cfg.to_json(), p] for p, (
+                c, cfg, _) in zip(paths, items)]}, f)
+        try:
+            child = subprocess.run([sys.executable, "-c", _CHILD, job], capture_output=True,
+                                   timeout=CHILD_TIMEOUT_S)
+            out, code = child.stdout, child.returncode
+        except subprocess.TimeoutExpired as exc:
+            out, code = exc.stdout or b"", -signal.SIGKILL
+    index = {p: i for i, p in enumerate(paths)}
+    done, running = {}, None
+    for line in out.decode(errors="replace").splitlines():
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if "started" in msg:
+            running = index.get(msg["started"])
+        elif "done" in msg:
+            done[index[msg["done"]]] = msg["error"]
+            running = None
+    return done, (running if code != 0 else None), code
+
+
+def _died(code: int) -> str:
+    if code == -signal.SIGKILL:
+        return (f"killed its process (SIGKILL: ran past {CHILD_TIMEOUT_S:.0f} s, or out of "
+                f"memory)")
+    if code < 0:
+        try:
+            return f"killed its process by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed its process by signal {-code}"
+    return f"ended its process with exit status {code}"
+
+
+def check_isolated(items: list[tuple[Compute, Config]], mcpu: str | None = None,
+                   threads: int = 1) -> list[str | None]:
+    """Build each (compute, config) and check it against its reference in a child process:
+    None where it builds and matches, else why not. A kernel that kills the child (a
+    segfault, an illegal instruction, a hang) is blamed alone; the rest are checked again
+    in a fresh child."""
+    from raytune_kernels.cpu.kernel import build_for
+
+    results: list[str | None] = [None] * len(items)
+    todo = []
+    for i, (compute, cfg) in enumerate(items):
+        built = build_for(compute, cfg, mcpu)
+        if built.library is None:
+            results[i] = f"build_error: {built.error}"
+        else:
+            todo.append((i, compute, cfg, built.library))
+    while todo:
+        done, dead, code = _run_child([(c, cfg, lib) for _, c, cfg, lib in todo], threads)
+        for k, error in done.items():
+            results[todo[k][0]] = error
+        if dead is None and len(done) < len(todo):  # died before starting one: say so
+            dead = len(done)
+        if dead is None:
+            break
+        results[todo[dead][0]] = f"crashed: {_died(code)}"
+        todo = [t for k, t in enumerate(todo) if k not in done and k != dead]
+    return results
 
 
 def unusable_mcpu(mcpu: str | None) -> str | None:
@@ -51,29 +133,12 @@ def host_cannot_run(mcpu: str) -> str | None:
     built = probe_libraries(mcpu)
     if not built:
         return None
-    with tempfile.TemporaryDirectory(prefix="rk_probe_") as tmp:
-        paths = []
-        for i, (_, library) in enumerate(built):
-            paths.append(os.path.join(tmp, f"probe{i}.so"))
-            with open(paths[-1], "wb") as f:
-                f.write(library)
-        job = os.path.join(tmp, "job.json")
-        with open(job, "w") as f:
-            json.dump({"compute": PROBE.to_json(),
-                       "built": [[p, cfg.to_json()] for p, (cfg, _) in zip(paths, built)]}, f)
-        try:
-            child = subprocess.run([sys.executable, "-c", _RUN, job], capture_output=True,
-                                   timeout=120)
-        except subprocess.TimeoutExpired:
-            warnings.warn(f"the -mcpu={mcpu} probe ran past 120 s; going on without it",
-                          stacklevel=3)
-            return None
-    if child.returncode == 0 and b"probe ran" in child.stdout:
+    done, dead, code = _run_child([(PROBE, cfg, lib) for cfg, lib in built], 1)
+    if code == 0:
         return None
-    if child.returncode != -signal.SIGILL:  # not an instruction the host lacks: say so
-        last = (child.stderr.decode(errors="replace").strip().splitlines() or ["no output"])
-        warnings.warn(f"the -mcpu={mcpu} probe could not run (exit status "
-                      f"{child.returncode}: {last[-1]}); going on without it", stacklevel=3)
+    if code != -signal.SIGILL:  # not an instruction the host lacks: say so, go on
+        warnings.warn(f"the -mcpu={mcpu} probe could not run ({_died(code)}); going on "
+                      "without it", stacklevel=3)
         return None
     from raytune_kernels.cpu.machine import host_isa
 
@@ -83,7 +148,7 @@ def host_cannot_run(mcpu: str) -> str | None:
             f"instructions {mcpu} has; use -mcpu={host}, or a CPU this host can run")
 
 
-def probe_libraries(mcpu: str) -> list:
+def probe_libraries(mcpu: str) -> list[tuple[Config, bytes]]:
     """(config, library) of a few PROBE kernels at the widest vectors of `mcpu`'s space."""
     from raytune_kernels.cpu.kernel import build_for
     from raytune_kernels.cpu.machine import cpu_info

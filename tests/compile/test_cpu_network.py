@@ -152,6 +152,28 @@ def test_a_record_of_an_older_schedule_space_is_skipped_with_a_warning(small):
         assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
 
 
+def test_untuned_kernels_are_checked_in_a_child_before_this_process_runs_them(small,
+                                                                           monkeypatch):
+    """No record: the estimate's configs run only after an isolated check; a task whose
+    every untuned kernel fails it runs PyTorch's kernel, named with the failure."""
+    from raytune_kernels.cpu import probe
+
+    model, inputs, _ = small
+    asked = []
+
+    def failing(items, mcpu=None, threads=1):
+        asked.extend(items)
+        return ["crashed: killed its process by SIGSEGV"] * len(items)
+    monkeypatch.setattr(probe, "check_isolated", failing)
+    with pytest.warns(UserWarning, match=r"failed their isolated check: .*\(crashed: killed "
+                                         r"its process by SIGSEGV\)"):
+        net = compile_network(model, inputs, None)
+    assert asked and {s.kind for s in net.steps} <= {"torch", "glue", "transform"}
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+
+
 def test_uniform_layout_baseline_compiles_and_is_correct(small, net):
     model, inputs, records = small
     uni = compile_network(model, inputs, records, layout="uniform")

@@ -22,15 +22,33 @@ def test_an_unknown_cpu_is_named():
     assert "-mcpu=notacpu is not a CPU LLVM knows" in probe.unusable_mcpu("notacpu")
 
 
-def test_code_the_host_cannot_execute_is_refused_naming_sigill(monkeypatch):
-    """Stands in for AVX-512 code on an AVX2 host: the probe kernel executes ud2
-    (llvm.trap), which the CPU answers with SIGILL, as it does an instruction it lacks."""
-    cfg = space_for(probe.PROBE, cpu_info()).sample(random.Random(0))
+def _trap_library(cfg):
     nest = lower(probe.PROBE, cfg)
     args = ", ".join(f"ptr %b{i}" for i in range(len(nest.buffers)))
     trap = build(f'declare void @llvm.trap()\ndefine void @"{nest.name}"({args}, i32 %n) {{\n'
                  f'entry:\n  call void @llvm.trap()\n  unreachable\n}}\n')
     assert trap.error is None, trap.error
+    return trap
+
+
+def test_isolated_checks_blame_only_the_kernel_that_kills_the_child(monkeypatch):
+    from raytune_kernels.cpu import kernel
+
+    space, rng = space_for(probe.PROBE, cpu_info()), random.Random(1)
+    cfgs = list(dict.fromkeys(space.sample(rng) for _ in range(8)))[:4]
+    real = kernel.build_for
+    monkeypatch.setattr(kernel, "build_for", lambda c, cfg, mcpu=None:
+                        _trap_library(cfg) if cfg == cfgs[1] else real(c, cfg, mcpu))
+    verdicts = probe.check_isolated([(probe.PROBE, c) for c in cfgs])
+    assert verdicts[0] is None and verdicts[2] is None and verdicts[3] is None
+    assert verdicts[1] == "crashed: killed its process by SIGILL"
+
+
+def test_code_the_host_cannot_execute_is_refused_naming_sigill(monkeypatch):
+    """Stands in for AVX-512 code on an AVX2 host: the probe kernel executes ud2
+    (llvm.trap), which the CPU answers with SIGILL, as it does an instruction it lacks."""
+    cfg = space_for(probe.PROBE, cpu_info()).sample(random.Random(0))
+    trap = _trap_library(cfg)
     monkeypatch.setattr(probe, "probe_libraries", lambda mcpu: [(cfg, trap.library)])
     probe.host_cannot_run.cache_clear()
     try:
