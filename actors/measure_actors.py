@@ -5,7 +5,7 @@ import os
 
 import ray
 
-from raytune_kernels.cpu.build import BuildResult
+from raytune_kernels.cpu.build import BuildResult, sweep_stale_dirs
 from raytune_kernels.cpu.kernel import build_for
 from raytune_kernels.space import Config
 from raytune_kernels.measure import MeasureOptions, measure_built
@@ -53,6 +53,7 @@ class MeasurerActor:
         count) of the cores that node gives its processes."""
         cores = _node_cores(*block) if cores is None else cores
         _pin(cores)
+        sweep_stale_dirs()  # what a measurer killed by its candidate left behind
         import torch
 
         torch.set_num_threads(max(1, len(cores)))

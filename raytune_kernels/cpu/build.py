@@ -115,7 +115,7 @@ def compile_object(ir_text: str, mcpu: str | None = None) -> bytes:
 
 
 def link_shared(obj: bytes) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="rk_build_") as d:
+    with tempfile.TemporaryDirectory(prefix=f"rk_build_{os.getpid()}_") as d:
         o, so = os.path.join(d, "k.o"), os.path.join(d, "k.so")
         with open(o, "wb") as f:
             f.write(obj)
@@ -157,7 +157,9 @@ class LoadedKernel:
     """A shared library loaded from bytes, exposing one kernel function."""
 
     def __init__(self, library: bytes, name: str, n_buffers: int):
-        self._dir = tempfile.TemporaryDirectory(prefix="rk_load_")
+        # named by this process, so that one killed mid-measurement (a crashing candidate:
+        # SIGSEGV skips every cleanup) can be swept by the next (sweep_stale_dirs)
+        self._dir = tempfile.TemporaryDirectory(prefix=f"rk_load_{os.getpid()}_")
         path = os.path.join(self._dir.name, f"{name}.so")
         with open(path, "wb") as f:
             f.write(library)
@@ -168,6 +170,34 @@ class LoadedKernel:
 
     def __call__(self, pointers: list[int], threads: int) -> None:
         self.fn(*pointers, threads)
+
+
+def sweep_stale_dirs() -> int:
+    """Remove the load and build directories (rk_load_PID_*, rk_build_PID_*) of processes
+    that no longer exist; returns how many. Measurer actors call it when they start, so a
+    run whose candidates crash measurers does not fill the temp directory."""
+    import glob
+    import re
+    import shutil
+
+    removed = 0
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "rk_*_*_*")):
+        match = re.fullmatch(r"rk_(?:load|build)_(\d+)_.*", os.path.basename(path))
+        if not match or _alive(int(match.group(1))):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += not os.path.exists(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def aligned(flat: np.ndarray) -> np.ndarray:

@@ -57,3 +57,28 @@ def test_code_the_host_cannot_execute_is_refused_naming_sigill(monkeypatch):
         probe.host_cannot_run.cache_clear()
     assert problem is not None and "dies with SIGILL (illegal instruction) on this host" in \
         problem and f"use -mcpu={host_cpu()[0]}" in problem
+
+
+def test_load_directories_of_dead_processes_are_swept(tmp_path, monkeypatch):
+    """A measurer killed by its candidate (SIGSEGV) cleans nothing up: the next one sweeps
+    what dead processes left, and leaves live processes' directories alone."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from raytune_kernels.cpu.build import LoadedKernel, sweep_stale_dirs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code = ("import os, tempfile, sys; tempfile.tempdir = sys.argv[1]; "
+            "from raytune_kernels.cpu.build import LoadedKernel, build; "
+            "lib = build('define void @f(i32 %n) {\\nentry:\\n  ret void\\n}\\n').library; "
+            "k = LoadedKernel(lib, 'f', 0); os.kill(os.getpid(), 9)")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)])
+    dead = [p.name for p in tmp_path.iterdir() if p.name.startswith("rk_load_")]
+    assert len(dead) == 1  # left behind by the killed process
+    build_ok = build("define void @f(i32 %n) {\nentry:\n  ret void\n}\n")
+    mine = LoadedKernel(build_ok.library, "f", 0)
+    assert sweep_stale_dirs() == 1
+    left = [p.name for p in tmp_path.iterdir()]
+    assert dead[0] not in left and os.path.basename(mine._dir.name) in left
