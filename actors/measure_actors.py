@@ -6,6 +6,7 @@ import os
 import ray
 
 from raytune_kernels.cpu.build import BuildResult, sweep_stale_dirs
+from raytune_kernels.cpu.faults import maybe_inject
 from raytune_kernels.cpu.kernel import build_for
 from raytune_kernels.space import Config
 from raytune_kernels.measure import MeasureOptions, measure_built
@@ -39,7 +40,8 @@ class BuilderActor:
         return ray.get_runtime_context().get_node_id()
 
     def build(self, compute: dict, config: dict, mcpu: str | None) -> BuildResult:
-        return build_for(Compute.from_json(compute), Config.from_json(config), mcpu)
+        c, cfg = Compute.from_json(compute), Config.from_json(config)
+        return maybe_inject(c, cfg, build_for(c, cfg, mcpu))  # chaos runs only
 
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
