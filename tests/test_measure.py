@@ -108,3 +108,24 @@ def test_cold_weights_rotate_identical_copies(dense_task, monkeypatch):
     monkeypatch.setattr(type(prep), "cold_run", lambda self: (calls.append(1), real(self)))
     result = measure_built(compute, cfg, built.library, opts)
     assert result.ok and calls  # timed through the rotation
+
+
+def test_a_task_undefined_on_random_signs_is_checked_on_positive_draws():
+    """An RMSNorm's reduce task (mean, + eps, rsqrt) sees the squares as its input: random
+    signs make the mean negative and the reference NaN, so every candidate was recorded
+    non-finite. The draws are made positive where the reference is not finite."""
+    from raytune_kernels.measure import operands_and_reference
+
+    class RMS(torch.nn.Module):
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    tasks = rk.extract_tasks(RMS(), (torch.randn(1, 8, 32),))
+    task = next(t for t in tasks if t.compute.op == "reduce")
+    ops, expected = operands_and_reference(task.compute)
+    assert torch.isfinite(expected).all() and all((x >= 0).all() for x in ops)
+    cfg = space_for(task.compute, cpu_info()).sample(random.Random(0))
+    built = build_for(task.compute, cfg)
+    result = measure_built(task.compute, cfg, built.library,
+                           MeasureOptions(min_repeat_ms=1, repeats=1))
+    assert result.ok, result.error_msg

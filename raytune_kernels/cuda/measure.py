@@ -23,7 +23,7 @@ from raytune_kernels.cuda.render import cuda_pack, cuda_unpack
 from raytune_kernels.cuda.render import render_cuda
 from raytune_kernels.space import Config
 from raytune_kernels.measure import (CRASHED, RUNTIME_ERROR, MeasureOptions, MeasureResult,
-                                     check_output, random_operands)
+                                     check_output, operands_and_reference)
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.task import Compute
 from raytune_kernels.tune.timing import time_runs
@@ -55,8 +55,8 @@ def measure_built_gpu(compute: Compute, cfg: Config, binary: bytes, opts: Measur
                                    f"({cuda_device.gpu_count()} visible)", build_s)
     try:
         cp = cuda_device.cupy()
-        ops = random_operands(compute, opts.seed)
-        expected = gpu_reference(compute, ops)
+        ops, expected = operands_and_reference(compute, opts.seed,
+                                               lambda xs: gpu_reference(compute, xs))
         with cp.cuda.Device(device):
             kernel = render_cuda(compute, cfg)
             loaded = LoadedCudaKernel(binary, kernel.name)
