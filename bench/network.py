@@ -9,8 +9,10 @@ bench/results/CPU/network_MODEL_<threads>threads.jsonl, CPU being LLVM's name fo
 so that figures of one CPU model are never taken for another's), compiles it twice (layouts
 chosen by the ILP, and the best uniform layout), checks both against the model, then times,
 at the same thread count and interleaved round by round: ours, ours uniform, PyTorch eager,
-channels_last, TorchScript trace+freeze, and torch.compile with freezing where the machine
-can build it. Prints the per-layer profile and the fidelity report.
+channels_last, TorchScript trace+freeze, torch.compile with freezing where the machine
+can build it, and, from the model exported to ONNX, ONNX Runtime and OpenVINO where they are
+installed (`pip install -e '.[compare]'`), each checked against eager first. Prints the
+per-layer profile and the fidelity report.
 
     python bench/network.py resnet18 --target cuda [--trials 1000] [--records FILE]
     python bench/network.py resnet18 --target "cuda -arch=sm_90" ...
@@ -31,6 +33,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 
 import torch
@@ -87,6 +90,67 @@ def torch_variants(model, x, use_compile: bool) -> dict:
     if use_compile:
         build("compile", compiled)
     return out
+
+
+def engine_variants(model, inputs, threads: int, workdir: str) -> tuple[dict, dict, dict]:
+    """What a user would pick instead on a CPU, from the model exported to ONNX once:
+    ONNX Runtime (all graph optimisations, `threads` intra-op threads, one inter-op) and
+    OpenVINO (CPU, LATENCY hint, f32 inference, `threads` threads). Each is checked
+    against eager before it is timed. Returns name -> zero-argument callable, name ->
+    version, and name -> why it is not here (not installed, export or check failed)."""
+    from raytune_kernels.compile.report import output_error
+
+    fns, versions, missing = {}, {}, {}
+    path = os.path.join(workdir, "model.onnx")
+    names = [f"input{i}" for i in range(len(inputs))]
+    feeds = [x.numpy() for x in inputs]
+    try:
+        with torch.no_grad():
+            torch.onnx.export(model, tuple(inputs), path, input_names=names,
+                              opset_version=17, dynamo=False)
+            want = model(*inputs)
+    except Exception as exc:
+        why = f"ONNX export failed: {type(exc).__name__}: {exc}"[:300]
+        return {}, {}, {"onnxruntime": why, "openvino": why}
+
+    def add(name, make):
+        try:
+            fn, version = make()
+            err = output_error([torch.from_numpy(o) for o in fn()], want)
+            if not err <= 1e-3:
+                raise ValueError(f"its output differs from eager by {err:.3g}")
+            fns[name], versions[name] = fn, version
+        except Exception as exc:
+            missing[name] = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"{name} unavailable here: {missing[name]}", file=sys.stderr)
+
+    def onnxruntime():
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        feed = dict(zip(names, feeds))
+        return (lambda: session.run(None, feed)), ort.__version__
+
+    def openvino():
+        import openvino as ov
+
+        compiled = ov.Core().compile_model(path, "CPU", {
+            "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
+            "INFERENCE_PRECISION_HINT": "f32"})
+        request = compiled.create_infer_request()
+
+        def run():
+            request.infer(feeds)
+            return [request.get_output_tensor(i).data.copy()
+                    for i in range(len(compiled.outputs))]
+        return run, ov.__version__
+
+    add("onnxruntime", onnxruntime)
+    add("openvino", openvino)
+    return fns, versions, missing
 
 
 def interleaved(fns: dict, rounds: int) -> dict:
@@ -294,19 +358,31 @@ def main() -> None:
     compile_s = time.perf_counter() - start
     print(f"compiled and checked both in {compile_s:.0f} s")
 
-    fns = {"ours": lambda: net(x), "uniform": lambda: uniform(x)}
+    fns = {"ours": lambda: net(*inputs), "uniform": lambda: uniform(*inputs)}
     fns.update(torch_variants(model, x, not args.no_compile))
+    with tempfile.TemporaryDirectory(prefix="rk_engines_") as tmp:
+        engines, engine_versions, engines_missing = engine_variants(model, inputs,
+                                                                    args.threads, tmp)
+    fns.update(engines)
     ms = {k: v * 1e3 for k, v in interleaved(fns, args.rounds).items()}
     prof = net.profile(png=args.png)
     print(net.fidelity(ms["ours"] / 1e3, prof))
     torch_ms = {k: (round(ms[k], 3) if k in ms else None)
                 for k in ("eager", "channels_last", "jit_freeze", "compile")}
     best_torch = min(v for v in torch_ms.values() if v is not None)
+    engines_ms = {k: round(ms[k], 3) for k in engines}
+    best_any = min([best_torch, *engines_ms.values()])
+    print("ours {:.3f} ms; ".format(ms["ours"]) + ", ".join(
+        f"{k} {v:.3f} ms" for k, v in {**torch_ms, **engines_ms}.items() if v is not None))
     result = {"model": args.model, "cpu": cpu, "threads": args.threads, "trials": tuned.trials,
               "ours_ms": round(ms["ours"], 3), "uniform_ms": round(ms["uniform"], 3),
               "estimated_ms": round(net.estimated_s * 1e3, 3),
               "layout_plan_ms": round(net.plan.cost * 1e3, 3),
               "torch_ms": torch_ms, "speedup_vs_best_torch": round(best_torch / ms["ours"], 3),
+              "engines_ms": engines_ms, "engine_versions": engine_versions,
+              "engines_missing": engines_missing,
+              # over the best of the PyTorch variants and the engines that ran here
+              "speedup_vs_best_engine": round(best_any / ms["ours"], 3),
               "compile_s": round(compile_s, 1)}  # both compiles (ILP and uniform), checked
     print(json.dumps(result))
 

@@ -135,3 +135,25 @@ def test_network_bench_names_an_unknown_third_party_model():
     network = _bench("network")
     with pytest.raises(SystemExit, match="unknown model 'torchvision/no_such_net'"):
         network.load_model("torchvision/no_such_net")
+
+
+def test_the_engines_users_would_pick_instead_are_checked_then_timed(tmp_path):
+    """bench/network.py's ONNX Runtime and OpenVINO baselines (the `compare` extra): the
+    same model exported to ONNX, each engine's output checked against eager; without the
+    packages, each is reported missing, never silently left out."""
+    import torch
+
+    network = _bench("network")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4)).eval()
+    inputs = (torch.randn(1, 3, 8, 8),)
+    fns, versions, missing = network.engine_variants(model, inputs, 1, str(tmp_path))
+    assert set(fns) | set(missing) == {"onnxruntime", "openvino"}
+    for name in ("onnxruntime", "openvino"):
+        if importlib.util.find_spec(name) is None:
+            assert name in missing and "No module named" in missing[name]
+        else:
+            assert name in fns and versions[name], missing.get(name)
+            out = fns[name]()[0]
+            with torch.no_grad():
+                assert torch.allclose(torch.from_numpy(out), model(*inputs), atol=1e-4)
