@@ -94,7 +94,7 @@ def canonical_records_path(records) -> str | None:
     history from it and the scheduler actor, in another process with its own working
     directory, appends to it. A relative path resolved in each (a job submitted with a
     working_dir, a driver started elsewhere) read one file and wrote another."""
-    if records is None:
+    if records is None or records == "":
         return None
     if not isinstance(records, (str, os.PathLike)):
         raise TuneError(f"records must be a path, got {type(records).__name__}")

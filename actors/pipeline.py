@@ -206,8 +206,8 @@ class MeasurePipeline:
             self.refresh()
         self._build_node, self._build_since = {}, {}  # this batch's builds only
         builds = [self._build(item) for item in items]
-        if self.phased:
-            ray.wait(builds, num_returns=len(builds))
+        if self.phased:  # bounded: a build past the timeout is expired in _measure
+            ray.wait(builds, num_returns=len(builds), timeout=self.opts.build_timeout_s)
         results = self._measure(items, builds)
         self.stats.wall_s += time.perf_counter() - start
         return results
