@@ -1,5 +1,6 @@
 """Faulty kernels for chaos runs and tests: a library exporting the kernel a candidate's
-measurer expects, doing something else (segfault, hang, NaN, nothing). `CHAOS_ENV`, when
+measurer expects, doing something else (segfault, hang, NaN, nothing, an illegal
+instruction). `CHAOS_ENV`, when
 set in the environment of Ray's workers (bench/chaos.py sets it), makes builders hand out
 such a library instead of the real one with the given probabilities, and log each one:
 
@@ -20,7 +21,7 @@ from raytune_kernels.space import Config
 from raytune_kernels.task import Compute
 
 CHAOS_ENV = "RAYTUNE_KERNELS_CHAOS"
-KINDS = ("segfault", "hang", "nan", "wrong")
+KINDS = ("segfault", "hang", "nan", "wrong", "illegal")
 
 
 def fault_library(compute: Compute, cfg: Config, kind: str) -> BuildResult:
@@ -36,10 +37,13 @@ def fault_library(compute: Compute, cfg: Config, kind: str) -> BuildResult:
         "hang": "br label %spin\nspin:\n  %x = load volatile float, ptr %b0\n  br label %spin",
         "wrong": "ret void",  # writes nothing: the output keeps its poison
         "nan": f"store float 0x7FF8000000000000, ptr {out}\n  ret void",
+        # ud2: the CPU answers SIGILL, as it does an instruction it lacks
+        "illegal": "call void @llvm.trap()\n  unreachable",
     }
     if kind not in bodies:
         raise ValueError(f"unknown fault kind {kind!r}: one of {', '.join(KINDS)}")
-    return build(f'define void @"{nest.name}"({args}, i32 %n) {{\nentry:\n  {bodies[kind]}\n}}\n')
+    return build(f'declare void @llvm.trap()\ndefine void @"{nest.name}"({args}, i32 %n) {{\n'
+                 f'entry:\n  {bodies[kind]}\n}}\n')
 
 
 def parse_chaos(text: str) -> tuple[dict[str, float], str | None, int]:

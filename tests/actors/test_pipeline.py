@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import raytune_kernels as rk
-from raytune_kernels.cpu.build import build
+from raytune_kernels.cpu import faults
 from raytune_kernels.cpu.machine import cpu_info
-from raytune_kernels.cpu.schedules import lower, space_for
+from raytune_kernels.cpu.schedules import space_for
 from raytune_kernels.space import Config
 from raytune_kernels.measure import MeasureOptions
 
@@ -39,19 +39,9 @@ def pipeline(ray_session):
     p.shutdown()
 
 
-def fault_library(task, cfg: Config, body: str):
-    """A library exporting the kernel symbol the measurer expects, doing `body` instead."""
-    nest = lower(task.compute, cfg)
-    args = ", ".join(f"ptr %b{i}" for i in range(len(nest.buffers)))
-    out = f"%b{[b.name for b in nest.buffers].index('out')}"
-    bodies = {
-        "segfault": "store volatile float 1.0, ptr inttoptr (i64 8 to ptr)\n  ret void",
-        "hang": "br label %spin\nspin:\n  %x = load volatile float, ptr %b0\n  br label %spin",
-        "wrong": "ret void",
-        "nan": f"store float 0x7FF8000000000000, ptr {out}\n  ret void",
-    }
-    text = f'define void @"{nest.name}"({args}, i32 %n) {{\nentry:\n  {bodies[body]}\n}}\n'
-    result = build(text)
+def fault_library(task, cfg: Config, kind: str):
+    """A library exporting the kernel symbol the measurer expects, doing `kind` instead."""
+    result = faults.fault_library(task.compute, cfg, kind)
     assert result.error is None, result.error
     return result
 

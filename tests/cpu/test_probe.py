@@ -4,8 +4,9 @@ import warnings
 
 from raytune_kernels.cpu import probe
 from raytune_kernels.cpu.build import build, host_cpu
+from raytune_kernels.cpu.faults import fault_library
 from raytune_kernels.cpu.machine import cpu_info
-from raytune_kernels.cpu.schedules import lower, space_for
+from raytune_kernels.cpu.schedules import space_for
 
 
 def test_cpus_this_host_runs_pass_the_probe():
@@ -23,10 +24,8 @@ def test_an_unknown_cpu_is_named():
 
 
 def _trap_library(cfg):
-    nest = lower(probe.PROBE, cfg)
-    args = ", ".join(f"ptr %b{i}" for i in range(len(nest.buffers)))
-    trap = build(f'declare void @llvm.trap()\ndefine void @"{nest.name}"({args}, i32 %n) {{\n'
-                 f'entry:\n  call void @llvm.trap()\n  unreachable\n}}\n')
+    """Stands in for code using an instruction the host lacks (SIGILL)."""
+    trap = fault_library(probe.PROBE, cfg, "illegal")
     assert trap.error is None, trap.error
     return trap
 
