@@ -3,9 +3,12 @@
 Cores: each measurer owns `cores_per_measurer` cores (its process's affinity); builders
 get the cores no measurer owns. When none are left (2 measurers on 2 cores), builds and
 measurements alternate by batch instead, so that no build ever shares a core with a
-measurement in flight. A measurer killed by its candidate (segfault) is restarted by Ray
-and the trial recorded as `crashed`; a candidate that runs past its timeout gets its
-measurer killed and replaced by a fresh one (never reused) and is recorded as `timeout`.
+measurement in flight. A measurer that dies is restarted by Ray and its candidate measured
+again; a candidate that kills it twice (segfault) is recorded as `crashed`. A candidate that
+runs past its timeout gets its measurer killed and replaced by a fresh one (never reused)
+and is recorded as `timeout`. A candidate that fails for the machine's sake (a full temp
+directory) is tried again after growing waits, then recorded as `host_error`; a batch of
+nothing else stops the run (HostFault).
 
 On a cluster (`MeasurePipeline.on_cluster`), actors are placed by raytune_kernels.placement:
 measurers pinned to core blocks (or one per GPU) on worker nodes, builders on the CPUs left.
@@ -16,8 +19,11 @@ only its trials in flight, and only their time.
 """
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 import time
+import uuid
 from dataclasses import dataclass
 
 import ray
@@ -25,7 +31,8 @@ from ray.exceptions import RayError
 
 from raytune_kernels.cpu.build import BuildResult
 from raytune_kernels.space import Config
-from raytune_kernels.measure import BUILD_ERROR, CRASHED, TIMEOUT, MeasureOptions, MeasureResult
+from raytune_kernels.measure import (BUILD_ERROR, CRASHED, HOST_ERROR, TIMEOUT, MeasureOptions,
+                                     MeasureResult)
 from raytune_kernels.placement import NodeInfo, phased, plan
 from raytune_kernels.task import Task
 
@@ -33,6 +40,13 @@ from actors.measure_actors import BuilderActor, MeasurerActor
 
 
 START_TIMEOUT_S = 120.0  # measurers that cannot be placed in this long will not be
+HOST_RETRY_WAITS_S = (1.0, 4.0, 16.0)  # a full temp dir may be freed: try again after these
+HOST_RETRY_LOG = "raytune_kernels host fault"
+
+
+class HostFault(RuntimeError):
+    """Every candidate of a batch failed for the machine's sake (a full temp directory):
+    tuning on would only record the same failure for every trial."""
 
 
 @dataclass
@@ -65,6 +79,18 @@ def alive_nodes() -> list[NodeInfo]:
             for n in ray.nodes() if n["Alive"]]
 
 
+NAMESPACE = "raytune_kernels"  # where the pipeline's named actors live
+_RUN = uuid.uuid4().hex[:8]  # this process's pipelines
+_serial = itertools.count()
+
+
+def _named(role: str) -> dict:
+    """Actor options naming it `<role>-<run>-<n>` in the raytune_kernels namespace: the
+    dashboard lists it by role, and an operator (or bench/chaos.py) can find it with
+    ray.util.list_named_actors(all_namespaces=True) and ray.get_actor(name, NAMESPACE)."""
+    return {"name": f"{role}-{_RUN}-{next(_serial)}", "namespace": NAMESPACE}
+
+
 def _on(node_id: str | None) -> dict:
     if node_id is None:
         return {}
@@ -93,7 +119,8 @@ class MeasurePipeline:
         # Ray's CPU accounting matches the pinning: measurers hold their cores, builders
         # share the spare ones (none when phased: they then only run between measurements)
         share = len(spare) / n_builders
-        self.builders = [BuilderActor.options(num_cpus=share).remote(builder_cores)
+        self.builders = [BuilderActor.options(num_cpus=share, **_named("builder")).remote(
+            builder_cores)
                          for _ in range(n_builders)]
         self.builder_nodes: list[str | None] = [None] * n_builders
         self.cluster, self._turn = False, 0
@@ -155,7 +182,8 @@ class MeasurePipeline:
                 kind = BuilderActor
                 if self.device == "gpu":
                     from actors.cuda_builder import CudaBuilderActor as kind
-                self.builders.append(kind.options(num_cpus=r.cpus, **_on(r.node_id)).remote())
+                self.builders.append(kind.options(num_cpus=r.cpus, **_on(r.node_id),
+                                                  **_named("builder")).remote())
                 self.builder_nodes.append(r.node_id)
         for slot in started:
             try:
@@ -169,11 +197,12 @@ class MeasurePipeline:
     def _start(self, slot: _Slot) -> None:
         if getattr(self, "device", "cpu") == "gpu":  # one per GPU, with a CPU to drive it
             from actors.gpu_measure import GpuMeasurerActor
-            slot.actor = GpuMeasurerActor.options(num_gpus=1, num_cpus=1,
+            slot.actor = GpuMeasurerActor.options(num_gpus=1, num_cpus=1, **_named("measurer"),
                                                   **_on(slot.node_id)).remote(self.opts)
             return
         cpus = len(slot.cores) if slot.cores is not None else slot.block[1]
-        slot.actor = MeasurerActor.options(num_cpus=cpus, **_on(slot.node_id)).remote(
+        slot.actor = MeasurerActor.options(num_cpus=cpus, **_on(slot.node_id),
+                                            **_named("measurer")).remote(
             slot.cores, self.opts, slot.block)
 
     def _build(self, item: tuple[Task, Config]):
@@ -210,6 +239,11 @@ class MeasurePipeline:
             ray.wait(builds, num_returns=len(builds), timeout=self.opts.build_timeout_s)
         results = self._measure(items, builds)
         self.stats.wall_s += time.perf_counter() - start
+        if results and all(r.error_kind == HOST_ERROR for r in results):
+            waited = sum(HOST_RETRY_WAITS_S)
+            raise HostFault(f"every candidate of the batch failed for this machine's sake, "
+                            f"also after {waited:.0f} s of retries: {results[0].error_msg}; "
+                            f"the records so far are kept: free it and resume")
         return results
 
     def measure_built(self, items: list[tuple[Task, Config]],
@@ -285,6 +319,9 @@ class MeasurePipeline:
     def _measure(self, items, builds: list) -> list[MeasureResult]:
         results: list[MeasureResult | None] = [None] * len(items)
         self._build_deaths: dict[int, int] = {}
+        self._measure_deaths: dict[int, int] = {}
+        self._host_tries: dict[int, int] = {}
+        self._later: list[tuple[float, int, bool]] = []  # (when, index, build it again)
         pending = list(range(len(items)))  # waiting for a build and a free measurer
         inflight: dict = {}  # ObjectRef -> (index, slot)
         waiting_build = self._waiting = {b: i for i, b in enumerate(builds)}
@@ -298,6 +335,7 @@ class MeasurePipeline:
             for ref in done:
                 ready.append(waiting_build.pop(ref))
             self._expire_builds(items, builds, results)
+            self._release_later(items, builds)
             self._dispatch(items, builds, ready, pending, inflight, results)
             if inflight:
                 self._collect(items, inflight, results)
@@ -305,7 +343,31 @@ class MeasurePipeline:
                 deadline = self._build_deadline()
                 ray.wait(list(waiting_build), num_returns=1, timeout=None if deadline is None
                          else max(0.05, deadline - time.perf_counter()))
+            elif pending and not ready and self._later:
+                time.sleep(max(0.0, min(t for t, _, _ in self._later) - time.perf_counter()))
         return results  # type: ignore[return-value]
+
+    def _retry_later(self, i: int, build_again: bool) -> bool:
+        """Whether candidate `i`, failed for the host's sake, is tried again (after a
+        wait: space may be freed meanwhile); after the last wait it is recorded."""
+        n = self._host_tries[i] = self._host_tries.get(i, 0) + 1
+        if n > len(HOST_RETRY_WAITS_S):
+            return False
+        print(f"{HOST_RETRY_LOG}: candidate tried again in {HOST_RETRY_WAITS_S[n - 1]:g} s "
+              f"(the machine failed it)", file=sys.stderr, flush=True)  # the actor's log
+        self._later.append((time.perf_counter() + HOST_RETRY_WAITS_S[n - 1], i, build_again))
+        self.stats.redone += not build_again  # a build done again counts in _rebuild
+        return True
+
+    def _release_later(self, items, builds: list) -> None:
+        now = time.perf_counter()
+        for entry in [e for e in self._later if e[0] <= now]:
+            self._later.remove(entry)
+            _, i, build_again = entry
+            if build_again:
+                self._rebuild(items, builds, i)
+            else:
+                self._ready.append(i)
 
     def _dispatch(self, items, builds, ready, pending, inflight, results) -> None:
         busy = [id(v[1]) for v in inflight.values()]
@@ -321,9 +383,12 @@ class MeasurePipeline:
                     continue
                 built = BuildResult(None, "the builder process died building it, twice: "
                                     + _first_line(exc).split(": ", 1)[-1], 0.0)
+            if built.error and built.host and self._retry_later(i, build_again=True):
+                continue  # still pending: built again after a wait
             pending.remove(i)
             if built.error:
-                results[i] = MeasureResult.error(BUILD_ERROR, built.error, built.seconds)
+                results[i] = MeasureResult.error(HOST_ERROR if built.host else BUILD_ERROR,
+                                                 built.error, built.seconds)
                 continue
             slot = free.pop(0)
             task, cfg = items[i]
@@ -345,6 +410,10 @@ class MeasurePipeline:
             self.stats.measure_busy_s += time.perf_counter() - slot.busy_since
             try:
                 results[i] = MeasureResult.from_json(ray.get(ref))
+                if results[i].error_kind == HOST_ERROR and \
+                        self._retry_later(i, build_again=False):
+                    results[i] = None
+                    self._pending.append(i)  # measured again after a wait
             except RayError as exc:  # the measurer died (RayActorError), or cannot come
                 # back where it was pinned because its node is gone (ActorUnschedulableError)
                 if self._node_lost(slot):  # not the candidate's fault: measure it elsewhere
@@ -355,8 +424,15 @@ class MeasurePipeline:
                     self.stats.redone += 1
                     self.stats.measurers = len(self.slots)
                     return
-                results[i] = MeasureResult.error(CRASHED, _first_line(exc), build_s)
-                self._await_restart(slot)  # the candidate took the process down
+                self._await_restart(slot)
+                self._measure_deaths[i] = self._measure_deaths.get(i, 0) + 1
+                if self._measure_deaths[i] < 2:  # once may be bad luck (the OOM killer, an
+                    self._pending.append(i)      # operator's kill): measure it again
+                    self._ready.append(i)
+                    self.stats.redone += 1
+                    return
+                results[i] = MeasureResult.error(  # twice: the candidate takes it down
+                    CRASHED, _first_line(exc) + " (twice, on a restarted measurer)", build_s)
             return
         for ref, (i, slot, build_s) in list(inflight.items()):
             if time.perf_counter() - slot.busy_since >= self.opts.timeout_s:

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from raytune_kernels.cpu.build import host_fault
 from raytune_kernels.cpu.kernel import prepare
 from raytune_kernels.cpu.schedules import lower, unpack
 from raytune_kernels.space import Config
@@ -27,7 +28,9 @@ from raytune_kernels.tune.timing import TimingOptions, time_fn
 BUILD_ERROR, RUNTIME_ERROR, WRONG_OUTPUT, NON_FINITE = (
     "build_error", "runtime_error", "wrong_output", "non_finite")
 TIMEOUT, CRASHED = "timeout", "crashed"
-ERROR_KINDS = (BUILD_ERROR, RUNTIME_ERROR, WRONG_OUTPUT, NON_FINITE, TIMEOUT, CRASHED)
+HOST_ERROR = "host_error"  # the machine's fault (full temp dir), after retries: not the config's
+ERROR_KINDS = (BUILD_ERROR, RUNTIME_ERROR, WRONG_OUTPUT, NON_FINITE, TIMEOUT, CRASHED,
+               HOST_ERROR)
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,9 @@ def measure_built(compute: Compute, cfg: Config, library: bytes, opts: MeasureOp
         prep.run()
         got = unpack(compute, cfg, prep.buffers["out"])
     except Exception as exc:  # a broken candidate is data, not a crash of the measurer
-        return MeasureResult.error(RUNTIME_ERROR, f"{type(exc).__name__}: {exc}", build_s,
+        host = host_fault(exc)
+        return MeasureResult.error(RUNTIME_ERROR if host is None else HOST_ERROR,
+                                   host or f"{type(exc).__name__}: {exc}", build_s,
                                    time.perf_counter() - start)
     verdict = check_output(got, expected, opts)
     if verdict is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import errno
 import functools
 import hashlib
 import os
@@ -32,6 +33,30 @@ class BuildResult:
     library: bytes | None
     error: str | None
     seconds: float
+    host: bool = False  # the error is this machine's (a full temp dir), not the candidate's
+
+
+# errors of the machine, not of a candidate: building or loading it again later may work
+HOST_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE,
+                         errno.ENOMEM, errno.EROFS})
+LOW_SPACE_BYTES = 1 << 20
+
+
+def host_fault(exc: BaseException) -> str | None:
+    """Why `exc` is the host's fault (a full or read-only temp directory, no file
+    descriptors or memory left), or None when it may be the candidate's. A linker that
+    fails with the temp directory nearly full counts as well: cc reports it only as text."""
+    tmp = tempfile.gettempdir()
+    if isinstance(exc, OSError) and exc.errno in HOST_ERRNOS:
+        return f"{os.strerror(exc.errno)} (temp directory {tmp})"
+    try:
+        free = os.statvfs(tmp)
+        left = free.f_bavail * free.f_frsize
+    except OSError as stat_exc:
+        return f"temp directory {tmp} unusable: {stat_exc}"
+    if left < LOW_SPACE_BYTES:
+        return f"temp directory {tmp} is full ({left} bytes free)"
+    return None
 
 
 @functools.cache
@@ -142,7 +167,9 @@ def build(ir_text: str, mcpu: str | None = None) -> BuildResult:
     try:
         lib = link_shared(compile_object(ir_text, mcpu))
     except Exception as exc:  # a bad candidate must not crash its caller
-        return BuildResult(None, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
+        host = host_fault(exc)
+        return BuildResult(None, f"{type(exc).__name__}: {exc}" if host is None else host,
+                           time.perf_counter() - start, host is not None)
     result = _built[key] = BuildResult(lib, None, time.perf_counter() - start)
     if len(_built) > BUILD_CACHE_SIZE:
         _built.popitem(last=False)

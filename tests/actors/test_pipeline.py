@@ -201,3 +201,74 @@ def test_a_candidate_whose_build_kills_the_builder_twice_is_a_build_error(pipeli
     assert pipeline._build_again(7, object()) is True
     assert pipeline._build_again(7, object()) is False
     assert pipeline._build_again(8, object()) is True
+
+
+def test_a_measurer_killed_from_outside_does_not_blame_its_candidate(pipeline, task, configs):
+    """A measurer killed mid-measurement by someone else (an operator, the OOM killer) is
+    restarted by Ray and its candidate measured again: one death is not a crash."""
+    import threading
+    import time
+
+    import ray
+
+    @ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0)
+    class SlowMeasurer:
+        def ready(self):
+            return 1
+
+        def measure(self, compute, config, library, build_s):
+            time.sleep(3)  # long enough to be killed in flight
+            return {"times": [1e-3], "error_kind": None, "error_msg": "", "build_s": build_s,
+                    "run_s": 3.0}
+
+    slot = pipeline.slots[0]
+    real, redone = slot.actor, pipeline.stats.redone
+    slot.actor = SlowMeasurer.remote()
+    try:
+        timer = threading.Timer(1.0, ray.kill, [slot.actor], {"no_restart": False})
+        timer.start()
+        (result,) = pipeline.run([(task, configs[0])])
+        timer.join()
+        assert result.ok, (result.error_kind, result.error_msg)
+        assert pipeline.stats.redone == redone + 1
+    finally:
+        ray.kill(slot.actor)
+        slot.actor = real
+
+
+def test_a_full_temp_dir_is_retried_then_recorded_as_the_hosts_fault(pipeline, task, configs,
+                                                                    monkeypatch):
+    """A build that failed for the machine's sake (ENOSPC) is built again after a wait;
+    still failing after the last wait it is a host_error, and a batch of nothing else
+    stops the run with the cause instead of burning the budget."""
+    import ray
+    from actors import pipeline as pipeline_mod
+    from raytune_kernels.cpu.build import BuildResult
+    from raytune_kernels.cpu.kernel import build_for
+
+    monkeypatch.setattr(pipeline_mod, "HOST_RETRY_WAITS_S", (0.2,))
+    full = BuildResult(None, "No space left on device (temp directory /tmp)", 0.0, True)
+    redone = pipeline.stats.redone
+    results = pipeline.measure_built([(task, configs[0]), (task, configs[1])],
+                                     [full, build_for(task.compute, configs[1])])
+    assert [r.error_kind for r in results] == [None, None]  # built again, for real
+    assert pipeline.stats.redone == redone + 1
+
+    @ray.remote(num_cpus=0)
+    class FullDiskBuilder:
+        def build(self, compute, config, mcpu):
+            return full
+
+    builders = pipeline.builders
+    pipeline.builders = [FullDiskBuilder.remote()]
+    try:
+        with pytest.raises(pipeline_mod.HostFault, match="No space left on device .* free "
+                                                         "it and resume"):
+            pipeline.run([(task, configs[2])])
+        results = pipeline.measure_built([(task, configs[0]), (task, configs[1])],
+                                         [full, build_for(task.compute, configs[1])])
+        assert [r.error_kind for r in results] == ["host_error", None]
+        assert "No space left" in results[0].error_msg
+    finally:
+        ray.kill(pipeline.builders[0])
+        pipeline.builders = builders

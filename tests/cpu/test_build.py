@@ -54,3 +54,21 @@ def test_one_openmp_runtime_beside_torch():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1"
+
+
+def test_host_faults_are_told_from_candidate_faults(monkeypatch):
+    """A full or read-only temp dir is the machine's fault (retried, never blamed on the
+    candidate); a link that fails with space left is the candidate's."""
+    import errno
+    import os
+
+    from raytune_kernels.cpu import build as build_mod
+
+    assert "No space left on device" in build_mod.host_fault(OSError(errno.ENOSPC, "x"))
+    assert "Read-only file system" in build_mod.host_fault(OSError(errno.EROFS, "x"))
+    assert build_mod.host_fault(RuntimeError("link failed: undefined symbol")) is None
+    full = os.statvfs_result((4096, 4096, 100, 0, 0, 0, 0, 0, 0, 255))
+    monkeypatch.setattr(build_mod.os, "statvfs", lambda path: full)
+    assert "is full (0 bytes free)" in build_mod.host_fault(RuntimeError("link failed: "))
+    result = build_mod.build("define void @f() {\n  ret void\n}\n")
+    assert result.error is None  # a build that succeeds never asks
