@@ -3,14 +3,19 @@ of every trial.
 
     python bench/chaos.py [--model resnet18] [--tasks 6] [--trials 300] [--fault-every 6]
 
-A local Ray head is started for the run (its own temp dir, 2 CPUs); the driver runs
-tune_tasks on the model's first `--tasks` tasks in a child process, against that head,
-with records in a temp dir. While it runs, at exponentially distributed moments (mean
-`--fault-every` seconds), one of:
+A local Ray cluster is started for the run (ray.cluster_utils: a head and `--nodes` worker
+nodes of 2 CPUs, its own temp dir); the driver runs tune_tasks on the model's first
+`--tasks` tasks in a child process, against that cluster, with records in a temp dir. While
+it runs, at exponentially distributed moments (mean `--fault-every` seconds), one of:
 
 - sigkill_builder / sigkill_measurer: SIGKILL of a builder's or measurer's worker process
   (found by the title Ray gives it, ray::BuilderActor / ray::MeasurerActor);
-- driver_restart: SIGKILL of the driver, then a new driver that resumes the records.
+- ray_kill_builder / ray_kill_measurer: ray.kill of one (the pipeline names its actors);
+- remove_node: a worker node removed (its actors and the work in flight on it lost), and
+  a fresh node joined;
+- driver_restart: SIGKILL of the driver, then a new driver that resumes the records;
+- disk_full: the workers' temp directory (a small tmpfs mounted for the run, in a mount
+  namespace of its own: `unshare`) filled for `--full-s` seconds, then emptied;
 
 and, inside the builders (RAYTUNE_KERNELS_CHAOS, raytune_kernels/cpu/faults.py), candidates
 replaced by kernels that segfault, hang, write NaN or write nothing, at `--rates`.
@@ -19,19 +24,19 @@ Then: trials_recorded (records of those tasks), duplicates (a task and config re
 twice), lost (requested trials never recorded), hung (the run passed --deadline),
 wrong_kernels_chosen (each task's best record rebuilt and checked against its reference in
 a child process; an injected fault chosen counts too), the faults injected by kind, and
-the records' error kinds. Last line: one JSON object. Not injected here: node removal
-(tests/actors/test_cluster.py removes nodes) and a full temp directory.
+the records' error kinds. Last line: one JSON object.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import errno
+import glob
 import json
 import os
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,16 +55,17 @@ import raytune_kernels as rk
 from raytune_kernels import zoo
 model, inputs = zoo.load(sys.argv[1])
 tasks = rk.extract_tasks(model, inputs)[:int(sys.argv[2])]
+if sys.argv[6]:  # the job's workers put their temp files on the filesystem disk_full fills
+    import ray
+    ray.init(address=sys.argv[5], runtime_env={"env_vars": {"TMPDIR": sys.argv[6]}},
+             log_to_driver=False, configure_logging=False)
 rk.tune_tasks(tasks, trials=int(sys.argv[3]), records=sys.argv[4], address=sys.argv[5],
               verbose=False, batch=8)
 """
-KILLS = ("sigkill_builder", "sigkill_measurer", "driver_restart")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+KILLS = ("sigkill_builder", "sigkill_measurer", "ray_kill_builder", "ray_kill_measurer",
+         "remove_node", "driver_restart", "disk_full")
+NAMESPACE_ENV = "RK_CHAOS_PRIVATE_MOUNTS"
+SMALL = {"object_store_memory": 80 * 1024 * 1024}
 
 
 def kill_tree_of(marker: str) -> None:
@@ -93,22 +99,30 @@ def main() -> int:
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--tasks", type=int, default=6)
     ap.add_argument("--trials", type=int, default=300)
+    ap.add_argument("--nodes", type=int, default=2, help="worker nodes (2 CPUs each) beside "
+                    "the head; remove_node takes one away and a new one joins")
     ap.add_argument("--fault-every", type=float, default=6.0, help="mean seconds between "
                     "process kills")
     ap.add_argument("--rates", default="segfault=0.02,hang=0.004,nan=0.02,wrong=0.02",
                     help="candidate faults injected by the builders (per candidate)")
     ap.add_argument("--deadline", type=float, default=1800.0, help="seconds before the run "
                     "counts as hung")
-    ap.add_argument("--kills", default=",".join(KILLS), help="process kills to inject, "
-                    "comma-separated; with --in-turn they come in this order, else at random")
+    ap.add_argument("--kills", default=",".join(KILLS), help="faults to inject besides the "
+                    "candidates', comma-separated; with --in-turn they come in this order, "
+                    "else at random")
+    ap.add_argument("--full-s", type=float, default=3.0, help="seconds disk_full keeps the "
+                    "workers' temp dir full")
     ap.add_argument("--in-turn", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--keep", action="store_true", help="keep the temp dir (records, log)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     kinds = [k for k in args.kills.split(",") if k]
     if not kinds or set(kinds) - set(KILLS):
         ap.error(f"--kills takes some of {', '.join(KILLS)}")
+    if args.nodes < 1:
+        ap.error("--nodes must be at least 1")
+    if "disk_full" in kinds and os.environ.get(NAMESPACE_ENV) != "1":
+        return in_private_mounts(ap)
     work = tempfile.mkdtemp(prefix="rk_chaos_")
     ray_tmp = tempfile.mkdtemp(prefix="rkc_", dir="/tmp")  # short: Ray's socket paths
     records, faults_log = os.path.join(work, "records.jsonl"), os.path.join(work, "faults")
@@ -116,20 +130,31 @@ def main() -> int:
     with open(token, "w") as f:
         f.write(secrets.token_hex(32))
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token)
-    env = {**os.environ, CHAOS_ENV: f"{args.rates},log={faults_log}"}
-    port = free_port()
-    address = f"127.0.0.1:{port}"
+    os.environ[CHAOS_ENV] = f"{args.rates},log={faults_log}"
+    scratch = None
+    if "disk_full" in kinds:  # the workers' temp dir: a small filesystem of its own
+        scratch = tempfile.mkdtemp(prefix="rk_scratch_")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", scratch],
+                       check=True)
+    import ray  # after the environment above: Ray reads RAY_AUTH_MODE when imported
+    from ray.cluster_utils import Cluster
+
+    from actors.pipeline import HOST_RETRY_LOG
+
     start = time.perf_counter()
     kills: collections.Counter = collections.Counter()
-    hung = False
+    hung, cluster = False, None
     try:
-        subprocess.run(["ray", "start", "--head", f"--port={port}", "--num-cpus=2",
-                        f"--temp-dir={ray_tmp}", "--disable-usage-stats"], env=env,
-                       check=True, capture_output=True)
+        cluster = Cluster(initialize_head=True, connect=False, head_node_args={
+            "num_cpus": 1, "temp_dir": ray_tmp, **SMALL})
+        workers = [cluster.add_node(num_cpus=2, **SMALL) for _ in range(args.nodes)]
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         while True:
             driver = subprocess.Popen([sys.executable, "-c", DRIVER, args.model,
-                                       str(args.tasks), str(args.trials), records, address],
-                                      env=env, stdout=subprocess.DEVNULL,
+                                       str(args.tasks), str(args.trials), records,
+                                       cluster.address, scratch or ""],
+                                      stdout=subprocess.DEVNULL,
                                       stderr=open(os.path.join(work, "driver.log"), "ab"))
             restarted = False
             while driver.poll() is None:
@@ -143,6 +168,8 @@ def main() -> int:
                     break
                 except subprocess.TimeoutExpired:
                     pass
+                if not os.path.exists(records) or not os.path.getsize(records):
+                    continue  # nothing measured yet: faults land in a run that measures
                 kind = kinds[sum(kills.values()) % len(kinds)] if args.in_turn else \
                     rng.choice(kinds)
                 if kind == "driver_restart":
@@ -151,14 +178,8 @@ def main() -> int:
                     kills[kind] += 1
                     restarted = True
                     break
-                pids = actor_pids("BuilderActor" if kind == "sigkill_builder"
-                                  else "MeasurerActor")
-                if pids:
-                    try:
-                        os.kill(rng.choice(pids), signal.SIGKILL)
-                        kills[kind] += 1
-                    except ProcessLookupError:
-                        pass
+                if inject(kind, rng, cluster, workers, scratch, args.full_s):
+                    kills[kind] += 1
             if hung or (not restarted and driver.returncode == 0):
                 break
             if not restarted:  # the driver failed by itself: that is a finding, not a fault
@@ -168,10 +189,88 @@ def main() -> int:
                 break
         wall = time.perf_counter() - start
         report = account(args, records, faults_log, kills, hung, wall)
+        report["host_fault_retries"] = logged(ray_tmp, HOST_RETRY_LOG)
     finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
         kill_tree_of(ray_tmp)
+        if scratch:
+            subprocess.run(["umount", "-l", scratch])
     print(json.dumps(report))
     return 0 if report["ok"] else 1
+
+
+def logged(ray_tmp: str, text: str) -> int:
+    """Lines holding `text` in the Ray logs of the run (its actors' stderr)."""
+    n = 0
+    logs = {os.path.realpath(p) for p in glob.glob(os.path.join(ray_tmp, "session_*", "logs",
+                                                                 "*.err"))}
+    for log in logs:  # session_latest is a link to the session's own directory
+        with open(log, errors="replace") as f:
+            n += sum(text in line for line in f)
+    return n
+
+
+def inject(kind: str, rng: random.Random, cluster, workers: list, scratch: str | None,
+           full_s: float) -> bool:
+    """One fault of `kind` now; whether it was injected (not: nothing to hit just now)."""
+    import ray
+
+    from actors.pipeline import NAMESPACE
+
+    if kind.startswith("sigkill_"):
+        pids = actor_pids("BuilderActor" if kind == "sigkill_builder" else "MeasurerActor")
+        if not pids:
+            return False
+        try:
+            os.kill(rng.choice(pids), signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        return True
+    if kind.startswith("ray_kill_"):  # the pipeline names its actors for this
+        role = "builder-" if kind == "ray_kill_builder" else "measurer-"
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a["namespace"] == NAMESPACE and a["name"].startswith(role)]
+        if not names:
+            return False
+        try:
+            ray.kill(ray.get_actor(rng.choice(names), namespace=NAMESPACE), no_restart=False)
+        except ValueError:  # gone meanwhile
+            return False
+        return True
+    if kind == "remove_node":  # one worker node leaves; a fresh one joins
+        gone = workers.pop(rng.randrange(len(workers)))
+        cluster.remove_node(gone)
+        workers.append(cluster.add_node(num_cpus=2, **SMALL))
+        return True
+    if kind == "disk_full":
+        fill = os.path.join(scratch, "fill")
+        with open(fill, "wb") as f:
+            try:
+                while True:
+                    f.write(bytes(1 << 20))
+                    f.flush()
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+        time.sleep(full_s)
+        os.unlink(fill)
+        return True
+    raise ValueError(kind)
+
+
+def in_private_mounts(ap) -> int:
+    """Run this script again in a mount namespace of its own, where it may mount the small
+    filesystem disk_full fills (as root: unshare -m; otherwise as root of a new user
+    namespace: unshare -rm); the mount goes away with the process."""
+    flags = ["--mount"] if os.geteuid() == 0 else ["--user", "--map-root-user", "--mount"]
+    probe = subprocess.run(["unshare", *flags, "true"], capture_output=True, text=True)
+    if probe.returncode:
+        ap.error(f"disk_full needs a mount namespace of its own (unshare {' '.join(flags)}: "
+                 f"{probe.stderr.strip() or probe.returncode}); leave it out of --kills")
+    env = {**os.environ, NAMESPACE_ENV: "1"}
+    return subprocess.run(["unshare", *flags, sys.executable, *sys.argv], env=env).returncode
 
 
 def account(args, records: str, faults_log: str, kills, hung: bool, wall: float) -> dict:
