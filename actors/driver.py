@@ -15,7 +15,9 @@ from raytune_kernels.cpu.machine import cpu_info, host_device
 from raytune_kernels.backend import unsupported_on
 from raytune_kernels.errors import RaytuneError
 from raytune_kernels.measure import MeasureOptions
+from raytune_kernels.tune.callbacks import Callback, notify, stopped
 from raytune_kernels.tune.records import RecordWriter, describe_devices, load_records
+from raytune_kernels.tune.storage import StorageError, is_store, is_uri, open_store
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Task
 from raytune_kernels.tune.tuner import TuneOptions, TuningResult
@@ -47,7 +49,7 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
                  resume: bool = True, address: str | None = None,
                  num_measurers: int | None = None, num_builders: int | None = None,
                  batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True,
-                 strict: bool = False) -> TuningResult:
+                 strict: bool = False, callbacks: Sequence[Callback] = ()) -> TuningResult:
     """Tune every task of `model` for `target` with a budget of `trials` measurements.
 
     On "llvm", each candidate runs with `threads` threads on a measurer that owns that
@@ -60,45 +62,60 @@ def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor]
     estimated network latency (sum of weight x best latency). Ops without a kernel of ours
     run in PyTorch (islands, named in one warning) unless `strict`, which refuses them; on
     "llvm" the estimate includes their PyTorch time (and that of tasks with no kernel on
-    this CPU), measured once on this machine with `threads` threads before tuning."""
+    this CPU), measured once on this machine with `threads` threads before tuning.
+    `callbacks` (raytune_kernels.Callback) hear of every round in this process, after its
+    records are written; `verbose` adds the progress table as the first of them."""
     from raytune_kernels import capture, partition
 
     _check_numbers(trials=trials, batch=batch, threads=threads, num_measurers=num_measurers,
                    num_builders=num_builders)
+    callbacks = _check_callbacks(callbacks)
     records = canonical_records_path(records)
     tgt = _preflight(target, records, address, threads, num_measurers)
     part = partition(capture(model, example_inputs, strict=strict))
     inputs = ((example_inputs,) if isinstance(example_inputs, torch.Tensor)
               else tuple(example_inputs))
     return _tune(list(part.tasks), tgt, trials, records, resume, address, num_measurers,
-                 num_builders, batch, seed, threads, verbose, network=(part, inputs))
+                 num_builders, batch, seed, threads, verbose, callbacks, network=(part, inputs))
 
 
 def tune_tasks(tasks: Sequence[Task], target: str = "llvm", trials: int = 200,
                records: str | None = None, resume: bool = True, address: str | None = None,
                num_measurers: int | None = None, num_builders: int | None = None,
-               batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True
-               ) -> TuningResult:
+               batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True,
+               callbacks: Sequence[Callback] = ()) -> TuningResult:
     """tune_network() for a chosen list of tasks (e.g. some of extract_tasks(model, x)):
-    the same checks, pipeline, records and result, with `trials` shared by these tasks."""
+    the same checks, pipeline, records, callbacks and result, with `trials` shared by
+    these tasks."""
     _check_numbers(trials=trials, batch=batch, threads=threads, num_measurers=num_measurers,
                    num_builders=num_builders)
+    callbacks = _check_callbacks(callbacks)
     records = canonical_records_path(records)
     tgt = _preflight(target, records, address, threads, num_measurers)
     return _tune(list(tasks), tgt, trials, records, resume, address, num_measurers,
-                 num_builders, batch, seed, threads, verbose)
+                 num_builders, batch, seed, threads, verbose, callbacks)
 
 
 def canonical_records_path(records) -> str | None:
-    """The records file as one absolute path, resolved once here: the driver reads the
-    history from it and the scheduler actor, in another process with its own working
-    directory, appends to it. A relative path resolved in each (a job submitted with a
-    working_dir, a driver started elsewhere) read one file and wrote another."""
+    """The records location, resolved once here: the driver reads the history from it and
+    the scheduler actor, in another process with its own working directory, writes to it.
+    A relative path resolved in each (a job submitted with a working_dir, a driver started
+    elsewhere) read one file and wrote another. A local path becomes absolute (a directory,
+    a record store, keeps its trailing separator, so it stays one before it exists); a URI
+    names the same place from anywhere and is kept, once its scheme is known usable."""
     if records is None or records == "":
         return None
     if not isinstance(records, (str, os.PathLike)):
-        raise TuneError(f"records must be a path, got {type(records).__name__}")
-    return os.path.abspath(os.path.expanduser(os.fspath(records)))
+        raise TuneError(f"records must be a path or a URI, got {type(records).__name__}")
+    location = os.path.expanduser(os.fspath(records))
+    if is_uri(location):
+        try:
+            open_store(location)  # pyarrow there, and the scheme one it can open
+        except StorageError as exc:
+            raise TuneError(str(exc)) from None
+        return location
+    path = os.path.abspath(location)
+    return path + os.sep if is_store(location) else path
 
 
 def _check_numbers(**numbers) -> None:
@@ -109,6 +126,16 @@ def _check_numbers(**numbers) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TuneError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_callbacks(callbacks) -> list[Callback]:
+    """A list of Callback instances, refused before any work: a function or a lone
+    callback passed instead would fail only once the first round was measured."""
+    if not isinstance(callbacks, (list, tuple)) or \
+            not all(isinstance(c, Callback) for c in callbacks):
+        raise TuneError(f"callbacks must be a list of raytune_kernels.Callback instances "
+                        f"(subclass it, override on_round, on_records, ...), got {callbacks!r}")
+    return list(callbacks)
 
 
 def _preflight(target: str, records: str | None, address: str | None, threads: int,
@@ -134,7 +161,8 @@ def _preflight(target: str, records: str | None, address: str | None, threads: i
 
 
 def _tune(tasks: list[Task], tgt: Target, trials, records, resume, address, num_measurers,
-          num_builders, batch, seed, threads, verbose, network=None) -> TuningResult:
+          num_builders, batch, seed, threads, verbose, callbacks, network=None
+          ) -> TuningResult:
     tasks, skipped = _tunable(tasks, tgt)
     if trials < len(tasks):
         warnings.warn(f"{trials} trials for {len(tasks)} tasks: {len(tasks) - trials} task(s) "
@@ -145,7 +173,7 @@ def _tune(tasks: list[Task], tgt: Target, trials, records, resume, address, num_
     history = load_records(records).records if (records and resume) else []
     ray = _start_ray(address)
     return _run(ray, tasks, tgt, records, history, trials, batch, seed,
-                threads, num_measurers, num_builders, verbose, torch_s)
+                threads, num_measurers, num_builders, verbose, callbacks, torch_s)
 
 
 def _torch_part(skipped: list[Task], network, tgt: Target, threads: int) -> float:
@@ -257,7 +285,9 @@ def _start_ray(address: str | None):
 
 
 def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads,
-         num_measurers, num_builders, verbose, torch_s: float = 0.0) -> TuningResult:
+         num_measurers, num_builders, verbose, callbacks, torch_s: float = 0.0
+         ) -> TuningResult:
+    from actors.pipeline import HostFault
     from actors.tuning_actors import ON_HEAD, TaskSchedulerActor
 
     from raytune_kernels.tune.progress import ProgressView
@@ -274,31 +304,42 @@ def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads
         [t.to_json() for t in tasks], str(tgt), host, cpu, records,
         [r.to_json() for r in history], opts, num_measurers, num_builders, mopts, tgt.mcpu,
         cluster, isa)
+    view = ProgressView(trials) if verbose else None
+    callbacks = ([view] if view else []) + callbacks
     try:
-        first = _initial(ray, actor)
-        others = ray.get(actor.other_devices.remote())
-        if others:
-            warnings.warn(f"{records}: skipped {sum(others.values())} record(s) of target "
-                          f"{str(tgt)!r} measured on another device "
-                          f"({describe_devices(others)}); this run tunes its own", stacklevel=4)
-        view = ProgressView(trials) if verbose else None
+        result = _rounds(ray, actor, tgt, records, callbacks, torch_s)
+    except BaseException as exc:
         if view:
-            view.__enter__()
-            view.update(_with_torch(first, torch_s))
-        while (summary := ray.get(actor.step.remote())) is not None:
-            if view:
-                view.update(_with_torch(summary, torch_s))
-        if view:
-            view.__exit__(None, None, None)
-        result = ray.get(actor.result.remote())
+            view.__exit__(None, None, None)  # a live table gives the terminal back
+        if isinstance(getattr(exc, "cause", None), HostFault):  # raised in the actor
+            raise TuneError(f"tuning stopped: {exc.cause}") from None
+        raise
     finally:
         ray.kill(actor)
+    notify(callbacks, "on_end", result, stopped(len(result.rounds), result.trials, records))
+    return result
+
+
+def _rounds(ray, actor, tgt: Target, records, callbacks, torch_s: float) -> TuningResult:
+    """Every round of the scheduler actor, each told to the callbacks once its records are
+    written; the result, with the PyTorch part added to its estimates."""
+    first = _initial(ray, actor)
+    others = ray.get(actor.other_devices.remote())
+    if others:
+        warnings.warn(f"{records}: skipped {sum(others.values())} record(s) of target "
+                      f"{str(tgt)!r} measured on another device "
+                      f"({describe_devices(others)}); this run tunes its own", stacklevel=5)
+    notify(callbacks, "on_start", _with_torch(first, torch_s), stopped(0, first.trials, records))
+    while (step := ray.get(actor.step.remote())) is not None:
+        summary, new = _with_torch(step[0], torch_s), step[1]
+        where = stopped(summary.round, summary.trials, records)
+        notify(callbacks, "on_records", new, where)
+        notify(callbacks, "on_round", summary, where)
+    result = ray.get(actor.result.remote())
     result.estimated_latency_s += torch_s
     result.torch_s = torch_s
-    if verbose:
-        of_torch = f" ({torch_s * 1e3:.3f} ms of it PyTorch)" if torch_s else ""
-        print(f"estimated latency {result.estimated_latency_s * 1e3:.3f} ms{of_torch} over "
-              f"{len(result.best)} tasks, {result.trials} trials; records: {records}")
+    result.rounds = [dataclasses.replace(p, estimated_s=p.estimated_s + torch_s)
+                     for p in result.rounds]
     return result
 
 

@@ -3,7 +3,8 @@
 The cost model actor retrains as records arrive and returns the booster as bytes: the
 returned value lives in Ray's object store, and search actors fetch it from there to
 predict locally. The task scheduler actor runs the core Tuner, the single writer of
-records, one round per call, and hands each round's summary to the driver to display.
+records, one round per call, and hands each round's summary and records to the driver
+(for its callbacks).
 """
 from __future__ import annotations
 
@@ -129,12 +130,12 @@ class TaskSchedulerActor:
         """The table before any round; raises what made the run impossible, if anything."""
         if self.problem:
             raise self.problem
-        t = self.tuner
-        return RoundSummary(0, -1, t.rows(), t.scheduler.objective(), t.spent, t.opts.trials,
-                            0.0, 0, {})
+        return self.tuner.initial()
 
-    def step(self) -> RoundSummary | None:
-        return self.tuner.step()
+    def step(self) -> tuple[RoundSummary, list[Record]] | None:
+        """One round: its summary and its records (already written); None at the end."""
+        summary = self.tuner.step()
+        return None if summary is None else (summary, self.tuner.last)
 
     def other_devices(self) -> dict[str, int]:
         """Records of this target in the history that another device measured (skipped)."""

@@ -13,6 +13,7 @@ from raytune_kernels.compile.cpu_network import CompiledNetwork
 from raytune_kernels.frontend.partition import Partition, execute, partition
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Compute, EpilogueOp, Task, TensorSpec
+from raytune_kernels.tune.callbacks import Callback, CallbackError
 from raytune_kernels.version import __version__  # noqa: F401  (re-exported)
 
 
@@ -55,7 +56,8 @@ def tune_tasks(*args, **kwargs):
 
 
 __all__ = [
-    "CaptureError", "CompileError", "CompiledNetwork", "compile_network", "tune_network",
+    "Callback", "CallbackError", "CaptureError", "CompileError", "CompiledNetwork",
+    "compile_network", "tune_network",
     "tune_tasks", "Compute", "DynamicShapeError", "EpilogueOp", "Graph", "Node", "Partition",
     "RaytuneError", "Target", "Task", "TensorSpec", "UnknownModelError", "UnknownTargetError",
     "UnsupportedOpError", "capture", "execute", "extract_tasks", "parse_target", "partition",

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Sequence
 
@@ -11,6 +10,8 @@ from raytune_kernels.errors import RaytuneError
 
 STRICT = ("refuse ops without a kernel of ours (by default they run in PyTorch, "
           "as islands named in one warning)")
+RECORDS = ("records: a JSON-lines file, or a record store (a local directory, or a URI: "
+           "file://, s3://, gs://)")
 
 
 def _layers(layers: Sequence[str], limit: int = 3) -> str:
@@ -60,14 +61,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     from raytune_kernels import parse_target, zoo
     from raytune_kernels.compile.api import compile_network
+    from raytune_kernels.tune.records import missing_records
     from raytune_kernels.tune.timing import TimingOptions, median, time_fn
 
     tgt = parse_target(args.target)
     if args.threads < 1:
         raise ValueError(f"threads must be a positive integer, got {args.threads}")
-    if not os.path.exists(args.records):
-        print(f"raytune-kernels: error: records file {args.records!r} does not exist",
-              file=sys.stderr)
+    problem = missing_records(args.records)
+    if problem:
+        print(f"raytune-kernels: error: {problem}", file=sys.stderr)
         return 2
     gpu = None
     if tgt.kind == "cuda":  # the network runs on the GPU: fail before building anything
@@ -102,16 +104,22 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from raytune_kernels.tune.plot import plot_records
 
-    print(f"wrote {plot_records(args.file, args.output)}")
+    weights = None
+    if args.model:  # the tuner's estimate: each task weighed by the layers sharing it
+        from raytune_kernels import extract_tasks, zoo
+
+        model, inputs = zoo.load(args.model)
+        weights = {t.key: t.weight for t in extract_tasks(model, inputs)}
+    print(f"wrote {plot_records(args.file, args.output, weights)}")
     return 0
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
-    from raytune_kernels.tune.records import distill, load_records
+    from raytune_kernels.tune.records import distill, load_records, missing_records
 
-    if not os.path.exists(args.file):
-        print(f"raytune-kernels: error: records file {args.file!r} does not exist",
-              file=sys.stderr)
+    problem = missing_records(args.file)
+    if problem:
+        print(f"raytune-kernels: error: {problem}", file=sys.stderr)
         return 2
     kept = distill(args.file, args.output, args.top)
     total = len(load_records(args.output).records)
@@ -136,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="llvm, 'llvm -mcpu=NAME', cuda (the GPU's own arch) or "
                         "'cuda -arch=sm_XY'")
     p.add_argument("--trials", type=int, default=200, help="measurement budget (all tasks)")
-    p.add_argument("--records", default=None, help="records file (JSON lines), resumed")
+    p.add_argument("--records", default=None, help=f"{RECORDS}, resumed")
     p.add_argument("--no-resume", action="store_true", help="ignore what --records holds")
     p.add_argument("--address", default=None, help="Ray cluster address (default: local)")
     p.add_argument("--measurers", type=int, default=None)
@@ -150,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile a model from its records, check it and "
                                        "time it against PyTorch")
     p.add_argument("model", help="zoo name or path/to/file.py:factory")
-    p.add_argument("--records", required=True, help="records file (JSON lines)")
+    p.add_argument("--records", required=True, help=RECORDS)
     p.add_argument("--target", default="llvm",
                    help="llvm, 'llvm -mcpu=NAME', cuda (this machine's GPU) or "
                         "'cuda -arch=sm_XY'; a cuda network runs and is timed on the GPU")
@@ -163,14 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="print the per-layer table")
     p.add_argument("--png", default=None, help="save the per-layer bar chart here")
     p.set_defaults(func=cmd_compile)
-    p = sub.add_parser("plot", help="draw tuning curves from a records file (PNG)")
-    p.add_argument("file", help="a records file (JSON lines)")
+    p = sub.add_parser("plot", help="draw tuning curves from records (PNG)")
+    p.add_argument("file", help=RECORDS)
     p.add_argument("-o", "--output", default="curve.png")
+    p.add_argument("--model", default=None,
+                   help="zoo name or path/to/file.py:factory: draw only its tasks, and the "
+                        "estimated latency with each task's weight")
     p.set_defaults(func=cmd_plot)
     p = sub.add_parser("distill", help="keep only the best records of each task (per target, "
                        "threads and layout)")
-    p.add_argument("file", help="a records file (JSON lines)")
-    p.add_argument("-o", "--output", required=True, help="where to write the best records")
+    p.add_argument("file", help=RECORDS)
+    p.add_argument("-o", "--output", required=True,
+                   help="where to write the best records: a file (replaced) or a new store")
     p.add_argument("--top", type=int, default=1, help="records kept per task (default 1)")
     p.set_defaults(func=cmd_distill)
     return parser

@@ -20,7 +20,9 @@ def ray_session():
     """One local Ray for every test that needs actors (starting it costs seconds)."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        # "local": a Ray of its own, never a cluster another process left running here
+        # (ray.init() joins the one /tmp/ray/ray_current_cluster names)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
     yield ray
     ray.shutdown()

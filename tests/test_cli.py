@@ -96,6 +96,32 @@ def test_plot_command_draws_curves(tmp_path, capsys):
     assert "no records to plot" in capsys.readouterr().err
 
 
+def test_plot_command_weighs_the_tasks_of_a_model(tmp_path, capsys):
+    from raytune_kernels import extract_tasks, zoo
+    from raytune_kernels.tune.records import Record, RecordWriter
+    factory = tmp_path / "mlp.py"
+    factory.write_text(textwrap.dedent("""
+        import torch
+
+        def make():
+            fc = torch.nn.Linear(16, 16)
+            return torch.nn.Sequential(fc, torch.nn.ReLU(), fc), (torch.randn(2, 16),)
+    """))
+    model = f"{factory}:make"
+    keys = [t.key for t in extract_tasks(*zoo.load(model))]
+    src, png = str(tmp_path / "r.jsonl"), str(tmp_path / "curve.png")
+    with RecordWriter(src) as w:
+        w.write_batch([Record(k, "llvm", "cpu", {}, (1e-3,), timestamp=1.0)
+                       for k in keys + ["not-of-the-model"]])
+    assert main(["plot", src, "-o", png, "--model", model]) == 0
+    assert capsys.readouterr().out == f"wrote {png}\n"
+    other = str(tmp_path / "other.jsonl")
+    with RecordWriter(other) as w:
+        w.write_batch([Record("not-of-the-model", "llvm", "cpu", {}, (1e-3,))])
+    assert main(["plot", other, "-o", png, "--model", model]) == 2
+    assert "no records to plot of the model's tasks" in capsys.readouterr().err
+
+
 def _gpu_problem():
     from raytune_kernels.cuda.torch_timing import gpu_problem
     return gpu_problem()

@@ -46,7 +46,8 @@ from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, p
                                                  run_glue, run_steps)
 from raytune_kernels.space import Config
 from raytune_kernels.tune.records import (Record, best_per_task, describe_devices,
-                                          load_records, measured_on, other_devices)
+                                          describe_location, load_records, measured_on,
+                                          missing_records, other_devices)
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.tune.timing import TimingOptions, median, time_fn
@@ -331,11 +332,11 @@ def _records(records, target: str, threads: int) -> list[Record]:
     they are all there is, the compile is refused, naming the devices the records hold."""
     if records is None:
         return []
-    if isinstance(records, str):
-        import os
-        if not os.path.exists(records):
-            raise CompileError(f"records file {records!r} does not exist")
-        loaded, where = load_records(records).records, f"records file {records!r}"
+    if isinstance(records, str):  # a file or a record store
+        problem = missing_records(records)
+        if problem:
+            raise CompileError(problem)
+        loaded, where = load_records(records).records, describe_location(records)
     else:
         loaded, where = list(records), "the records given"
     mine = on_this_device(loaded, where, host_device(),

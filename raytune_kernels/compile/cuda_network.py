@@ -26,7 +26,6 @@ The plan is made in compile/cuda_plan.py; this module runs it.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Callable, Iterable, Protocol, Sequence
 
@@ -44,7 +43,8 @@ from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, outp
                                              random_inputs, scaled_error)
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import Partition, TaskStep, partition, run_steps
-from raytune_kernels.tune.records import Record, best_per_task, load_records
+from raytune_kernels.tune.records import (Record, best_per_task, describe_location,
+                                          load_records, missing_records)
 from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
@@ -276,10 +276,11 @@ def cuda_records(records: "str | Iterable[Record] | None", arch: str, plain_ok: 
     if records is None:
         return []
     where = "the records given"
-    if isinstance(records, str):
-        if not os.path.exists(records):
-            raise CompileError(f"records file {records!r} does not exist")
-        records, where = load_records(records).records, f"records file {records!r}"
+    if isinstance(records, str):  # a file or a record store
+        problem = missing_records(records)
+        if problem:
+            raise CompileError(problem)
+        records, where = load_records(records).records, describe_location(records)
     wanted = {f"cuda -arch={arch}"} | ({"cuda"} if plain_ok else set())
     mine = [r for r in records if r.target in wanted]
     others = sorted({r.target for r in records if r.target.startswith("cuda")} - wanted)

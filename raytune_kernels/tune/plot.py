@@ -1,32 +1,30 @@
-"""Tuning curves from a records file: best latency per task and the estimated network
-latency, against trials and against wall time (matplotlib, the `plot` extra)."""
+"""Tuning curves of records as a PNG (matplotlib, the `plot` extra): each task's best
+latency against that task's trials and against wall time, and the estimated network
+latency against all trials and wall time. The points are those of tune/curves.py, the
+same as the records dataframe's columns."""
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from typing import Mapping
 
-from raytune_kernels.tune.records import Record, load_records
-
-
-def curves(records: list[Record]) -> dict:
-    """Per task: (trial index, seconds since start, best so far); and the network estimate
-    (sum over tasks seen so far of task-count-weighted best) after each trial."""
-    if not records:
-        raise ValueError("no records to plot")
-    start = min(r.timestamp for r in records)
-    best: dict[str, float] = {}
-    per_task: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
-    total: list[tuple[int, float, float]] = []
-    for i, r in enumerate(sorted(records, key=lambda r: r.timestamp), 1):
-        if r.ok and r.median < best.get(r.task_key, math.inf):
-            best[r.task_key] = r.median
-            per_task[r.task_key].append((i, r.timestamp - start, r.median))
-        total.append((i, r.timestamp - start, sum(best.values())))
-    return {"tasks": dict(per_task), "total": total}
+from raytune_kernels.tune.curves import Point, curves
+from raytune_kernels.tune.records import load_records
+from raytune_kernels.tune.storage import redact
 
 
-def plot_records(path: str, out: str, weights: dict[str, int] | None = None) -> str:
-    """Draw the curves of `path` into the PNG `out`; returns `out`."""
+def task_lines(records, points: list[Point]) -> dict[str, list[Point]]:
+    """Per task key, its points from its first valid record on (the line drawn for it)."""
+    lines: dict[str, list[Point]] = {}
+    for p in points:
+        if math.isfinite(p.task_best_s):
+            lines.setdefault(records[p.index].task_key, []).append(p)
+    return lines
+
+
+def plot_records(path: str, out: str, weights: Mapping[str, int] | None = None) -> str:
+    """Draw the curves of the records at `path` into the PNG `out`; returns `out`. With
+    `weights` (task key -> weight, from the model's tasks) only those tasks are drawn and
+    the total is the tuner's estimate; without, every task counts once."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -34,17 +32,29 @@ def plot_records(path: str, out: str, weights: dict[str, int] | None = None) -> 
     except ImportError as exc:
         raise ImportError("plotting needs matplotlib: pip install 'raytune-kernels[plot]'") \
             from exc
-    data = curves(load_records(path).records)
+    records = [r for r in load_records(path).records
+               if weights is None or r.task_key in weights]
+    if not records:
+        raise ValueError("no records to plot" + (" of the model's tasks" if weights else ""))
+    points = curves(records, weights)
+    lines = task_lines(records, points)
+    total = [p for p in points if math.isfinite(p.estimated_s)]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    for col, (label, idx) in enumerate((("trials", 0), ("wall time (s)", 1))):
+    for col, (label, x) in enumerate((("trials", "task_trial"), ("wall time (s)", "elapsed_s"))):
         ax = axes[0][col]
-        for key, pts in data["tasks"].items():
-            ax.step([p[idx] for p in pts], [p[2] * 1e3 for p in pts], where="post", lw=1)
-        ax.set(xlabel=label, ylabel="best latency per task (ms)", yscale="log")
+        for key, pts in lines.items():
+            ax.step([getattr(p, x) for p in pts], [p.task_best_s * 1e3 for p in pts],
+                    where="post", lw=1, label=key)
+        ax.set(xlabel=f"{label} of the task" if col == 0 else label,
+               ylabel="best latency per task (ms)", yscale="log")
+        if col == 0 and len(lines) <= 12:
+            ax.legend(fontsize="x-small")
         ax = axes[1][col]
-        ax.plot([p[idx] for p in data["total"]], [p[2] * 1e3 for p in data["total"]])
-        ax.set(xlabel=label, ylabel="sum of best task latencies (ms)")
-    fig.suptitle(f"{path}: {len(data['tasks'])} tasks, {len(data['total'])} trials")
+        ax.step([p.trial if col == 0 else p.elapsed_s for p in total],
+                [p.estimated_s * 1e3 for p in total], where="post")
+        ax.set(xlabel=label, ylabel="estimated latency (ms), tasks timed so far" if weights
+               else "sum of best task latencies (ms)")
+    fig.suptitle(f"{redact(path)}: {len(lines)} tasks, {len(records)} trials")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

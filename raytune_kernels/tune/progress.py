@@ -1,5 +1,6 @@
 """The tuning progress view: Ansor's task table, the estimated latency, a progress bar
-with ETA. Live on a terminal (rich); on a log, the table every few rounds as plain text."""
+with ETA. Live on a terminal (rich); on a log, the table every few rounds as plain text.
+It is the callback that verbose=True adds to a tuning run."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,9 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from raytune_kernels.tune.tuner import RoundSummary
+from raytune_kernels.tune.callbacks import Callback
+from raytune_kernels.tune.result import RoundSummary, TuningResult
+from raytune_kernels.tune.storage import redact
 
 
 def task_table(s: RoundSummary) -> Table:
@@ -35,12 +38,13 @@ def task_table(s: RoundSummary) -> Table:
     return table
 
 
-class ProgressView:
+class ProgressView(Callback):
     def __init__(self, budget: int, console: Console | None = None, table_every: int = 5):
         self.console = console or Console(file=sys.stdout)
         self.live_mode = self.console.is_terminal
         self.table_every, self.last = table_every, None
-        self.progress = Progress(TextColumn("tuning"), BarColumn(), TextColumn("{task.completed}/{task.total} trials"),
+        self.progress = Progress(TextColumn("tuning"), BarColumn(),
+                                 TextColumn("{task.completed}/{task.total} trials"),
                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                  console=self.console)
         self.bar = self.progress.add_task("trials", total=budget)
@@ -64,3 +68,19 @@ class ProgressView:
             self.live.__exit__(*exc)
         elif self.last is not None:
             self.console.print(task_table(self.last))
+        self.last = None  # closing again (the driver does on an error) prints nothing more
+
+    def on_start(self, summary: RoundSummary) -> None:
+        self.__enter__()
+        self.update(summary)
+
+    def on_round(self, summary: RoundSummary) -> None:
+        self.update(summary)
+
+    def on_end(self, result: TuningResult) -> None:
+        self.__exit__(None, None, None)
+        of_torch = f" ({result.torch_s * 1e3:.3f} ms of it PyTorch)" if result.torch_s else ""
+        where = redact(result.records) if result.records else None
+        self.console.print(f"estimated latency {result.estimated_latency_s * 1e3:.3f} ms"
+                           f"{of_torch} over {len(result.best)} tasks, {result.trials} trials; "
+                           f"records: {where}", markup=False, highlight=False, soft_wrap=True)

@@ -1,8 +1,9 @@
-"""Tuning records: append-only JSON lines, one per measured candidate.
+"""Tuning records: append-only JSON lines, one per measured candidate, in a file or in a
+record store (storage.py: immutable batches on a local disk, S3, GCS, ...).
 
-Plain data only: loading a records file parses JSON and never executes anything (no
-pickle, no eval). A malformed line is skipped with one warning that counts them, so a
-half-written last line from a killed writer loses only itself.
+Plain data only: loading records parses JSON and never executes anything (no pickle, no
+eval). A malformed line is skipped with one warning that counts them, so a half-written
+last line from a killed writer loses only itself.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
+from raytune_kernels.tune.storage import StorageError, is_store, open_store, redact
 from raytune_kernels.version import __version__
 
 SCHEMA = 1
@@ -114,11 +116,16 @@ def _require(d: dict, fields: dict) -> None:
 
 
 class RecordWriter:
-    """The single writer of a records file: appends batches, flushed and fsynced, so a
-    killed driver loses at most the batch in flight. Fails early on an unwritable path."""
+    """The single writer of a records location. A file gets each batch appended, flushed
+    and fsynced, so a killed driver loses at most the batch in flight; a record store gets
+    each batch as one new object. Fails early on an unwritable location."""
 
     def __init__(self, path: str):
         self.path = path
+        self._store = open_store(path) if is_store(path) else None
+        if self._store is not None:
+            self._store.prepare()
+            return
         try:
             self._f = open(path, "a", encoding="utf-8")
         except OSError as exc:
@@ -128,12 +135,17 @@ class RecordWriter:
 
     def write_batch(self, records: Iterable[Record]) -> None:
         text = "".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in records)
+        if self._store is not None:
+            if text:  # an empty batch would be an object holding nothing
+                self._store.put(text.encode("utf-8"))
+            return
         self._f.write(text)
         self._f.flush()
         os.fsync(self._f.fileno())
 
     def close(self) -> None:
-        self._f.close()
+        if self._store is None:
+            self._f.close()
 
     def __enter__(self) -> "RecordWriter":
         return self
@@ -156,25 +168,68 @@ class Loaded:
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records)
 
+    def to_dataframe(self, weights: dict[str, int] | None = None):
+        """One row per record, in this order (pandas: pip install pandas), with the tuning
+        curves beside them; `weights` (task key -> weight) weighs the estimate (frames.py)."""
+        from raytune_kernels.tune.frames import records_frame
+
+        return records_frame(self.records, weights)
+
 
 def load_records(path: str) -> Loaded:
-    """Every valid record of a file; malformed lines are counted, warned about, skipped."""
-    out, skipped, first = [], 0, ""
-    if not os.path.exists(path):
+    """Every valid record of a file, or of a record store (its batches in name order);
+    malformed lines are counted, warned about (the first named by batch and line), skipped.
+    A file or store that does not exist holds no records."""
+    out: list[Record] = []
+    if is_store(path):
+        skipped, first = _parse(_batches(open_store(path)), out)
+    elif not os.path.exists(path):
         return Loaded([])
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
+    else:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            skipped, first = _parse([("", f)], out)
+    if skipped:
+        warnings.warn(f"{redact(os.fspath(path))}: skipped {skipped} malformed record "
+                      f"line(s), first at {first}", stacklevel=2)
+    return Loaded(out, skipped)
+
+
+def _batches(store) -> Iterator[tuple[str, list[str]]]:
+    for name in store.batches():
+        yield f"batch {name} ", store.read(name).decode("utf-8", errors="replace").split("\n")
+
+
+def _parse(sources: Iterable[tuple[str, Iterable[str]]], out: list[Record]) -> tuple[int, str]:
+    """Append the records of every (where, lines) to `out`; (lines skipped, the first)."""
+    skipped, first = 0, ""
+    for where, lines in sources:
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 out.append(Record.from_json(json.loads(line)))
             except (ValueError, TypeError, RecursionError) as exc:  # a deeply nested line
                 skipped += 1
-                first = first or f"line {number}: {exc}"
-    if skipped:
-        warnings.warn(f"{path}: skipped {skipped} malformed record line(s), first at {first}",
-                      stacklevel=2)
-    return Loaded(out, skipped)
+                first = first or f"{where}line {number}: {exc}"
+    return skipped, first
+
+
+def describe_location(path: str) -> str:
+    """How messages name `path`: records file 'x' or record store 'x'."""
+    if is_store(path):
+        return f"record store {redact(os.fspath(path))!r}"
+    return f"records file {path!r}"
+
+
+def missing_records(path: str) -> str | None:
+    """What is wrong with reading records from `path` ("records file 'x' does not
+    exist"), or None: a file that exists, a store that holds a batch."""
+    if is_store(path):
+        if not open_store(path).batches():
+            return f"{describe_location(path)} does not exist or holds no batch"
+    elif not os.path.exists(path):
+        return f"{describe_location(path)} does not exist"
+    return None
 
 
 def best_per_task(records: Iterable[Record], target: str | None = None,
@@ -212,13 +267,17 @@ def distill_key(r: Record) -> tuple:
 def distill(src: str, dst: str, k: int = 1) -> int:
     """Write the best k valid records of every task to `dst`, per target, thread count,
     weight temperature and layout (distill_key): compiling from `dst` sees the same
-    candidates as compiling from `src`."""
+    candidates as compiling from `src`. Each of `src` and `dst` is a file or a store; a
+    file `dst` is replaced, a store `dst` must be empty (its batches are never replaced)."""
     records = load_records(src).records
     groups: dict[tuple, list[Record]] = {}
     for r in records:
         if r.ok:
             groups.setdefault(distill_key(r), []).append(r)
     kept = [r for g in groups.values() for r in sorted(g, key=lambda r: r.median)[:k]]
+    if is_store(dst):
+        _distill_into_store(dst, kept)
+        return len(kept)
     # a temp file of a unique name beside dst, renamed over it: two distills into the
     # same dst never share a temp file, and a reader sees the old file or the new one
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dst) + ".", suffix=".tmp",
@@ -233,6 +292,18 @@ def distill(src: str, dst: str, k: int = 1) -> int:
             os.remove(tmp)
         raise
     return len(kept)
+
+
+def _distill_into_store(dst: str, kept: list[Record]) -> None:
+    """One batch of the kept records into an empty store. A store with batches is refused:
+    adding to it would mix the best records with the rest, and nothing there is removed."""
+    held = len(open_store(dst).batches())
+    if held:
+        raise StorageError(f"cannot distill into {describe_location(dst)}: it already holds "
+                           f"{held} batch(es), which are never replaced; name a new store or "
+                           "a file")
+    with RecordWriter(dst) as w:
+        w.write_batch(kept)
 
 
 def record_of(task_key: str, target: str, device: str, config: dict, result,

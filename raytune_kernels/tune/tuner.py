@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
 
 from raytune_kernels.backend import Backend
 from raytune_kernels.space import Config
 from raytune_kernels.tune.cost_model import CostModel, training_set
 from raytune_kernels.measure import MeasureResult
-from raytune_kernels.tune.records import (Record, RecordWriter, measured_on, other_devices,
-                                          record_of)
+from raytune_kernels.tune.callbacks import Callback, notify, stopped
+from raytune_kernels.tune.records import (Record, RecordWriter, best_per_task, measured_on,
+                                          other_devices, record_of)
+from raytune_kernels.tune.result import RoundPoint, RoundSummary, TaskRow, TuningResult
 from raytune_kernels.tune.task_scheduler import SchedulerOptions, TaskScheduler
 from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
 from raytune_kernels.task import Task
@@ -70,47 +72,6 @@ class TuneOptions:
     search: SearchOptions = SearchOptions()
 
 
-@dataclass(frozen=True)
-class TaskRow:
-    id: int
-    key: str
-    compute: str
-    weight: int
-    trials: int
-    latency_s: float
-    gflops: float
-
-
-@dataclass(frozen=True)
-class RoundSummary:
-    round: int
-    task_id: int
-    rows: tuple[TaskRow, ...]
-    estimated_s: float
-    trials: int
-    budget: int
-    elapsed_s: float
-    valid: int
-    errors: dict[str, int]
-    torch_s: float = 0.0  # of estimated_s, the part that runs PyTorch (islands, no kernel)
-
-
-@dataclass
-class TuningResult:
-    """Per-task best records, the estimated network latency, the records path.
-
-    The estimate is the sum of weight x best record over the tuned tasks, plus `torch_s`:
-    the measured PyTorch time of what runs PyTorch in the compiled network (islands, tasks
-    with no kernel on this target), when the driver measured it."""
-
-    best: dict[str, Record]
-    estimated_latency_s: float
-    records: str | None
-    trials: int
-    tasks: list[Task] = field(default_factory=list)
-    torch_s: float = 0.0
-
-
 class Tuner:
     def __init__(self, tasks: list[Task], target: str, device: str, measure: Measure,
                  pool: SearchPool, writer: RecordWriter | None = None,
@@ -122,6 +83,8 @@ class Tuner:
         self.measure, self.pool, self.writer, self.opts = measure, pool, writer, opts
         self.scheduler = TaskScheduler(tasks, opts.seed, opts.scheduler)
         self.records: list[Record] = []
+        self.last: list[Record] = []  # the records of the latest round
+        self.curve: list[RoundPoint] = []
         self.round, self.start = 0, time.perf_counter()
         mine = [r for r in history if r.target == target and r.threads == opts.threads
                 and r.cold_weights == opts.cold_weights]
@@ -179,13 +142,17 @@ class Tuner:
         self.scheduler.update(i, seconds, self.pool.exhausted(task.key))
         self.pool.learn(new)
         self.round += 1
-        errors: dict[str, int] = {}
-        for r in results:
-            if r.error_kind:
-                errors[r.error_kind] = errors.get(r.error_kind, 0) + 1
-        return RoundSummary(self.round, i, self.rows(), self.scheduler.objective(), self.spent,
-                            self.opts.trials, time.perf_counter() - self.start,
-                            sum(r.ok for r in results), errors)
+        self.last = new
+        summary = RoundSummary(self.round, i, self.rows(), self.scheduler.objective(),
+                               self.spent, self.opts.trials, time.perf_counter() - self.start,
+                               sum(r.ok for r in results), error_counts(new))
+        self.curve.append(summary.point())
+        return summary
+
+    def initial(self) -> RoundSummary:
+        """The task table before this run's first round (round 0)."""
+        return RoundSummary(0, -1, self.rows(), self.scheduler.objective(), self.spent,
+                            self.opts.trials, 0.0, 0, {})
 
     @property
     def spent(self) -> int:
@@ -197,14 +164,34 @@ class Tuner:
                              s.best, s.task.flops / s.best / 1e9 if math.isfinite(s.best) else 0.0)
                      for i, s in enumerate(self.scheduler.states))
 
-    def run(self, on_round: Callable[[RoundSummary], None] | None = None) -> TuningResult:
+    def run(self, callbacks: Sequence[Callback] = ()) -> TuningResult:
+        """Every round, telling `callbacks` (tune/callbacks.py) as the driver does."""
+        path = self.writer.path if self.writer else None
+        notify(callbacks, "on_start", self.initial(), stopped(0, self.spent, path))
         while (summary := self.step()) is not None:
-            if on_round:
-                on_round(summary)
-        return self.result()
+            where = stopped(summary.round, summary.trials, path)
+            notify(callbacks, "on_records", self.last, where)
+            notify(callbacks, "on_round", summary, where)
+        result = self.result()
+        notify(callbacks, "on_end", result, stopped(self.round, self.spent, path))
+        return result
 
     def result(self) -> TuningResult:
-        from raytune_kernels.tune.records import best_per_task
         best = best_per_task(self.records, self.target, self.opts.threads)
         path = self.writer.path if self.writer else None
-        return TuningResult(best, self.scheduler.objective(), path, self.spent, self.tasks)
+        by_task: dict[str, list[Record]] = {t.key: [] for t in self.tasks}
+        for r in self.records:
+            by_task[r.task_key].append(r)
+        return TuningResult(best, self.scheduler.objective(), path, self.spent, self.tasks,
+                            rounds=list(self.curve),
+                            task_trials={k: len(rs) for k, rs in by_task.items()},
+                            task_errors={k: error_counts(rs) for k, rs in by_task.items()})
+
+
+def error_counts(records: Sequence[Record]) -> dict[str, int]:
+    """How many of `records` failed, by error kind."""
+    out: dict[str, int] = {}
+    for r in records:
+        if r.error_kind:
+            out[r.error_kind] = out.get(r.error_kind, 0) + 1
+    return out

@@ -102,7 +102,7 @@ def test_a_relative_records_path_is_resolved_once_by_the_driver(ray_session, tmp
     assert result.records == str(tmp_path / "rel.jsonl")
     assert len(load_records(str(tmp_path / "rel.jsonl")).records) == 2
     from actors.driver import TuneError
-    with pytest.raises(TuneError, match="records must be a path, got int"):
+    with pytest.raises(TuneError, match="records must be a path or a URI, got int"):
         rk.tune_tasks([conv], trials=2, records=3, verbose=False)
 
 
@@ -131,3 +131,44 @@ def test_bad_inputs_fail_before_any_work(tmp_path):
             rk.tune_network(model, (x,), **bad)
         with pytest.raises(TuneError, match=f"{name} must be a positive integer"):
             rk.tune_tasks(tasks, **bad)
+
+
+class Heard(rk.Callback):
+    """What a run told it; raises in on_records of round `stop` (None: never)."""
+
+    def __init__(self, stop=None):
+        self.stop, self.rounds, self.records, self.result = stop, [], [], None
+
+    def on_records(self, records):
+        self.records += records
+        if len(self.rounds) + 1 == self.stop:
+            raise RuntimeError("stop")
+
+    def on_round(self, summary):
+        self.rounds.append(summary)
+
+    def on_end(self, result):
+        self.result = result
+
+
+def test_callbacks_hear_the_rounds_and_a_raising_one_keeps_the_records(ray_session, tmp_path,
+                                                                      capsys):
+    model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
+    conv = next(t for t in rk.extract_tasks(model, (x,)) if t.compute.op == "conv2d")
+    path = str(tmp_path / "cb.jsonl")
+    heard = Heard()
+    result = rk.tune_tasks([conv], trials=4, records=path, batch=2, callbacks=[heard])
+    assert [s.trials for s in heard.rounds] == [2, 4] and heard.result is result
+    assert heard.records == load_records(path).records and len(heard.records) == 4
+    assert [p.trials for p in result.rounds] == [2, 4]
+    assert result.to_dataframe().trials.tolist() == [4]
+    out = " ".join(capsys.readouterr().out.split())  # verbose: the progress view's table
+    assert "Trials: 4/4" in out and f"4 trials; records: {path}" in out
+    with pytest.raises(rk.CallbackError, match="callback Heard.on_records raised RuntimeError: "
+                                               r"stop \(tuning stopped after round 1, 6 trial"):
+        rk.tune_tasks([conv], trials=8, records=path, batch=2, verbose=False,
+                      callbacks=[Heard(stop=1)])
+    assert len(load_records(path).records) == 6
+    from actors.driver import TuneError
+    with pytest.raises(TuneError, match="callbacks must be a list of raytune_kernels.Callback"):
+        rk.tune_tasks([conv], callbacks=print)

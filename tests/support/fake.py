@@ -47,3 +47,29 @@ class FakeMeasurer:
             return MeasureResult.error(kind, f"injected {kind}")
         t = analytic_seconds(task, cfg)
         return MeasureResult((t * 0.99, t, t * 1.01), build_s=0.0, run_s=3 * t)
+
+
+def fake_tuner(tasks: list[Task], trials: int, batch: int = 4, writer=None,
+               fail_every: int = 0):
+    """A Tuner of `tasks` on a FakeMeasurer (CPU spaces, no cycle estimate in the search);
+    with `fail_every`, every n-th candidate measured fails, as a crash then a timeout."""
+    from raytune_kernels.backend import cpu_backend
+    from raytune_kernels.cpu.machine import CpuInfo, assumed_model
+    from raytune_kernels.tune.search import SearchOptions
+    from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
+
+    fake, kinds = FakeMeasurer(), ("crashed", "timeout")
+
+    def measure(items):
+        out = []
+        for t, c in items:
+            r = fake.measure(t, c)
+            if fail_every and fake.calls % fail_every == 0:
+                r = MeasureResult.error(kinds[fake.calls // fail_every % 2], "injected")
+            out.append(r)
+        return out
+
+    backend = cpu_backend(CpuInfo("test", (16, 8), 32, assumed_model("test", (16, 8))))
+    search = SearchOptions(estimate_trials=0)
+    return Tuner(tasks, "llvm", "test", measure, LocalSearchPool(tasks, backend, 0, search),
+                 writer, [], TuneOptions(trials=trials, batch=batch, search=search))
