@@ -1,7 +1,15 @@
+import os
+import tempfile
+
 import pytest
 import torch
 
 from raytune_kernels import zoo
+from raytune_kernels.layout.transform_cache import CACHE_ENV
+
+# the suite's transform timings stay in the suite (and every run times afresh); children
+# (compile CLI runs, benches) inherit it
+os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="rk_test_cache_")
 
 
 @pytest.fixture(scope="session")

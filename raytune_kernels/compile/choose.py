@@ -47,11 +47,7 @@ def choose(part: Partition, cands: list[list[Candidate]], layout: str,
     ("uniform") the best plan that keeps one layout family wherever a step has it.
     `solver` solves each layout problem."""
     def solve(per_step: list[list[Candidate]]):
-        by_node = {}
-        for s, cs in zip(part.steps, per_step):
-            by_node[s.node if isinstance(s, GlueStep) else id(s)] = cs
-        problem, node_cands = layout_problem(
-            part, lambda s: by_node[s.name if hasattr(s, "op") else id(s)], transform)
+        problem, node_cands = step_problem(part, per_step, transform)
         plan = solver(problem, time_limit_s)
         n0 = len(part.graph.inputs)
         return plan, [node_cands[n0 + i][plan.choice[n0 + i]] for i in range(len(part.steps))]
@@ -66,6 +62,16 @@ def choose(part: Partition, cands: list[list[Candidate]], layout: str,
         if best is None or plan.cost < best[0].cost:
             best = (plan, chosen)
     return best
+
+
+def step_problem(part: Partition, per_step: list[list[Candidate]],
+                 transform: Callable[[tuple, str, str], float]):
+    """layout_problem() with the candidates given per step (in part.steps order)."""
+    by_node = {}
+    for s, cs in zip(part.steps, per_step):
+        by_node[s.node if isinstance(s, GlueStep) else id(s)] = cs
+    return layout_problem(part, lambda s: by_node[s.name if hasattr(s, "op") else id(s)],
+                          transform)
 
 
 def layout_family(label: str) -> str:

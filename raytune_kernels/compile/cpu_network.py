@@ -23,9 +23,10 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from raytune_kernels.compile.choose import (TORCH, Solver, choose, estimated_latency,
+from raytune_kernels.compile.choose import (TORCH, Solver, choose, estimated_latency, step_problem,
                                             layout_family, prune)
-from raytune_kernels.compile.cpu_plan import Buf, Planner, Step, allocate, transform_cost
+from raytune_kernels.compile.cpu_plan import (Buf, Planner, Step, allocate, transform_cost,
+                                              transforms_asked)
 from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
                                              random_inputs, scaled_error)
 from raytune_kernels.cpu.probe import unusable_mcpu
@@ -39,7 +40,7 @@ from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.capture import capture
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
-from raytune_kernels.layout.costs import candidates_from_records, layouts_of
+from raytune_kernels.layout.costs import candidates_from_records, layouts_of, measure_transforms
 from raytune_kernels.layout.graph import NCHW, Candidate
 from raytune_kernels.measure import MeasureOptions, cold_copies, random_operands
 from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition,
@@ -291,6 +292,9 @@ def compile_network_cpu(model: torch.nn.Module,
     unchecked: list[int] = []
     cands = _candidates(part, recs, fallback, tseconds, threads, cpu, no_kernel,
                         family_of=layout_family, unchecked=unchecked)
+    # every edge's transform, timed at once (parallel builds, one isolated child) or
+    # looked up in this machine's transform cache
+    measure_transforms(transforms_asked(lambda cost: step_problem(part, cands, cost)), opts)
     verdicts: dict = {}
     while True:  # the chosen untuned kernels pass an isolated check, or are chosen again
         plan, chosen = choose(part, cands, layout,

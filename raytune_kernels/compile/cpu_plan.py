@@ -248,6 +248,23 @@ def via_layout(src: str, dst: str) -> str | None:
     return "NCHW" if g == 1 else f"NCHW{g}c"
 
 
+def transforms_asked(ask: Callable[[Callable[[tuple, str, str], float]], object]
+                     ) -> list[tuple[tuple[int, ...], str, str]]:
+    """Every (shape, src, dst) transform that transform_cost will time when `ask(cost)`
+    builds its layout problems with `cost`, collected without timing any: those then go
+    to measure_transforms together (built in parallel, timed in one child)."""
+    asked: list[tuple[tuple[int, ...], str, str]] = []
+
+    def note(shape, src: str, dst: str) -> float:
+        asked.append((tuple(shape), src, dst))
+        via = via_layout(src, dst)
+        if via:  # timed through it when there is no direct transform
+            asked.extend([(tuple(shape), src, via), (tuple(shape), via, dst)])
+        return 0.0
+    ask(note)
+    return list(dict.fromkeys(asked))
+
+
 def transform_cost(shape, src: str, dst: str, opts: MeasureOptions) -> float:
     """Measured seconds to bring a value from `src` to `dst`, through their common block
     when there is no direct transform."""

@@ -31,34 +31,54 @@ PROBE = Compute("dense", (TensorSpec((1, 64)), TensorSpec((48, 64))), TensorSpec
 PROBE_CONFIGS = 3
 CHILD_TIMEOUT_S = 300.0
 _CHILD = """
-import json, sys
-from raytune_kernels.measure import MeasureOptions, measure_built
-from raytune_kernels.space import Config
-from raytune_kernels.task import Compute
+import importlib, json, sys
 job = json.load(open(sys.argv[1]))
-opts = MeasureOptions(threads=job["threads"], warmup=0, min_repeat_ms=0, repeats=1)
-for compute, cfg, path in job["items"]:
+module, _, name = job["target"].partition(":")
+fn = getattr(importlib.import_module(module), name)
+for item, path in zip(job["jobs"], job["paths"]):
     print(json.dumps({"started": path}), flush=True)
-    r = measure_built(Compute.from_json(compute), Config.from_json(cfg),
-                      open(path, "rb").read(), opts)
-    print(json.dumps({"done": path, "error": r.error_kind and
-                      f"{r.error_kind}: {r.error_msg}"}), flush=True)
+    try:
+        out = {"value": fn(item, open(path, "rb").read(), job["common"])}
+    except Exception as exc:
+        out = {"error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps({"done": path, **out}), flush=True)
 """
 
 
-def _run_child(items: list[tuple[Compute, Config, bytes]], threads: int
-               ) -> tuple[dict[int, str | None], int | None, int]:
-    """Check `items` in order in one child: (index -> None or its error, for those that
+def run_jobs(target: str, jobs: list[dict], libraries: list[bytes], common: dict
+             ) -> list[tuple[object, str | None]]:
+    """`target` ("module:function", called as function(job, library, common)) on each
+    job and its library, in order, in a child process: (its value, None), or (None, why
+    not) where it raised or killed the child. A job that kills the child is blamed alone;
+    the rest go on in a fresh one."""
+    results: list[tuple[object, str | None]] = [(None, None)] * len(jobs)
+    todo = list(range(len(jobs)))
+    while todo:
+        done, dead, code = _run_child(target, [jobs[i] for i in todo],
+                                      [libraries[i] for i in todo], common)
+        for k, result in done.items():
+            results[todo[k]] = result
+        if dead is None and len(done) < len(todo):  # died before starting one: say so
+            dead = len(done)
+        if dead is None:
+            break
+        results[todo[dead]] = (None, f"crashed: {_died(code)}")
+        todo = [t for k, t in enumerate(todo) if k not in done and k != dead]
+    return results
+
+
+def _run_child(target: str, jobs: list[dict], libraries: list[bytes], common: dict
+               ) -> tuple[dict[int, tuple[object, str | None]], int | None, int]:
+    """Run `jobs` in order in one child: (index -> (value, error), for those that
     finished; the index running when the child died, if it died; the child's exit code)."""
     with tempfile.TemporaryDirectory(prefix="rk_isolated_") as tmp:
-        paths = [os.path.join(tmp, f"k{i}.so") for i in range(len(items))]
-        for path, (_, _, library) in zip(paths, items):
+        paths = [os.path.join(tmp, f"k{i}.so") for i in range(len(jobs))]
+        for path, library in zip(paths, libraries):
             with open(path, "wb") as f:
                 f.write(library)
         job = os.path.join(tmp, "job.json")
         with open(job, "w") as f:
-            json.dump({"threads": threads, "items": [[c.to_json(), cfg.to_json(), p] for p, (
-                c, cfg, _) in zip(paths, items)]}, f)
+            json.dump({"target": target, "jobs": jobs, "paths": paths, "common": common}, f)
         try:
             child = subprocess.run([sys.executable, "-c", _CHILD, job], capture_output=True,
                                    timeout=CHILD_TIMEOUT_S)
@@ -75,9 +95,20 @@ def _run_child(items: list[tuple[Compute, Config, bytes]], threads: int
         if "started" in msg:
             running = index.get(msg["started"])
         elif "done" in msg:
-            done[index[msg["done"]]] = msg["error"]
+            done[index[msg["done"]]] = (msg.get("value"), msg.get("error"))
             running = None
     return done, (running if code != 0 else None), code
+
+
+def check_in_child(job: dict, library: bytes, common: dict) -> str | None:
+    """One built kernel checked against its reference (run_jobs' child): None, or the
+    error kind and message."""
+    from raytune_kernels.measure import MeasureOptions, measure_built
+
+    opts = MeasureOptions(threads=common["threads"], warmup=0, min_repeat_ms=0, repeats=1)
+    r = measure_built(Compute.from_json(job["compute"]), Config.from_json(job["config"]),
+                      library, opts)
+    return r.error_kind and f"{r.error_kind}: {r.error_msg}"
 
 
 def _died(code: int) -> str:
@@ -108,17 +139,15 @@ def check_isolated(items: list[tuple[Compute, Config]], mcpu: str | None = None,
             results[i] = f"build_error: {built.error}"
         else:
             todo.append((i, compute, cfg, built.library))
-    while todo:
-        done, dead, code = _run_child([(c, cfg, lib) for _, c, cfg, lib in todo], threads)
-        for k, error in done.items():
-            results[todo[k][0]] = error
-        if dead is None and len(done) < len(todo):  # died before starting one: say so
-            dead = len(done)
-        if dead is None:
-            break
-        results[todo[dead][0]] = f"crashed: {_died(code)}"
-        todo = [t for k, t in enumerate(todo) if k not in done and k != dead]
+    checked = run_jobs(CHECK_CHILD, [{"compute": c.to_json(), "config": cfg.to_json()}
+                                     for _, c, cfg, _ in todo],
+                       [lib for *_, lib in todo], {"threads": threads})
+    for (i, *_), (value, error) in zip(todo, checked):
+        results[i] = error or value
     return results
+
+
+CHECK_CHILD = "raytune_kernels.cpu.probe:check_in_child"
 
 
 def unusable_mcpu(mcpu: str | None) -> str | None:
@@ -133,7 +162,9 @@ def host_cannot_run(mcpu: str) -> str | None:
     built = probe_libraries(mcpu)
     if not built:
         return None
-    done, dead, code = _run_child([(PROBE, cfg, lib) for cfg, lib in built], 1)
+    _, _, code = _run_child(CHECK_CHILD, [{"compute": PROBE.to_json(),
+                                           "config": cfg.to_json()} for cfg, _ in built],
+                            [lib for _, lib in built], {"threads": 1})
     if code == 0:
         return None
     if code != -signal.SIGILL:  # not an instruction the host lacks: say so, go on

@@ -2,9 +2,15 @@
 timing the layout-transform kernels with the same protocol as every other kernel."""
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import math
-from typing import Callable
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -63,10 +69,67 @@ def transform_seconds(shape: tuple[int, ...], src: str, dst: str,
     return fastest_transform(shape, src, dst, opts)[0]
 
 
-@functools.lru_cache(maxsize=4096)
 def fastest_transform(shape: tuple[int, ...], src: str, dst: str,
                       opts: MeasureOptions = MeasureOptions()) -> tuple[float, Config | None]:
-    """(seconds, config) of the fastest transform kernel src -> dst over its small space."""
+    """(seconds, config) of the fastest transform kernel src -> dst over its small space:
+    from this process's memo, else from the transform cache, else measured now (in a
+    child process, as measure_transforms does for many at once)."""
+    key = (tuple(shape), src, dst, opts)
+    if key not in _measured:
+        measure_transforms([key[:3]], opts)
+    return _measured[key]
+
+
+def measure_transforms(keys: Iterable[tuple[tuple[int, ...], str, str]],
+                       opts: MeasureOptions = MeasureOptions()) -> None:
+    """Time every (shape, src, dst) transform not known yet, for fastest_transform.
+
+    A layout problem asks for hundreds (ResNet-18: ~130 kernels): built in parallel
+    processes, then checked exact and timed one after another in a child process (a
+    kernel that crashes is that kernel's inf, never the caller's death), and kept in the
+    transform cache (layout/transform_cache.py), so the next compile on this machine
+    times none of them again."""
+    from raytune_kernels.layout import transform_cache
+
+    todo: dict[tuple, list[Config]] = {}
+    for shape, src, dst in dict.fromkeys((tuple(k[0]), k[1], k[2]) for k in keys):
+        key = (shape, src, dst, opts)
+        if key in _measured:
+            continue
+        trivial = _trivial(shape, src, dst)
+        if trivial is not None:
+            _measured[key] = trivial
+            continue
+        cached = transform_cache.lookup(shape, src, dst, opts)
+        if cached is not None:
+            _measured[key] = cached
+            continue
+        todo[(shape, src, dst)] = _few_configs(shape)
+    if not todo:
+        return
+    items = [(k, cfg) for k, cfgs in todo.items() for cfg in cfgs]
+    libraries = build_transforms([(*k, cfg) for k, cfg in items])
+    seconds = time_isolated([(*k, cfg, lib) for (k, cfg), lib in zip(items, libraries)],
+                            opts)
+    best: dict[tuple, tuple[float, Config | None]] = {}
+    for ((shape, src, dst), cfg), lib, t in zip(items, libraries, seconds):
+        if lib is not None:
+            _libraries[(shape, src, dst, cfg)] = lib  # checked in the child: loadable here
+        key = (shape, src, dst)
+        if key not in best or t < best[key][0]:
+            best[key] = (t, cfg)
+    for (shape, src, dst), (t, cfg) in best.items():
+        _measured[(shape, src, dst, opts)] = (t, cfg if math.isfinite(t) else None)
+    transform_cache.store([(k, t, cfg) for k, (t, cfg) in best.items()], opts)
+
+
+_measured: dict[tuple, tuple[float, Config | None]] = {}
+_libraries: dict[tuple, bytes] = {}  # (shape, src, dst, config) -> library checked exact
+
+
+def _trivial(shape: tuple[int, ...], src: str, dst: str) -> tuple[float, None] | None:
+    """The cost without a kernel: 0 for the same layout, inf for a layout that cannot hold
+    the tensor (or blocks that do not nest); None when a kernel must be timed."""
     if src == dst or len(shape) != 4:
         return (0.0 if src == dst else math.inf), None
     try:
@@ -74,11 +137,9 @@ def fastest_transform(shape: tuple[int, ...], src: str, dst: str,
         s.check(shape[1])
         d.check(shape[1])
         blocks(shape[1], s, d)
-    except ValueError:  # a layout that cannot hold the tensor, or blocks that do not nest
+    except ValueError:
         return math.inf, None
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(opts.seed))
-    timed = [(_time_one(shape, s, d, cfg, x, opts), cfg) for cfg in _few_configs(shape)]
-    return min(timed, key=lambda p: p[0])
+    return None
 
 
 def _few_configs(shape: tuple[int, ...]) -> list[Config]:
@@ -92,20 +153,115 @@ def _few_configs(shape: tuple[int, ...]) -> list[Config]:
     return [c for c in space if c["tile_w"] == widths[0] and c["parallel"] == parallel]
 
 
+def _build_one(shape: tuple[int, ...], src: str, dst: str, cfg: Config) -> bytes | None:
+    nest = transform_nest(shape, Layout.parse(src), Layout.parse(dst), cfg)
+    built = build(render(nest))
+    return None if built.error else built.library
+
+
+def build_transforms(items: list[tuple[tuple[int, ...], str, str, Config]]
+                     ) -> list[bytes | None]:
+    """The libraries of (shape, src, dst, config) transform kernels (None: no build), in
+    as many child processes as this process has cores when there are enough to pay for
+    starting them (plain `python -c` children: multiprocessing's spawn would run the
+    user's unguarded script again). Building runs no kernel, so this is for time only."""
+    workers = min(len(os.sched_getaffinity(0)), len(items) // POOL_MIN_ITEMS)
+    if workers < 2:
+        return [_build_one(*item) for item in items]
+    with tempfile.TemporaryDirectory(prefix="rk_build_transforms_") as tmp:
+        paths = [os.path.join(tmp, f"t{i}.so") for i in range(len(items))]
+        jobs = [[[list(sh), src, dst, cfg.to_json(), path]
+                 for (sh, src, dst, cfg), path in zip(items, paths)][w::workers]
+                for w in range(workers)]
+        children = []
+        for w, job in enumerate(jobs):
+            spec = os.path.join(tmp, f"job{w}.json")
+            with open(spec, "w") as f:
+                json.dump(job, f)
+            children.append(subprocess.Popen([sys.executable, "-c", _BUILD_CHILD, spec]))
+        for child in children:
+            child.wait()
+        out = []
+        for path, item in zip(paths, items):
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    out.append(f.read())
+            else:  # not built there (an error, or a child that died): build it here
+                out.append(_build_one(*item))
+        return out
+
+
+_BUILD_CHILD = """
+import json, sys
+from raytune_kernels.layout.costs import build_to_files
+build_to_files(json.load(open(sys.argv[1])))
+"""
+
+
+def build_to_files(job: list) -> None:
+    """A build child's work: each [shape, src, dst, config, path] built into path."""
+    for shape, src, dst, cfg, path in job:
+        library = _build_one(tuple(shape), src, dst, Config.from_json(cfg))
+        if library is not None:
+            with open(path, "wb") as f:
+                f.write(library)
+
+
+POOL_MIN_ITEMS = 8  # a spawned builder costs about a second to start (imports)
+
+
+def time_isolated(items: list[tuple[tuple[int, ...], str, str, Config, bytes | None]],
+                  opts: MeasureOptions) -> list[float]:
+    """Seconds of each built transform, checked exact and timed in a child process one
+    after another (inf: no build, a wrong result, or it killed the child, which is then
+    replaced for the rest)."""
+    from raytune_kernels.cpu.probe import run_jobs
+
+    out = [math.inf] * len(items)
+    todo = [i for i, it in enumerate(items) if it[4] is not None]
+    jobs = [{"shape": list(items[i][0]), "src": items[i][1], "dst": items[i][2],
+             "config": items[i][3].to_json()} for i in todo]
+    results = run_jobs(_TIME_CHILD, jobs, [items[i][4] for i in todo],
+                       {"opts": dataclasses.asdict(opts)})
+    for i, (value, _) in zip(todo, results):  # an error (a crash) stays inf
+        if isinstance(value, (int, float)):
+            out[i] = float(value)
+    return out
+
+
+_TIME_CHILD = "raytune_kernels.layout.costs:time_in_child"
+
+
+def time_in_child(job: dict, library: bytes, common: dict) -> float:
+    """One transform timed where it may crash (run_jobs' child process)."""
+    opts = MeasureOptions(**common["opts"])
+    shape = tuple(job["shape"])
+    src, dst = Layout.parse(job["src"]), Layout.parse(job["dst"])
+    cfg = Config.from_json(job["config"])
+    nest = transform_nest(shape, src, dst, cfg)
+    kernel = LoadedKernel(library, nest.name, 2)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(opts.seed))
+    return _time_one(shape, src, dst, kernel, x, opts)
+
+
 @functools.lru_cache(maxsize=4096)
 def transform_kernel(shape: tuple[int, ...], src: Layout, dst: Layout, cfg: Config
                      ) -> LoadedKernel | None:
-    """The built and loaded transform kernel (None when it does not build); cached, so the
-    kernel timed for the layout problem is the one a compiled network calls."""
+    """The loaded transform kernel (None when it does not build); cached, so the kernel
+    timed for the layout problem is the one a compiled network calls. Its library comes
+    from measure_transforms when this process timed it (checked exact in a child)."""
     nest = transform_nest(shape, src, dst, cfg)
-    built = build(render(nest))
-    return None if built.error else LoadedKernel(built.library, nest.name, 2)
+    library = _libraries.get((tuple(shape), src.label, dst.label, cfg))
+    if library is None:
+        built = build(render(nest))
+        if built.error:
+            return None
+        library = built.library
+    return LoadedKernel(library, nest.name, 2)
 
 
-def _time_one(shape, src: Layout, dst: Layout, cfg: Config, x: torch.Tensor, opts) -> float:
-    kernel = transform_kernel(shape, src, dst, cfg)
-    if kernel is None:
-        return math.inf
+def _time_one(shape, src: Layout, dst: Layout, kernel: LoadedKernel, x: torch.Tensor,
+              opts) -> float:
     inp = aligned(src.pack(x))
     out = aligned(np.zeros(dst.size(shape), np.float32))
     kernel([inp.ctypes.data, out.ctypes.data], opts.threads)
@@ -125,4 +281,3 @@ def _time_one(shape, src: Layout, dst: Layout, cfg: Config, x: torch.Tensor, opt
         turn[0] = (turn[0] + 1) % len(ptrs)
         kernel(list(ptrs[turn[0]]), opts.threads)
     return median(time_fn(run, opts.timing()))
-
