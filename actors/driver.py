@@ -303,7 +303,7 @@ def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads
     actor = TaskSchedulerActor.options(**ON_HEAD).remote(
         [t.to_json() for t in tasks], str(tgt), host, cpu, records,
         [r.to_json() for r in history], opts, num_measurers, num_builders, mopts, tgt.mcpu,
-        cluster, isa)
+        cluster, isa, torch_s)
     view = ProgressView(trials) if verbose else None
     callbacks = ([view] if view else []) + callbacks
     try:

@@ -21,6 +21,8 @@ from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Task
 from raytune_kernels.tune.tuner import (RoundSummary, TuneOptions, Tuner)
 
+from actors.metrics import TuningMetrics
+
 
 # The scheduler, search and cost model live on the head node (measurers on the workers).
 ON_HEAD = {"resources": {"node:__internal_head__": 0.001}}
@@ -104,13 +106,16 @@ class TaskSchedulerActor:
     def __init__(self, tasks: list[dict], target: str, device: str | None,
                  cpu: CpuInfo | None, records: str | None, history: list[dict],
                  opts: TuneOptions, num_measurers: int | None, num_builders: int | None,
-                 measure_opts, mcpu, cluster: bool = False, isa: str | None = None):
+                 measure_opts, mcpu, cluster: bool = False, isa: str | None = None,
+                 torch_s: float = 0.0):
         """`device` and `isa` name the measuring CPU of an llvm target, `cpu` describes
         the CPU code is built for. A cuda target passes None for them: the measuring GPU
         tells its name and arch, and the records' target gains the arch ("cuda" ->
-        "cuda -arch=sm_90")."""
+        "cuda -arch=sm_90"). `torch_s`, the network's PyTorch part, joins the estimate
+        in the dashboard metrics (actors/metrics.py), recorded after every round."""
         task_list = [Task.from_json(t) for t in tasks]
         self.problem: Exception | None = None
+        self.metrics = TuningMetrics(torch_s)
         if parse_target(target).kind == "cuda":
             self.pipeline, target, device, info = _gpu_pipeline(target, measure_opts)
             try:
@@ -130,12 +135,17 @@ class TaskSchedulerActor:
         """The table before any round; raises what made the run impossible, if anything."""
         if self.problem:
             raise self.problem
-        return self.tuner.initial()
+        summary = self.tuner.initial()
+        self.metrics.observe(summary, [], self.pipeline.stats)
+        return summary
 
     def step(self) -> tuple[RoundSummary, list[Record]] | None:
         """One round: its summary and its records (already written); None at the end."""
         summary = self.tuner.step()
-        return None if summary is None else (summary, self.tuner.last)
+        if summary is None:
+            return None
+        self.metrics.observe(summary, self.tuner.last, self.pipeline.stats)
+        return summary, self.tuner.last
 
     def other_devices(self) -> dict[str, int]:
         """Records of this target in the history that another device measured (skipped)."""
