@@ -25,14 +25,15 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Iterable
 
 import ray
 from ray.exceptions import RayError
 
-from raytune_kernels.cpu.build import BuildResult
+from raytune_kernels.cpu.build import BUILD_PHASES, BuildResult
 from raytune_kernels.space import Config
-from raytune_kernels.measure import (BUILD_ERROR, CRASHED, HOST_ERROR, TIMEOUT, MeasureOptions,
-                                     MeasureResult)
+from raytune_kernels.measure import (BUILD_ERROR, CRASHED, HOST_ERROR, MEASURE_PHASES, TIMEOUT,
+                                     MeasureOptions, MeasureResult)
 from raytune_kernels.placement import NodeInfo, phased, plan
 from raytune_kernels.task import Task
 
@@ -42,6 +43,7 @@ from actors.measure_actors import BuilderActor, MeasurerActor
 START_TIMEOUT_S = 120.0  # measurers that cannot be placed in this long will not be
 HOST_RETRY_WAITS_S = (1.0, 4.0, 16.0)  # a full temp dir may be freed: try again after these
 HOST_RETRY_LOG = "raytune_kernels host fault"
+PHASES = BUILD_PHASES + ("queue",) + MEASURE_PHASES + ("call",)  # PipelineStats fields
 
 
 class HostFault(RuntimeError):
@@ -56,11 +58,37 @@ class PipelineStats:
     measurers: int = 1
     redone: int = 0  # builds and measurements lost with a node and done again elsewhere
     build_timeouts: int = 0  # builds past opts.build_timeout_s (their builders restarted)
+    # Where the time of the trials went, summed over `timed_trials` (those measured, or
+    # failing to build, without a crash or timeout): the builders' phases (BUILD_PHASES),
+    # the measurers' (MEASURE_PHASES), and what Ray and the pipeline added between a
+    # build's submission and its result: `queue_s` until a measurer took the candidate
+    # (waiting for a builder and for a free measurer, less the build itself), `call_s`
+    # of the measurer's call beyond its run (the library's and result's transfer).
+    timed_trials: int = 0
+    render_s: float = 0.0
+    optimize_s: float = 0.0
+    codegen_s: float = 0.0
+    link_s: float = 0.0
+    load_s: float = 0.0
+    check_s: float = 0.0
+    timing_s: float = 0.0
+    queue_s: float = 0.0
+    call_s: float = 0.0
 
     @property
     def idle_fraction(self) -> float:
         total = self.wall_s * self.measurers
         return 0.0 if total <= 0 else max(0.0, 1.0 - self.measure_busy_s / total)
+
+    def add_phases(self, phases: Iterable[tuple[str, float]]) -> None:
+        """Add (phase, seconds) pairs to the phase fields (unknown phases are dropped)."""
+        for name, seconds in phases:
+            if name in PHASES:
+                setattr(self, f"{name}_s", getattr(self, f"{name}_s") + seconds)
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Seconds per phase summed over the timed trials, in trial order."""
+        return {name: getattr(self, f"{name}_s") for name in PHASES}
 
 
 @dataclass
@@ -325,6 +353,10 @@ class MeasurePipeline:
         pending = list(range(len(items)))  # waiting for a build and a free measurer
         inflight: dict = {}  # ObjectRef -> (index, slot)
         waiting_build = self._waiting = {b: i for i, b in enumerate(builds)}
+        # each trial's first build submission, and its build (seconds, phases) once taken
+        self._since = {i: self._build_since[b] for b, i in waiting_build.items()
+                       if b in self._build_since}
+        self._built: dict[int, tuple[float, tuple]] = {}
         ready: list[int] = []
         self._ready, self._pending = ready, pending
         while pending or inflight:
@@ -386,9 +418,11 @@ class MeasurePipeline:
             if built.error and built.host and self._retry_later(i, build_again=True):
                 continue  # still pending: built again after a wait
             pending.remove(i)
+            self._built[i] = (built.seconds, getattr(built, "phases", ()))  # CUDA: none
             if built.error:
                 results[i] = MeasureResult.error(HOST_ERROR if built.host else BUILD_ERROR,
                                                  built.error, built.seconds)
+                self._account(i, time.perf_counter())
                 continue
             slot = free.pop(0)
             task, cfg = items[i]
@@ -407,13 +441,16 @@ class MeasurePipeline:
         if done:
             ref = done[0]
             i, slot, build_s = inflight.pop(ref)
-            self.stats.measure_busy_s += time.perf_counter() - slot.busy_since
+            back = time.perf_counter()
+            self.stats.measure_busy_s += back - slot.busy_since
             try:
                 results[i] = MeasureResult.from_json(ray.get(ref))
                 if results[i].error_kind == HOST_ERROR and \
                         self._retry_later(i, build_again=False):
                     results[i] = None
                     self._pending.append(i)  # measured again after a wait
+                else:
+                    self._account(i, slot.busy_since, results[i], back)
             except RayError as exc:  # the measurer died (RayActorError), or cannot come
                 # back where it was pinned because its node is gone (ActorUnschedulableError)
                 if self._node_lost(slot):  # not the candidate's fault: measure it elsewhere
@@ -442,6 +479,20 @@ class MeasurePipeline:
                     TIMEOUT, f"ran past {self.opts.timeout_s:.0f} s; measurer replaced", build_s)
                 ray.kill(slot.actor, no_restart=True)  # a timed-out actor is never reused
                 self._start(slot)
+
+    def _account(self, i: int, taken: float, result: MeasureResult | None = None,
+                 done: float = 0.0) -> None:
+        """Add trial i's phases to the stats: its build's, the time from its first build
+        submission until a measurer took it (`taken`) less the build, and its measurement's
+        with the rest of the call (until `done`) as Ray's."""
+        build_s, phases = self._built.get(i, (0.0, ()))
+        self.stats.timed_trials += 1
+        if i in self._since:  # built by our builders, not elsewhere (measure_built)
+            self.stats.add_phases(phases)
+            self.stats.queue_s += max(0.0, taken - self._since[i] - build_s)
+        if result is not None:
+            self.stats.add_phases(result.phases)
+            self.stats.call_s += max(0.0, done - taken - result.run_s)
 
     def _node_lost(self, slot: _Slot, limit_s: float = 20.0) -> bool:
         """Whether a dead measurer died with its node (rather than by its candidate): the

@@ -113,6 +113,8 @@ def main() -> int:
     ap.add_argument("--full-s", type=float, default=3.0, help="seconds disk_full keeps the "
                     "workers' temp dir full")
     ap.add_argument("--in-turn", action="store_true")
+    ap.add_argument("--max-faults", type=int, default=0, help="stop injecting after this "
+                    "many (0: no limit); with --in-turn and one per kind, each kind once")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -170,6 +172,8 @@ def main() -> int:
                     pass
                 if not os.path.exists(records) or not os.path.getsize(records):
                     continue  # nothing measured yet: faults land in a run that measures
+                if args.max_faults and sum(kills.values()) >= args.max_faults:
+                    continue
                 kind = kinds[sum(kills.values()) % len(kinds)] if args.in_turn else \
                     rng.choice(kinds)
                 if kind == "driver_restart":

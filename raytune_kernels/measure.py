@@ -31,6 +31,9 @@ TIMEOUT, CRASHED = "timeout", "crashed"
 HOST_ERROR = "host_error"  # the machine's fault (full temp dir), after retries: not the config's
 ERROR_KINDS = (BUILD_ERROR, RUNTIME_ERROR, WRONG_OUTPUT, NON_FINITE, TIMEOUT, CRASHED,
                HOST_ERROR)
+# writing the .so and dlopen; lowering, operands, reference, packing, a first run and the
+# comparison; warm-up and the timed repeats (measure_built)
+MEASURE_PHASES = ("load", "check", "timing")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class MeasureResult:
     error_msg: str = ""
     build_s: float = 0.0
     run_s: float = 0.0
+    # (phase, seconds) of run_s (MEASURE_PHASES) where the measurer timed them, else ()
+    phases: tuple[tuple[str, float], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -73,18 +78,22 @@ class MeasureResult:
         return statistics.median(self.times) if self.ok and self.times else math.inf
 
     @classmethod
-    def error(cls, kind: str, msg: str, build_s: float = 0.0, run_s: float = 0.0):
+    def error(cls, kind: str, msg: str, build_s: float = 0.0, run_s: float = 0.0,
+              phases: tuple[tuple[str, float], ...] = ()):
         assert kind in ERROR_KINDS, kind
-        return cls((), kind, msg[:2000], build_s, run_s)
+        return cls((), kind, msg[:2000], build_s, run_s, phases)
 
     def to_json(self) -> dict:
         return {"times": list(self.times), "error_kind": self.error_kind,
-                "error_msg": self.error_msg, "build_s": self.build_s, "run_s": self.run_s}
+                "error_msg": self.error_msg, "build_s": self.build_s, "run_s": self.run_s,
+                "phases": [[name, s] for name, s in self.phases]}
 
     @classmethod
     def from_json(cls, d: dict) -> "MeasureResult":
+        """Also reads JSON written before results had phases."""
         return cls(tuple(float(t) for t in d["times"]), d["error_kind"], d["error_msg"],
-                   float(d["build_s"]), float(d["run_s"]))
+                   float(d["build_s"]), float(d["run_s"]),
+                   tuple((str(name), float(s)) for name, s in d.get("phases", ())))
 
 
 def random_operands(compute: Compute, seed: int = 0) -> list[torch.Tensor]:
@@ -151,12 +160,16 @@ def measure_built(compute: Compute, cfg: Config, library: bytes, opts: MeasureOp
         got = unpack(compute, cfg, prep.buffers["out"])
     except Exception as exc:  # a broken candidate is data, not a crash of the measurer
         host = host_fault(exc)
+        took = time.perf_counter() - start
         return MeasureResult.error(RUNTIME_ERROR if host is None else HOST_ERROR,
-                                   host or f"{type(exc).__name__}: {exc}", build_s,
-                                   time.perf_counter() - start)
+                                   host or f"{type(exc).__name__}: {exc}", build_s, took,
+                                   (("check", took),))
     verdict = check_output(got, expected, opts)
+    checked = time.perf_counter()
+    load = prep.kernel.load_s
+    checking = (("load", load), ("check", checked - start - load))
     if verdict is not None:
-        return MeasureResult.error(*verdict, build_s, time.perf_counter() - start)
+        return MeasureResult.error(*verdict, build_s, checked - start, checking)
     between = _Flusher() if opts.flush_cache else None
     run = prep.run
     copies = weight_copies(compute, prep) if opts.cold_weights else 0
@@ -164,7 +177,9 @@ def measure_built(compute: Compute, cfg: Config, library: bytes, opts: MeasureOp
         prep.rotate("b", copies)
         run = prep.cold_run
     times = time_fn(run, opts.timing(), between)
-    return MeasureResult(tuple(times), None, "", build_s, time.perf_counter() - start)
+    end = time.perf_counter()
+    return MeasureResult(tuple(times), None, "", build_s, end - start,
+                         checking + (("timing", end - checked),))
 
 
 def cold_copies(nbytes: int, cache_bytes: int | None = None) -> int:

@@ -30,6 +30,18 @@ def test_measure_built_checks_then_times(dense_task):
     assert MeasureResult.from_json(result.to_json()) == result
 
 
+def test_a_measurement_times_its_phases_and_old_json_still_reads(dense_task):
+    cfg = space_for(dense_task.compute, cpu_info()).sample(random.Random(0))
+    built = build_for(dense_task.compute, cfg)
+    result = measure_built(dense_task.compute, cfg, built.library, QUICK, built.seconds)
+    assert [name for name, _ in result.phases] == ["load", "check", "timing"]
+    assert all(s > 0 for _, s in result.phases)
+    assert sum(s for _, s in result.phases) == pytest.approx(result.run_s, rel=0.01)
+    old = {k: v for k, v in result.to_json().items() if k != "phases"}
+    assert MeasureResult.from_json(old) == MeasureResult(result.times, None, "",
+                                                         result.build_s, result.run_s)
+
+
 def test_a_library_without_the_kernel_is_a_runtime_error(dense_task):
     cfg = space_for(dense_task.compute, cpu_info()).sample(random.Random(0))
     other = build_for(dense_task.compute.__class__(

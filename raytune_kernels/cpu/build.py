@@ -9,7 +9,9 @@ channel block above their FMAs and spills them (measured: 74-84% -> 91-96% of pe
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
+import dataclasses
 import errno
 import functools
 import hashlib
@@ -19,6 +21,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -34,6 +37,23 @@ class BuildResult:
     error: str | None
     seconds: float
     host: bool = False  # the error is this machine's (a full temp dir), not the candidate's
+    # (phase, seconds) of this build, in order (BUILD_PHASES; none for a cached library):
+    # where a trial's build time went, added up by the pipeline (PipelineStats)
+    phases: tuple[tuple[str, float], ...] = ()
+
+
+# lowering and IR text (cpu/kernel.py); LLVM parse, verify and passes; object emission; cc
+BUILD_PHASES = ("render", "optimize", "codegen", "link")
+
+
+@contextlib.contextmanager
+def timed(phase: str, into: list) -> Iterator[None]:
+    """Append (phase, seconds the block took) to `into`, also when the block raises."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        into.append((phase, time.perf_counter() - start))
 
 
 # errors of the machine, not of a candidate: building or loading it again later may work
@@ -124,23 +144,29 @@ def _target_machine(mcpu: str | None):
                                         codemodel="default")
 
 
-def compile_object(ir_text: str, mcpu: str | None = None) -> bytes:
-    llvm = _llvm()
+def compile_object(ir_text: str, mcpu: str | None = None, phases: list | None = None
+                   ) -> bytes:
+    """IR text -> object bytes; the "optimize" and "codegen" seconds go to `phases`."""
+    llvm, phases = _llvm(), [] if phases is None else phases
     with _lock:  # LLVM's global state (cl::opts, target machine) is not ours to race on
         tm = _target_machine(mcpu)
-        mod = llvm.parse_assembly(ir_text)
-        mod.triple = llvm.get_process_triple()
-        mod.data_layout = str(tm.target_data)
-        mod.verify()
-        pto = llvm.PipelineTuningOptions(speed_level=3)
-        pto.loop_unrolling = False
-        pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(mod, pb)
-        return tm.emit_object(mod)
+        with timed("optimize", phases):
+            mod = llvm.parse_assembly(ir_text)
+            mod.triple = llvm.get_process_triple()
+            mod.data_layout = str(tm.target_data)
+            mod.verify()
+            pto = llvm.PipelineTuningOptions(speed_level=3)
+            pto.loop_unrolling = False
+            pb = llvm.create_pass_builder(tm, pto)
+            pb.getModulePassManager().run(mod, pb)
+        with timed("codegen", phases):
+            return tm.emit_object(mod)
 
 
-def link_shared(obj: bytes) -> bytes:
-    with tempfile.TemporaryDirectory(prefix=f"rk_build_{os.getpid()}_") as d:
+def link_shared(obj: bytes, phases: list | None = None) -> bytes:
+    """Object bytes -> shared library bytes (`cc -shared`); its seconds go to `phases`."""
+    with timed("link", [] if phases is None else phases), \
+            tempfile.TemporaryDirectory(prefix=f"rk_build_{os.getpid()}_") as d:
         o, so = os.path.join(d, "k.o"), os.path.join(d, "k.so")
         with open(o, "wb") as f:
             f.write(obj)
@@ -158,19 +184,23 @@ BUILD_CACHE_SIZE = 256  # libraries of a few tens of KiB each
 def build(ir_text: str, mcpu: str | None = None) -> BuildResult:
     """IR text -> shared library bytes; any failure is returned as data, never raised.
     Successful builds are kept by content (the IR and the CPU), so compile_network builds
-    a kernel it already built (checked in a child, then planned) once."""
+    a kernel it already built (checked in a child, then planned) once: such a build
+    takes the lookup's seconds and has no phases (none of its work was done again)."""
+    start = time.perf_counter()
     key = (hashlib.sha256(ir_text.encode()).digest(), mcpu)
     if key in _built:
         _built.move_to_end(key)
-        return _built[key]
-    start = time.perf_counter()
+        return dataclasses.replace(_built[key], seconds=time.perf_counter() - start,
+                                   phases=())
+    phases: list[tuple[str, float]] = []
     try:
-        lib = link_shared(compile_object(ir_text, mcpu))
+        lib = link_shared(compile_object(ir_text, mcpu, phases), phases)
     except Exception as exc:  # a bad candidate must not crash its caller
         host = host_fault(exc)
         return BuildResult(None, f"{type(exc).__name__}: {exc}" if host is None else host,
-                           time.perf_counter() - start, host is not None)
-    result = _built[key] = BuildResult(lib, None, time.perf_counter() - start)
+                           time.perf_counter() - start, host is not None, tuple(phases))
+    result = _built[key] = BuildResult(lib, None, time.perf_counter() - start, False,
+                                       tuple(phases))
     if len(_built) > BUILD_CACHE_SIZE:
         _built.popitem(last=False)
     return result
@@ -184,6 +214,7 @@ class LoadedKernel:
     """A shared library loaded from bytes, exposing one kernel function."""
 
     def __init__(self, library: bytes, name: str, n_buffers: int):
+        start = time.perf_counter()
         # named by this process, so that one killed mid-measurement (a crashing candidate:
         # SIGSEGV skips every cleanup) can be swept by the next (sweep_stale_dirs)
         self._dir = tempfile.TemporaryDirectory(prefix=f"rk_load_{os.getpid()}_")
@@ -194,6 +225,7 @@ class LoadedKernel:
         self.fn = getattr(self._lib, name)
         self.fn.argtypes = [ctypes.c_void_p] * n_buffers + [ctypes.c_int32]
         self.fn.restype = None
+        self.load_s = time.perf_counter() - start  # writing the .so and dlopen
 
     def __call__(self, pointers: list[int], threads: int) -> None:
         self.fn(*pointers, threads)

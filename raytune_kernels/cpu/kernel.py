@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -9,7 +10,7 @@ import numpy as np
 import torch
 
 from raytune_kernels.task import Compute
-from raytune_kernels.cpu.build import BuildResult, LoadedKernel, aligned, build
+from raytune_kernels.cpu.build import BuildResult, LoadedKernel, aligned, build, timed
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.loopnest import LoopNest
 from raytune_kernels.cpu.schedules import lower, pack, unpack
@@ -17,8 +18,15 @@ from raytune_kernels.space import Config
 
 def build_candidate(compute: Compute, cfg: Config, mcpu: str | None = None
                     ) -> tuple[LoopNest, BuildResult]:
-    nest = lower(compute, cfg)
-    return nest, build(render(nest), mcpu)
+    """Lower, render and build; the result's seconds and phases include the "render"
+    phase (lowering and IR text) before the build's own."""
+    rendered: list[tuple[str, float]] = []
+    with timed("render", rendered):
+        nest = lower(compute, cfg)
+        text = render(nest)
+    built = build(text, mcpu)
+    return nest, dataclasses.replace(built, seconds=rendered[0][1] + built.seconds,
+                                     phases=tuple(rendered) + built.phases)
 
 
 @dataclass
@@ -83,5 +91,7 @@ def build_for(compute: Compute, cfg: Config, mcpu: str | None = None) -> BuildRe
     start = time.perf_counter()
     try:
         return build_candidate(compute, cfg, mcpu)[1]
-    except Exception as exc:
-        return BuildResult(None, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
+    except Exception as exc:  # lowering or rendering failed: all of it was "render"
+        took = time.perf_counter() - start
+        return BuildResult(None, f"{type(exc).__name__}: {exc}", took, False,
+                           (("render", took),))

@@ -52,6 +52,32 @@ def test_batch_of_real_candidates(pipeline, task, configs):
     assert all(r.build_s > 0 and len(r.times) == 3 for r in results)
 
 
+def test_stats_add_up_where_each_trial_went(pipeline, task, configs):
+    """Every phase of a batch of fresh candidates (not in the builders' cache) lands in
+    the stats, the builders' adding up to the builds' seconds and the measurers' to their
+    runs; what is left of each trial's time is Ray's and the pipeline's queue."""
+    import dataclasses
+
+    space, rng = space_for(task.compute, cpu_info()), random.Random(1)
+    fresh = list(dict.fromkeys(c for c in (space.sample(rng) for _ in range(20))
+                               if c not in configs))[:3]
+    before = dataclasses.replace(pipeline.stats)
+    results = pipeline.run([(task, c) for c in fresh])
+    assert all(r.ok for r in results), [r.error_msg for r in results if not r.ok]
+    now = pipeline.stats
+    spent = {k: v - before.phase_seconds()[k] for k, v in now.phase_seconds().items()}
+    assert now.timed_trials - before.timed_trials == 3
+    assert all(spent[k] > 0 for k in ("render", "optimize", "codegen", "link", "load",
+                                      "check", "timing", "call")), spent
+    assert spent["queue"] >= 0
+    building = sum(spent[k] for k in ("render", "optimize", "codegen", "link"))
+    assert building == pytest.approx(sum(r.build_s for r in results), rel=0.02)
+    measuring = sum(spent[k] for k in ("load", "check", "timing"))
+    assert measuring == pytest.approx(sum(r.run_s for r in results), rel=0.02)
+    # each trial's phases fit in the batch's wall time, which its submission opened
+    assert sum(spent.values()) <= 3 * (now.wall_s - before.wall_s)
+
+
 def test_injected_faults_become_error_kinds_and_the_pool_survives(pipeline, task, configs):
     good = configs[0]
     from raytune_kernels.cpu.kernel import build_for

@@ -1,7 +1,15 @@
+import collections
+import random
 
 import numpy as np
+import pytest
+import torch
 
-from raytune_kernels.cpu.build import build, LoadedKernel
+import raytune_kernels as rk
+from raytune_kernels.cpu.build import BUILD_PHASES, build, LoadedKernel
+from raytune_kernels.cpu.kernel import build_for
+from raytune_kernels.cpu.schedules import space_for
+from raytune_kernels.space import Config
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cpu.llvm.ir import render
 from tests.cpu.test_loopnest import matmul_nest
@@ -72,3 +80,37 @@ def test_host_faults_are_told_from_candidate_faults(monkeypatch):
     assert "is full (0 bytes free)" in build_mod.host_fault(RuntimeError("link failed: "))
     result = build_mod.build("define void @f() {\n  ret void\n}\n")
     assert result.error is None  # a build that succeeds never asks
+
+
+def test_a_build_times_its_phases_and_a_cached_build_has_none(monkeypatch):
+    """optimize, codegen and link add up to the build's seconds; the library cache's hit
+    did none of that work again, so it reports none of that time."""
+    from raytune_kernels.cpu import build as build_mod
+
+    monkeypatch.setattr(build_mod, "_built", collections.OrderedDict())
+    text = render(matmul_nest())
+    fresh = build(text)
+    assert fresh.error is None
+    assert [name for name, _ in fresh.phases] == ["optimize", "codegen", "link"]
+    assert all(s > 0 for _, s in fresh.phases)
+    assert sum(s for _, s in fresh.phases) == pytest.approx(fresh.seconds, rel=0.05, abs=1e-3)
+    cached = build(text)
+    assert cached.library == fresh.library and cached.phases == ()
+    assert cached.seconds < min(s for _, s in fresh.phases)
+
+
+def test_build_for_times_rendering_first_also_when_lowering_fails(monkeypatch):
+    from raytune_kernels.cpu import build as build_mod
+
+    monkeypatch.setattr(build_mod, "_built", collections.OrderedDict())
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU())
+    compute = rk.extract_tasks(model, (torch.randn(4, 64),))[0].compute
+    cfg = space_for(compute, cpu_info()).sample(random.Random(0))
+    built = build_for(compute, cfg)
+    assert built.error is None and [name for name, _ in built.phases] == list(BUILD_PHASES)
+    assert sum(s for _, s in built.phases) == pytest.approx(built.seconds, rel=0.05, abs=1e-3)
+    again = build_for(compute, cfg)  # rendered again, built from the cache
+    assert [name for name, _ in again.phases] == ["render"]
+    assert again.seconds == pytest.approx(again.phases[0][1], rel=0.05, abs=1e-3)
+    bad = build_for(compute, Config.of(lanes=16, ob=16))
+    assert bad.library is None and bad.phases == (("render", bad.seconds),)
