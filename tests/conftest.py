@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from raytune_kernels import zoo
-from raytune_kernels.layout.transform_cache import CACHE_ENV
+from raytune_kernels.cache import CACHE_ENV
 
-# the suite's transform timings stay in the suite (and every run times afresh); children
-# (compile CLI runs, benches) inherit it
+# the suite's transform timings and libraries stay in the suite (every run starts cold);
+# children (compile CLI runs, benches) inherit it
 os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="rk_test_cache_")
 
 

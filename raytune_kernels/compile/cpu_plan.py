@@ -229,7 +229,7 @@ class Planner:
     def _kernel(self, compute, cfg: Config, key: str):
         if (key, cfg) not in self.kernels:
             nest = lower(compute, cfg)
-            built = build(render(nest), self.mcpu)
+            built = build(render(nest), self.mcpu, persist=True)  # the next compile loads it
             if built.error:
                 raise CompileError(f"task {key} ({compute.describe()}): its best config no "
                                    f"longer builds: {built.error}")

@@ -15,6 +15,7 @@ import dataclasses
 import errno
 import functools
 import hashlib
+import json
 import os
 import subprocess
 import tempfile
@@ -170,7 +171,7 @@ def link_shared(obj: bytes, phases: list | None = None) -> bytes:
         o, so = os.path.join(d, "k.o"), os.path.join(d, "k.so")
         with open(o, "wb") as f:
             f.write(obj)
-        proc = subprocess.run(["cc", "-shared", "-o", so, o, "-lgomp", "-lm"],
+        proc = subprocess.run(["cc", "-shared", "-o", so, o, *LINK],
                               capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"link failed: {proc.stderr.strip()}")
@@ -179,19 +180,26 @@ def link_shared(obj: bytes, phases: list | None = None) -> bytes:
 
 
 BUILD_CACHE_SIZE = 256  # libraries of a few tens of KiB each
+LINK = ("-lgomp", "-lm")
 
 
-def build(ir_text: str, mcpu: str | None = None) -> BuildResult:
+def build(ir_text: str, mcpu: str | None = None, persist: bool = False) -> BuildResult:
     """IR text -> shared library bytes; any failure is returned as data, never raised.
     Successful builds are kept by content (the IR and the CPU), so compile_network builds
     a kernel it already built (checked in a child, then planned) once: such a build
-    takes the lookup's seconds and has no phases (none of its work was done again)."""
+    takes the lookup's seconds and has no phases (none of its work was done again).
+    `persist` keeps the library on disk as well (cache.py's directory, `libraries/`),
+    for the next process that builds the same IR for the same CPU: compile_network's
+    kernels, so that compiling a network again builds nothing."""
     start = time.perf_counter()
     key = (hashlib.sha256(ir_text.encode()).digest(), mcpu)
     if key in _built:
         _built.move_to_end(key)
         return dataclasses.replace(_built[key], seconds=time.perf_counter() - start,
                                    phases=())
+    if persist and (lib := _disk_get(key)) is not None:
+        _built[key] = BuildResult(lib, None, time.perf_counter() - start)
+        return _built[key]
     phases: list[tuple[str, float]] = []
     try:
         lib = link_shared(compile_object(ir_text, mcpu, phases), phases)
@@ -203,7 +211,49 @@ def build(ir_text: str, mcpu: str | None = None) -> BuildResult:
                                        tuple(phases))
     if len(_built) > BUILD_CACHE_SIZE:
         _built.popitem(last=False)
+    if persist:
+        _disk_put(key, lib)
     return result
+
+
+def _disk_path(key: tuple[bytes, str | None]):
+    """Where a library lives on disk: named by its IR, the CPU it is built for (the host's
+    name and features when none is named: a shared home may serve several machines),
+    llvmlite and the link command."""
+    from raytune_kernels.cache import cache_dir
+
+    root = cache_dir()
+    if root is None:
+        return None
+    import llvmlite
+
+    name = hashlib.sha256(key[0] + json.dumps([key[1], host_cpu(), llvmlite.__version__,
+                                               LINK]).encode()).hexdigest()
+    return root / "libraries" / f"{name}.so"
+
+
+def _disk_get(key) -> bytes | None:
+    path = _disk_path(key)
+    try:
+        data = path.read_bytes() if path is not None else None
+    except OSError:
+        return None
+    return data if data and data.startswith(b"\x7fELF") else None
+
+
+def _disk_put(key, library: bytes) -> None:
+    """Write it whole under a temp name, then rename: a reader never sees half a file. A
+    cache that cannot be written (a read-only or full home) only costs a rebuild."""
+    path = _disk_path(key)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(library)
+        os.replace(tmp, path)
+    except OSError:
+        return
 
 
 _built: "collections.OrderedDict[tuple[bytes, str | None], BuildResult]" = \

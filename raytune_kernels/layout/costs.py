@@ -253,7 +253,7 @@ def transform_kernel(shape: tuple[int, ...], src: Layout, dst: Layout, cfg: Conf
     nest = transform_nest(shape, src, dst, cfg)
     library = _libraries.get((tuple(shape), src.label, dst.label, cfg))
     if library is None:
-        built = build(render(nest))
+        built = build(render(nest), persist=True)
         if built.error:
             return None
         library = built.library

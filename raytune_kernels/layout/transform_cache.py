@@ -4,9 +4,8 @@ A layout problem prices hundreds of transforms; timing them was most of a compil
 71 s for ResNet-18). They depend on the machine, the threads, the timing protocol and the
 code that generates the kernels, never on the model: one JSON line per (shape, src, dst)
 in `<cache dir>/transforms.jsonl`, keyed by all of those, makes every later compile on
-this machine look them up instead. The cache dir is $RAYTUNE_KERNELS_CACHE, else
-$XDG_CACHE_HOME/raytune-kernels, else ~/.cache/raytune-kernels; RAYTUNE_KERNELS_CACHE=""
-turns the cache off. Lines that do not parse are ignored (a cache, not a record).
+this machine look them up instead (raytune_kernels/cache.py says where; an empty
+RAYTUNE_KERNELS_CACHE turns it off). Lines that do not parse are ignored (a cache, not a record).
 """
 from __future__ import annotations
 
@@ -15,24 +14,15 @@ import functools
 import hashlib
 import json
 import math
-import os
 import pathlib
 
+from raytune_kernels.cache import CACHE_ENV, cache_dir  # noqa: F401  (CACHE_ENV re-exported)
 from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.space import Config
 
-CACHE_ENV = "RAYTUNE_KERNELS_CACHE"
 # the code a transform kernel comes from: a change to any of them is a new kernel
 GENERATOR = ("cpu/transform.py", "cpu/llvm/ir.py", "cpu/llvm/rows.py", "cpu/loopnest.py",
              "cpu/build.py", "layout/costs.py")
-
-
-def cache_dir() -> pathlib.Path | None:
-    env = os.environ.get(CACHE_ENV)
-    if env is not None:
-        return pathlib.Path(env) if env else None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "raytune-kernels"
 
 
 @functools.cache

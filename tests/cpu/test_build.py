@@ -114,3 +114,33 @@ def test_build_for_times_rendering_first_also_when_lowering_fails(monkeypatch):
     assert again.seconds == pytest.approx(again.phases[0][1], rel=0.05, abs=1e-3)
     bad = build_for(compute, Config.of(lanes=16, ob=16))
     assert bad.library is None and bad.phases == (("render", bad.seconds),)
+
+
+def test_persisted_libraries_are_loaded_by_the_next_process_not_built(tmp_path, monkeypatch):
+    """compile_network's builds go to disk; a later process building the same IR for the
+    same CPU loads the file (no LLVM), a damaged file is built again, another host's
+    features or an empty cache setting never share one."""
+    from raytune_kernels.cache import CACHE_ENV
+    from raytune_kernels.cpu import build as build_mod
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(build_mod, "_built", build_mod.collections.OrderedDict())
+    ir = "define void @persisted_f() {\n  ret void\n}\n"
+    first = build_mod.build(ir, persist=True)
+    files = list((tmp_path / "libraries").glob("*.so"))
+    assert first.error is None and len(files) == 1
+    assert files[0].read_bytes() == first.library
+    build_mod._built.clear()  # a new process: nothing in memory
+    real_compile = build_mod.compile_object
+    monkeypatch.setattr(build_mod, "compile_object", pytest.fail)
+    again = build_mod.build(ir, persist=True)
+    assert again.library == first.library and again.phases == ()
+    build_mod._built.clear()
+    files[0].write_bytes(b"not a library")
+    monkeypatch.setattr(build_mod, "compile_object", real_compile)
+    assert build_mod.build(ir, persist=True).library == first.library  # rebuilt
+    name, features = build_mod.host_cpu()
+    monkeypatch.setattr(build_mod, "host_cpu", lambda: (name, features + ",-avx2"))
+    assert build_mod._disk_path(next(iter(build_mod._built))) != files[0]
+    monkeypatch.setenv(CACHE_ENV, "")
+    assert build_mod._disk_path(next(iter(build_mod._built))) is None
