@@ -216,6 +216,14 @@ def build(ir_text: str, mcpu: str | None = None, persist: bool = False) -> Build
     return result
 
 
+def keep(ir_text: str, mcpu: str | None, library: bytes) -> None:
+    """Remember a library built for `ir_text` elsewhere (a build child) as build(...,
+    persist=True) would have: in memory and on disk."""
+    key = (hashlib.sha256(ir_text.encode()).digest(), mcpu)
+    _built[key] = BuildResult(library, None, 0.0)
+    _disk_put(key, library)
+
+
 def _disk_path(key: tuple[bytes, str | None]):
     """Where a library lives on disk: named by its IR, the CPU it is built for (the host's
     name and features when none is named: a shared home may serve several machines),

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from raytune_kernels.cpu.build import LoadedKernel, aligned, build
+from raytune_kernels.cpu.build import LoadedKernel, aligned, build, keep
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.space import Config
 from raytune_kernels.cpu.transform import Layout, blocks, transform_nest, transform_space
@@ -251,12 +251,15 @@ def transform_kernel(shape: tuple[int, ...], src: Layout, dst: Layout, cfg: Conf
     timed for the layout problem is the one a compiled network calls. Its library comes
     from measure_transforms when this process timed it (checked exact in a child)."""
     nest = transform_nest(shape, src, dst, cfg)
+    text = render(nest)
     library = _libraries.get((tuple(shape), src.label, dst.label, cfg))
     if library is None:
-        built = build(render(nest), persist=True)
+        built = build(text, persist=True)
         if built.error:
             return None
         library = built.library
+    else:  # built by a child: the next compile loads it from disk like the others
+        keep(text, None, library)
     return LoadedKernel(library, nest.name, 2)
 
 

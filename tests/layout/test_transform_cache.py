@@ -72,3 +72,15 @@ def test_a_transform_that_crashes_is_inf_and_the_others_are_timed():
                                    (shape, src, dst, cfg, good)], QUICK)
     assert 0 < seconds[0] < 1e-2 and 0 < seconds[3] < 1e-2
     assert math.isinf(seconds[1]) and math.isinf(seconds[2])
+
+
+def test_a_kernel_built_by_a_child_is_kept_for_the_next_compile(cache):
+    """The transform a plan loads was built in a child; it goes to the library cache, so
+    the next compile neither times nor builds it."""
+    shape, src, dst = KEYS[0]
+    costs.transform_kernel.cache_clear()  # loaded by another test: not this process's
+    costs.measure_transforms([KEYS[0]], QUICK)
+    cfg = costs.fastest_transform(shape, src, dst, QUICK)[1]
+    kernel = costs.transform_kernel(shape, Layout.parse(src), Layout.parse(dst), cfg)
+    assert kernel is not None
+    assert len(list((cache / "libraries").glob("*.so"))) == 1
