@@ -103,10 +103,12 @@ def measure_transforms(keys: Iterable[tuple[tuple[int, ...], str, str]],
         cached = transform_cache.lookup(shape, src, dst, opts)
         if cached is not None:
             _measured[key] = cached
+            COUNTS["cached"] += 1
             continue
         todo[(shape, src, dst)] = _few_configs(shape)
     if not todo:
         return
+    COUNTS["timed"] += len(todo)
     items = [(k, cfg) for k, cfgs in todo.items() for cfg in cfgs]
     libraries = build_transforms([(*k, cfg) for k, cfg in items])
     seconds = time_isolated([(*k, cfg, lib) for (k, cfg), lib in zip(items, libraries)],
@@ -123,6 +125,7 @@ def measure_transforms(keys: Iterable[tuple[tuple[int, ...], str, str]],
     transform_cache.store([(k, t, cfg) for k, (t, cfg) in best.items()], opts)
 
 
+COUNTS = {"timed": 0, "cached": 0}  # transforms this process timed / found in the cache
 _measured: dict[tuple, tuple[float, Config | None]] = {}
 _libraries: dict[tuple, bytes] = {}  # (shape, src, dst, config) -> library checked exact
 
