@@ -84,3 +84,10 @@ def test_a_kernel_built_by_a_child_is_kept_for_the_next_compile(cache):
     kernel = costs.transform_kernel(shape, Layout.parse(src), Layout.parse(dst), cfg)
     assert kernel is not None
     assert len(list((cache / "libraries").glob("*.so"))) == 1
+
+
+def test_a_tile_one_column_wide_where_channels_are_innermost_on_both_sides():
+    assert costs._few_configs((1, 64, 28, 28), "NCHW64c", "NHWC/p1x1")[0]["tile_w"] == 1
+    assert costs._few_configs((1, 64, 28, 28), "NHWC", "NCHW16c")[0]["tile_w"] == 1
+    assert costs._few_configs((1, 64, 28, 28), "NCHW", "NCHW16c")[0]["tile_w"] == 8
+    assert costs._few_configs((1, 64, 28, 28), "NCHW16c/p1x1", "NCHW")[0]["tile_w"] == 8
