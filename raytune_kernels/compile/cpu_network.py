@@ -122,17 +122,19 @@ class CompiledNetwork(Reporting):
             return median(time_fn(lambda: self(*xs), opts))
 
     def profile(self, png: str | None = None, runs: int = 30, print_table: bool = True,
-                opts: TimingOptions = TimingOptions(warmup=2, min_repeat_ms=10, repeats=5)
-                ) -> Profile:
+                opts: TimingOptions = TimingOptions(warmup=2, min_repeat_ms=10, repeats=5),
+                with_torch: bool = True, end_to_end: float | None = None) -> Profile:
         """Per-step times inside the running network (each step clocked as the network runs
         `runs` times, median), each step alone (warm, as the records measure), and
         PyTorch's time for the same layer clocked the same way inside a run of the same
-        graph in eager PyTorch; prints the table, optionally saves a bar chart."""
+        graph in eager PyTorch (unless not `with_torch`: fidelity() needs ours only);
+        prints the table, optionally saves a bar chart. `end_to_end`: benchmark() seconds
+        the caller has already measured."""
         xs = self._random_inputs()
-        end_to_end = self.benchmark()
+        end_to_end = self.benchmark() if end_to_end is None else end_to_end
         with torch.no_grad():
             ours = self._clock_steps(xs, runs)
-            theirs, torch_total = self._clock_torch(xs, runs)
+            theirs, torch_total = self._clock_torch(xs, runs) if with_torch else ({}, 0.0)
             rows = []
             for s, (fn, args), t in zip(self.steps, self._calls, ours):
                 alone = median(time_fn(lambda: fn(*args), opts))

@@ -197,19 +197,20 @@ class GpuNetwork(Reporting):
             return median(time_runs(self.device.timer(self._run), opts))
 
     def profile(self, png: str | None = None, print_table: bool = True,
-                opts: TimingOptions = TimingOptions(warmup=3, min_repeat_ms=10, repeats=5)
-                ) -> Profile:
+                opts: TimingOptions = TimingOptions(warmup=3, min_repeat_ms=10, repeats=5),
+                with_torch: bool = True, end_to_end: float | None = None) -> Profile:
         """Per-step table: each step timed alone by the device's clock (launches are
         asynchronous, so a step is not clocked apart inside a run: ours = alone here),
         next to PyTorch's kernel for the same task on the same device, and the
         record's time; end to end from benchmark(). Prints it, optionally saves a chart."""
-        end_to_end = self.benchmark(TimingOptions(opts.warmup, opts.min_repeat_ms * 10,
-                                                  opts.repeats))
+        if end_to_end is None:
+            end_to_end = self.benchmark(TimingOptions(opts.warmup, opts.min_repeat_ms * 10,
+                                                      opts.repeats))
         rows = []
         with torch.no_grad(), torch_gpu_mode():
             for s, call in zip(self.steps, self._calls):
                 alone = self._time(call, opts)
-                ref = self._torch_time(s, opts) if s.key is not None else None
+                ref = self._torch_time(s, opts) if with_torch and s.key is not None else None
                 rows.append(ProfileRow(s.name, s.kind, s.layers, alone, alone, ref,
                                        s.estimate))
         prof = Profile(rows, end_to_end, sum(r.torch_s or 0.0 for r in rows))

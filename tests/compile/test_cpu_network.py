@@ -214,6 +214,15 @@ def test_profile_table_chart_and_fidelity(net, tmp_path, capsys):
     assert "steps timed alone" in far
 
 
+def test_fidelity_times_our_steps_only(net, monkeypatch):
+    """Explaining a gap needs our steps, never PyTorch's layers (a compile without
+    --profile times no PyTorch layer) nor another end-to-end benchmark."""
+    monkeypatch.setattr(net, "_clock_torch", pytest.fail)
+    monkeypatch.setattr(net, "benchmark", pytest.fail)
+    far = net.fidelity(net.estimated_s * 2)
+    assert "steps timed alone" in far and "measured" in far
+
+
 def test_compile_command_checks_and_times_against_torch(small, tmp_path, capsys):
     from raytune_kernels.cli import main
     from raytune_kernels.tune.records import RecordWriter
