@@ -7,16 +7,7 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels.tune.records import RecordWriter, load_records
-
-
-class Tiny(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(16, 32, 3, padding=1)
-        self.fc = torch.nn.Linear(32 * 8 * 8, 16)
-
-    def forward(self, x):
-        return self.fc(torch.relu(self.conv(x)).flatten(1))
+from tests.support.nets import Tiny
 
 
 def test_tune_network_then_resume(ray_session, tmp_path):

@@ -9,17 +9,8 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels.tune.records import load_records
+from tests.support.nets import Tiny as Small
 from tests.support.s3 import moto_server, new_bucket, s3_uri
-
-
-class Small(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(16, 32, 3, padding=1)
-        self.fc = torch.nn.Linear(32 * 8 * 8, 16)
-
-    def forward(self, x):
-        return self.fc(torch.relu(self.conv(x)).flatten(1))
 
 
 def test_a_run_on_s3_resumes_from_another_directory(ray_session, tmp_path, monkeypatch):
