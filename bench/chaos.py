@@ -269,7 +269,14 @@ def in_private_mounts(ap) -> int:
     filesystem disk_full fills (as root: unshare -m; otherwise as root of a new user
     namespace: unshare -rm); the mount goes away with the process."""
     flags = ["--mount"] if os.geteuid() == 0 else ["--user", "--map-root-user", "--mount"]
-    probe = subprocess.run(["unshare", *flags, "true"], capture_output=True, text=True)
+    where = tempfile.mkdtemp(prefix="rk_probe_mount_")
+    try:  # a namespace of our own, and a tmpfs mounted in it
+        probe = subprocess.run(["unshare", *flags, "mount", "-t", "tmpfs", "-o", "size=1m",
+                                "tmpfs", where], capture_output=True, text=True)
+    except FileNotFoundError as exc:
+        probe = subprocess.CompletedProcess([], 127, "", str(exc))
+    finally:
+        os.rmdir(where)
     if probe.returncode:
         ap.error(f"disk_full needs a mount namespace of its own (unshare {' '.join(flags)}: "
                  f"{probe.stderr.strip() or probe.returncode}); leave it out of --kills")
