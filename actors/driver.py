@@ -287,7 +287,6 @@ def _start_ray(address: str | None):
 def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads,
          num_measurers, num_builders, verbose, callbacks, torch_s: float = 0.0
          ) -> TuningResult:
-    from actors.pipeline import HostFault
     from actors.tuning_actors import ON_HEAD, TaskSchedulerActor
 
     from raytune_kernels.tune.progress import ProgressView
@@ -311,13 +310,23 @@ def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads
     except BaseException as exc:
         if view:
             view.__exit__(None, None, None)  # a live table gives the terminal back
-        if isinstance(getattr(exc, "cause", None), HostFault):  # raised in the actor
-            raise TuneError(f"tuning stopped: {exc.cause}") from None
+        stopped_by = host_fault_error(exc)
+        if stopped_by is not None:
+            raise stopped_by from None
         raise
     finally:
         ray.kill(actor)
     notify(callbacks, "on_end", result, stopped(len(result.rounds), result.trials, records))
     return result
+
+
+def host_fault_error(exc: BaseException) -> TuneError | None:
+    """The run's error when the scheduler actor stopped it for the machine's sake (a full
+    temp dir: actors.pipeline.HostFault, wrapped by Ray), else None."""
+    from actors.pipeline import HostFault
+
+    cause = getattr(exc, "cause", None)
+    return TuneError(f"tuning stopped: {cause}") if isinstance(cause, HostFault) else None
 
 
 def _rounds(ray, actor, tgt: Target, records, callbacks, torch_s: float) -> TuningResult:

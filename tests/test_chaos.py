@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 BENCH = pathlib.Path(__file__).parent.parent / "bench" / "chaos.py"
 KILLS = ["sigkill_measurer", "ray_kill_builder", "remove_node", "driver_restart",
@@ -15,12 +16,14 @@ KILLS = ["sigkill_measurer", "ray_kill_builder", "remove_node", "driver_restart"
 
 
 def private_mounts() -> bool:
+    """Whether bench/chaos.py can mount its small temp filesystem (as its probe does)."""
     flags = ["--mount"] if os.geteuid() == 0 else ["--user", "--map-root-user", "--mount"]
-    try:
-        probe = subprocess.run(["unshare", *flags, "mount", "-t", "tmpfs", "tmpfs", "/mnt"],
-                               capture_output=True)
-    except FileNotFoundError:
-        return False
+    with tempfile.TemporaryDirectory() as where:
+        try:
+            probe = subprocess.run(["unshare", *flags, "mount", "-t", "tmpfs", "-o", "size=1m",
+                                    "tmpfs", where], capture_output=True)
+        except FileNotFoundError:
+            return False
     return probe.returncode == 0
 
 

@@ -154,7 +154,7 @@ def _few_configs(shape: tuple[int, ...], src: str = PLAIN, dst: str = PLAIN
     innermost on both sides (NHWC, NCHW<x>c) each pixel's channels are a contiguous run
     on both: a tile one column wide copies them as vectors, where eight columns made
     LLVM untangle a 64x8 scalar transpose (znver5, 2 threads, NCHW64c <-> NHWC of
-    ResNet-18's tensors: built in 0.14-0.19 s instead of 1.2-1.4 s, and ran 2-3.5x
+    ResNet-18's tensors: built in 0.14-0.19 s instead of 1.2-1.4 s, and ran 3.1-3.5x
     faster)."""
     space = transform_space(shape, src, dst)
     channels_inner = all(Layout.parse(x).name != PLAIN for x in (src, dst))

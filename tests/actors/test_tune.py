@@ -163,3 +163,28 @@ def test_callbacks_hear_the_rounds_and_a_raising_one_keeps_the_records(ray_sessi
     from actors.driver import TuneError
     with pytest.raises(TuneError, match="callbacks must be a list of raytune_kernels.Callback"):
         rk.tune_tasks([conv], callbacks=print)
+
+
+def test_a_host_fault_in_the_scheduler_actor_reaches_the_caller_by_name(ray_session):
+    """A batch that failed only for the machine's sake stops the run: the caller gets a
+    TuneError with the cause, not Ray's wrapped traceback."""
+    import ray
+
+    from actors.driver import TuneError, host_fault_error
+    from actors.pipeline import HostFault
+
+    @ray.remote(num_cpus=0)
+    class Stops:
+        def step(self):
+            raise HostFault("No space left on device (temp directory /tmp); free it and "
+                            "resume")
+
+    actor = Stops.remote()
+    with pytest.raises(ray.exceptions.RayTaskError) as caught:
+        ray.get(actor.step.remote())
+    ray.kill(actor)
+    error = host_fault_error(caught.value)
+    assert isinstance(error, TuneError)
+    assert str(error) == ("tuning stopped: No space left on device (temp directory /tmp); "
+                          "free it and resume")
+    assert host_fault_error(RuntimeError("something else")) is None
