@@ -15,7 +15,8 @@ it runs, at exponentially distributed moments (mean `--fault-every` seconds), on
   a fresh node joined;
 - driver_restart: SIGKILL of the driver, then a new driver that resumes the records;
 - disk_full: the workers' temp directory (a small tmpfs mounted for the run, in a mount
-  namespace of its own: `unshare`) filled for `--full-s` seconds, then emptied;
+  namespace of its own: `unshare`) filled for `--full-s` seconds, and on until a build or
+  load has met it (the pipeline logs a host-fault retry; at most FULL_MAX_S), then emptied;
 
 and, inside the builders (RAYTUNE_KERNELS_CHAOS, raytune_kernels/cpu/faults.py), candidates
 replaced by kernels that segfault, hang, write NaN or write nothing, at `--rates`.
@@ -48,6 +49,9 @@ from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cpu.probe import check_isolated
 from raytune_kernels.space import Config
 from raytune_kernels.tune.records import best_per_task, load_records
+
+FULL_MAX_S = 12.0  # disk_full's longest hold: under the pipeline's retries (1 + 4 + 16 s), so a
+# candidate that meets the full disk first is built again once it is emptied, not lost
 
 DRIVER = """
 import sys
@@ -182,7 +186,8 @@ def main() -> int:
                     kills[kind] += 1
                     restarted = True
                     break
-                if inject(kind, rng, cluster, workers, scratch, args.full_s):
+                met = lambda: logged(ray_tmp, HOST_RETRY_LOG)  # noqa: E731
+                if inject(kind, rng, cluster, workers, scratch, args.full_s, met):
                     kills[kind] += 1
             if hung or (not restarted and driver.returncode == 0):
                 break
@@ -217,8 +222,10 @@ def logged(ray_tmp: str, text: str) -> int:
 
 
 def inject(kind: str, rng: random.Random, cluster, workers: list, scratch: str | None,
-           full_s: float) -> bool:
-    """One fault of `kind` now; whether it was injected (not: nothing to hit just now)."""
+           full_s: float, met) -> bool:
+    """One fault of `kind` now; whether it was injected (not: nothing to hit just now).
+    `met()` counts the host-fault retries logged so far: a full disk is held until one more
+    than before, so that it is met, not merely filled between two builds."""
     import ray
 
     from actors.pipeline import NAMESPACE
@@ -258,7 +265,10 @@ def inject(kind: str, rng: random.Random, cluster, workers: list, scratch: str |
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
                     raise
+        before, since = met(), time.perf_counter()
         time.sleep(full_s)
+        while met() == before and time.perf_counter() - since < FULL_MAX_S:
+            time.sleep(0.25)
         os.unlink(fill)
         return True
     raise ValueError(kind)
