@@ -92,13 +92,20 @@ def solve_dp(problem: LayoutProblem) -> LayoutPlan:
     return LayoutPlan(tuple(choice), best[last], "dp", True, time.perf_counter() - start)
 
 
+# The solver's objective is in microseconds. In seconds, steps of a few microseconds sit at
+# CBC's absolute tolerances: it returned plans worse than the optimum, flagged optimal, on 5
+# of 20 random problems priced like that (tests/layout/test_problem.py), and a compiled
+# network's ILP plan came out costlier than the uniform plan it was also offered.
+OBJECTIVE_SCALE = 1e6
+
+
 def solve_ilp(problem: LayoutProblem, time_limit_s: float = 20.0) -> LayoutPlan:
     import pulp
 
     start = time.perf_counter()
     bound = _build(problem, relax=True)
     bound.solve(pulp.PULP_CBC_CMD(msg=False))
-    lower = pulp.value(bound.objective) or 0.0
+    lower = (pulp.value(bound.objective) or 0.0) / OBJECTIVE_SCALE
     prob, x = _build(problem, relax=False, with_vars=True)
     prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
     if pulp.LpStatus[prob.status] not in ("Optimal", "Not Solved") or \
@@ -124,8 +131,8 @@ def _build(problem: LayoutProblem, relax: bool, with_vars: bool = False):
     cat = "Continuous" if relax else "Binary"
     x = [[pulp.LpVariable(f"x_{i}_{k}", 0, 1, cat) for k in range(len(c))]
          for i, c in enumerate(problem.node_cost)]
-    terms = [c * v for costs, xs in zip(problem.node_cost, x) for c, v in zip(costs, xs)
-             if math.isfinite(c)]
+    terms = [OBJECTIVE_SCALE * c * v for costs, xs in zip(problem.node_cost, x)
+             for c, v in zip(costs, xs) if math.isfinite(c)]
     for i, xs in enumerate(x):
         prob += pulp.lpSum(xs) == 1, f"one_{i}"
         for k, c in enumerate(problem.node_cost[i]):
@@ -148,6 +155,6 @@ def _build(problem: LayoutProblem, relax: bool, with_vars: bool = False):
                 if math.isinf(m[a][b]):  # no transform between these layouts
                     prob += y[a][b] == 0, f"never_{e}_{a}_{b}"
                 elif m[a][b]:
-                    terms.append(m[a][b] * y[a][b])
+                    terms.append(OBJECTIVE_SCALE * m[a][b] * y[a][b])
     prob += pulp.lpSum(terms)
     return (prob, x) if with_vars else prob

@@ -74,3 +74,21 @@ def test_dp_refuses_non_chains():
     problem = random_problem(random.Random(3), 6, False)
     with pytest.raises(ValueError, match="needs a chain"):
         solve_dp(problem)
+
+
+def scaled(problem: LayoutProblem, factor: float) -> LayoutProblem:
+    return LayoutProblem(problem.nodes, tuple(tuple(c * factor for c in cs)
+                                              for cs in problem.node_cost),
+                         problem.edges, tuple(tuple(tuple(v * factor for v in row) for row in m)
+                                              for m in problem.edge_cost),
+                         problem.src_label, problem.dst_label)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ilp_is_exact_at_the_scale_of_real_networks(seed):
+    """Steps of a few microseconds, in seconds, as compile_network prices them: the
+    solver's tolerances must not decide between plans."""
+    problem = scaled(labelled_problem(random.Random(900 + seed),
+                                      random.Random(seed).randint(4, 8)), 1e-7)
+    brute = solve_brute(problem)
+    assert solve_ilp(problem).cost == pytest.approx(brute.cost, rel=1e-9, abs=0)
