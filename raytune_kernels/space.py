@@ -12,7 +12,8 @@ vector widths `lanes`, `regs` vector registers and a measured machine model:
   point starves the FMA units;
 - the blocked reduction axis gets a block `cb` (a divisor, or the whole axis), which is also
   the input's layout (cb = C is NHWC, cb = 1 is NCHW), unrolled innermost by up to 16;
-- where the op offers several output layouts (conv2d: blocked NCHW[ob]c or NHWC), which;
+- where the op offers several output layouts (conv2d: blocked NCHW[ob]c or NHWC; depthwise
+  convs and pools read and write one of the two), which;
 - the order of the outer spatial loops and of the reduction loops, whether the unrollable
   reduction loop is unrolled, and how many outer spatial loops are fused into the
   parallel loop.
@@ -123,6 +124,18 @@ class Space:
         combo = tuple(d.get(n) for n in self.coupled_names)
         return combo in self.coupled and all(d.get(n) in c for n, c in self.independent) \
             and len(d) == len(self.coupled_names) + len(self.independent)
+
+
+# Knobs added to a space after records were written, with the value that kernel had then:
+# an older record that lacks one is the config with it (see completed()).
+KNOB_DEFAULTS = {"out_layout": "blocked"}  # windows were blocked before they had the knob
+
+
+def completed(cfg: Config) -> Config:
+    """`cfg` with every knob of KNOB_DEFAULTS it lacks set to that default."""
+    have = dict(cfg.knobs)
+    return Config(tuple(sorted({**KNOB_DEFAULTS, **have}.items()))) if \
+        set(KNOB_DEFAULTS) - set(have) else cfg
 
 
 def _divisors(n: int, limit: int) -> tuple[int, ...]:

@@ -45,7 +45,7 @@ from raytune_kernels.layout.graph import NCHW, Candidate
 from raytune_kernels.measure import MeasureOptions, cold_copies, random_operands
 from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition,
                                                  run_glue, run_steps)
-from raytune_kernels.space import Config
+from raytune_kernels.space import Config, completed
 from raytune_kernels.tune.records import (Record, best_per_task, describe_devices,
                                           describe_location, load_records, measured_on,
                                           missing_records, other_devices)
@@ -357,12 +357,14 @@ def _in_todays_spaces(recs: list[Record], tasks, cpu: CpuInfo, no_kernel: dict[s
                       ) -> list[Record]:
     """The valid records whose config is a point of its task's schedule space today. A
     record of an older space (a knob since added or renamed) is skipped with one warning,
-    not left to fail with a KeyError deep in the layout costs."""
+    not left to fail with a KeyError deep in the layout costs; one that lacks only a knob
+    added since with the old kernel as its default (space.KNOB_DEFAULTS) is kept."""
     spaces = {t.key: space_for(t.compute, cpu) for t in tasks if t.key not in no_kernel}
     kept, stale = [], []
     for r in recs:
         space = spaces.get(r.task_key)
-        if r.ok and space is not None and Config.from_json(r.config) not in space:
+        cfg = Config.from_json(r.config) if r.ok and space is not None else None
+        if cfg is not None and cfg not in space and completed(cfg) not in space:
             stale.append(r)
         else:
             kept.append(r)

@@ -3,7 +3,10 @@
 The vector axis is the channel block itself, so A is read as vectors: depthwise conv
 multiplies them by weight vectors (vec_fma), max pooling takes their max (padding reads
 -inf), average pooling sums them and scales in the epilogue.
-input [C/OB][Hp][Wp][OB] (pre-padded), weight [C/OB][KH][KW][OB], output [C/OB][OH][OW][OB].
+input [C/OB][Hp][Wp][OB] (pre-padded), weight [C/OB][KH][KW][OB], output [C/OB][OH][OW][OB];
+or, with the knob out_layout = "nhwc", input [Hp][Wp][C] and output [OH][OW][C] (the same
+loops, the channel block read at its offset in each pixel's channels), so that a window
+sits between 1x1 convs that read and write NHWC without a layout change either side.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ class WindowContraction(Contraction):
     spatial = ("ko", "oh", "ow")
     reduce = ("kh", "kw")
     unrollable = "kw"
+    out_layouts = ("blocked", "nhwc")  # the layout read and written: one knob for both
 
     @classmethod
     def from_compute(cls, c: Compute) -> "WindowContraction | None":
@@ -89,19 +93,26 @@ class WindowContraction(Contraction):
         return {"ko": self.c // cfg["ob"], "oh": self.oh // cfg["tile_h"], "kh": self.kh,
                 "kw": self.kw}
 
+    def block(self, cfg) -> int:
+        """The channels of one pixel side by side in memory: the vector block, or all of
+        them (NHWC)."""
+        return self.c if cfg.get("out_layout", "blocked") == "nhwc" else cfg["ob"]
+
     def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
-        ob, th = cfg["ob"], cfg["tile_h"]
+        ob, th, px = cfg["ob"], cfg["tile_h"], self.block(cfg)
         hp, wp = self.padded()
         (sh, sw), (dh, dw) = self.stride, self.dil
         b = self.has_b
-        return {"ko": (hp * wp * ob, b * self.kh * self.kw * ob, self.oh * self.ow * ob),
-                "oh": (th * sh * wp * ob, 0, th * self.ow * ob), "ow": (sw * ob, 0, ob),
-                "kh": (dh * wp * ob, b * self.kw * ob, 0), "kw": (dw * ob, b * ob, 0)}
+        nhwc = cfg.get("out_layout", "blocked") == "nhwc"  # the next block: in the pixel
+        a_ko, o_ko = (ob, ob) if nhwc else (hp * wp * ob, self.oh * self.ow * ob)
+        return {"ko": (a_ko, b * self.kh * self.kw * ob, o_ko),
+                "oh": (th * sh * wp * px, 0, th * self.ow * px), "ow": (sw * px, 0, px),
+                "kh": (dh * wp * px, b * self.kw * ob, 0), "kw": (dw * px, b * ob, 0)}
 
     def tile_strides(self, cfg):
         _, wp = self.padded()
-        ob = cfg["ob"]
-        return ((self.stride[0] * wp * ob, self.stride[1] * ob), (self.ow * ob, ob))
+        px = self.block(cfg)
+        return ((self.stride[0] * wp * px, self.stride[1] * px), (self.ow * px, px))
 
     def buffer_sizes(self, cfg) -> dict[str, int]:
         hp, wp = self.padded()
@@ -109,7 +120,7 @@ class WindowContraction(Contraction):
                 "out": self.c * self.oh * self.ow}
 
     def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
-        ob, (hp, wp) = cfg["ob"], self.padded()
+        ob, (hp, wp) = self.block(cfg), self.padded()
         value = float("-inf") if self.kind == "max" else 0.0
         xp = torch.nn.functional.pad(x[0], (self.pad[1],) * 2 + (self.pad[0],) * 2, value=value)
         return as_blocks(xp.reshape(self.c // ob, ob, hp, wp).permute(0, 2, 3, 1)).ravel()
@@ -119,12 +130,12 @@ class WindowContraction(Contraction):
         return as_blocks(w.reshape(self.c // ob, ob, self.kh, self.kw).permute(0, 2, 3, 1)).ravel()
 
     def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
-        ob = cfg["ob"]
+        ob = self.block(cfg)
         blocked = y[0].reshape(self.c // ob, ob, self.oh, self.ow).permute(0, 2, 3, 1)
         return as_blocks(blocked).ravel()
 
     def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
-        ob = cfg["ob"]
+        ob = self.block(cfg)
         v = torch.from_numpy(flat.reshape(self.c // ob, self.oh, self.ow, ob))
         return v.permute(0, 3, 1, 2).reshape(1, self.c, self.oh, self.ow).contiguous()
 

@@ -37,8 +37,10 @@ def layouts_of(task: Task, cfg: Config) -> tuple[str, str]:
         return PLAIN, PLAIN
     ob = cfg["ob"]
     pad = tuple(c.attr("padding") or (0, 0))
-    if "cb" not in dict(cfg.knobs):  # depthwise and pooling: the channel block is the vector
-        return Layout(f"NCHW{ob}c", pad).label, f"NCHW{ob}c"
+    if "cb" not in dict(cfg.knobs):  # depthwise and pooling: one layout in and out, blocked
+        # by the vector block or NHWC
+        lay = "NHWC" if cfg.get("out_layout") == "nhwc" else f"NCHW{ob}c"
+        return Layout(lay, pad).label, lay
     cb, channels = cfg["cb"], c.inputs[0].shape[1]
     src = PLAIN if cb == 1 else "NHWC" if cb == channels else f"NCHW{cb}c"
     dst = "NHWC" if cfg.get("out_layout") == "nhwc" else f"NCHW{ob}c"

@@ -2,6 +2,7 @@
 import dataclasses
 import math
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -406,3 +407,44 @@ def test_token_id_inputs_are_timed_on_valid_ids():
     assert net.benchmark(TimingOptions(warmup=1, min_repeat_ms=1, repeats=3)) > 0
     prof = net.profile(runs=2, print_table=False)
     assert len(prof.rows) == len(net.steps)
+
+
+class Inverted(torch.nn.Module):
+    """MobileNetV2's block: 1x1 expand, depthwise 3x3, 1x1 project, residual."""
+
+    def __init__(self, c=16, e=48):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(c, e, 1)
+        self.dw = torch.nn.Conv2d(e, e, 3, padding=1, groups=e)
+        self.project = torch.nn.Conv2d(e, c, 1)
+
+    def forward(self, x):
+        y = torch.nn.functional.relu6(self.dw(torch.nn.functional.relu6(self.expand(x))))
+        return self.project(y) + x
+
+
+def test_depthwise_steps_in_nhwc_sit_between_nhwc_convs_without_a_layout_change():
+    """Records that make NHWC the cheapest layout for every step: the plan keeps the
+    block in NHWC (a padding copy before the depthwise conv, no layout change), and the
+    network matches the model. An older depthwise record without the out_layout knob is
+    still read (as the blocked kernel it was)."""
+    torch.manual_seed(0)
+    model, inputs = Inverted().eval(), (torch.randn(1, 16, 12, 12),)
+    records = measured_records(model, inputs, per_task=12, seed=1)
+    nhwc = [dataclasses.replace(r, times=tuple(t / 10 for t in r.times)) for r in records
+            if r.config.get("out_layout") == "nhwc"]
+    dw_key = next(t.key for t in rk.extract_tasks(model, inputs) if t.compute.attr("groups"))
+    assert dw_key in {r.task_key for r in nhwc}
+    old = [dataclasses.replace(r, config={k: v for k, v in r.config.items()
+                                          if k != "out_layout"})
+           for r in records if r.task_key == dw_key and r.config["out_layout"] == "blocked"]
+    assert old
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # nothing skipped as stale
+        net = compile_network(model, inputs, records + nhwc + old)
+    x = torch.randn(1, 16, 12, 12)
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+    moves = sorted(s.name.split(": ")[1] for s in net.steps if s.kind == "transform")
+    # into and out of the network (NCHW there), and the depthwise conv's border
+    assert moves == ["NCHW -> NHWC", "NHWC -> NCHW", "NHWC -> NHWC/p1x1"], moves

@@ -268,3 +268,41 @@ def test_reductions_match_the_reference_in_every_config(kind, n):
         assert torch.allclose(unpack(compute, cfg, bufs["out"]), expected, atol=1e-5), cfg
         got = run_candidate(compute, cfg, ops, threads=2)
         assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5), cfg
+
+
+class Windows(torch.nn.Module):
+    """A depthwise conv (strided, with an epilogue), a max and an average pool, on enough
+    channels for several vector blocks."""
+
+    def __init__(self, c=48):
+        super().__init__()
+        self.dw = torch.nn.Conv2d(c, c, 3, stride=2, padding=1, groups=c)
+
+    def forward(self, x):
+        y = torch.nn.functional.relu6(self.dw(x))
+        return torch.nn.functional.max_pool2d(y, 3, 1, 1) + \
+            torch.nn.functional.avg_pool2d(y, 3, 1, 1)
+
+
+@pytest.mark.parametrize("layout", ["blocked", "nhwc"])
+def test_window_kernels_match_reference_in_both_layouts(layout):
+    from raytune_kernels.layout.costs import layouts_of
+
+    tasks = rk.extract_tasks(Windows().eval(), (torch.randn(1, 48, 13, 14),))
+    assert {t.compute.op for t in tasks} >= {"conv2d", "max_pool2d", "avg_pool2d"}
+    for i, task in enumerate(tasks):
+        space, rng = space_for(task.compute, cpu_info()), random.Random(i)
+        cfgs = {c for c in (space.sample(rng) for _ in range(300))
+                if c["out_layout"] == layout and c["ob"] < 48}  # blocks side by side
+        assert cfgs, task.compute.describe()
+        ops = operands(task.compute, i)
+        expected = reference(task.compute, *ops)
+        for cfg in sorted(cfgs, key=str)[:3]:
+            got = run_candidate(task.compute, cfg, ops, threads=2)
+            assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), \
+                (task.compute.describe(), cfg, (got - expected).abs().max().item())
+            src, dst = layouts_of(task, cfg)
+            if layout == "nhwc":
+                assert dst == "NHWC" and src.startswith("NHWC"), (src, dst)
+            else:
+                assert dst == f"NCHW{cfg['ob']}c", dst
