@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from raytune_kernels.frontend.partition import GlueStep, Partition
-from raytune_kernels.layout.graph import NCHW, Candidate, layout_problem
+from raytune_kernels.layout.graph import NCHW, Bordering, Candidate, layout_problem
 from raytune_kernels.layout.problem import LayoutPlan, LayoutProblem, solve_ilp
 from raytune_kernels.tune.records import Record
 
@@ -42,12 +42,14 @@ def prune(cands: list[Candidate], family_of: Callable | None) -> list[Candidate]
 
 def choose(part: Partition, cands: list[list[Candidate]], layout: str,
             transform: Callable[[tuple, str, str], float], time_limit_s: float,
-            solver: Solver = solve_ilp) -> tuple[LayoutPlan, list[Candidate]]:
+            solver: Solver = solve_ilp, bordering: Bordering | None = None
+            ) -> tuple[LayoutPlan, list[Candidate]]:
     """The layout plan and each step's candidate: by the ILP over every candidate, or
     ("uniform") the best plan that keeps one layout family wherever a step has it.
-    `solver` solves each layout problem."""
+    `solver` solves each layout problem; `bordering` says which producers write their
+    reader's border themselves (layout_problem)."""
     def solve(per_step: list[list[Candidate]]):
-        problem, node_cands = step_problem(part, per_step, transform)
+        problem, node_cands = step_problem(part, per_step, transform, bordering)
         plan = solver(problem, time_limit_s)
         n0 = len(part.graph.inputs)
         return plan, [node_cands[n0 + i][plan.choice[n0 + i]] for i in range(len(part.steps))]
@@ -65,13 +67,14 @@ def choose(part: Partition, cands: list[list[Candidate]], layout: str,
 
 
 def step_problem(part: Partition, per_step: list[list[Candidate]],
-                 transform: Callable[[tuple, str, str], float]):
+                 transform: Callable[[tuple, str, str], float],
+                 bordering: Bordering | None = None):
     """layout_problem() with the candidates given per step (in part.steps order)."""
     by_node = {}
     for s, cs in zip(part.steps, per_step):
         by_node[s.node if isinstance(s, GlueStep) else id(s)] = cs
     return layout_problem(part, lambda s: by_node[s.name if hasattr(s, "op") else id(s)],
-                          transform)
+                          transform, bordering)
 
 
 def layout_family(label: str) -> str:

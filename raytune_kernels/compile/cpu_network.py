@@ -15,6 +15,7 @@ The plan itself (buffers, calls, the planner, buffer reuse) is made in compile/c
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import random
 import time
@@ -25,8 +26,8 @@ import torch
 
 from raytune_kernels.compile.choose import (TORCH, Solver, choose, estimated_latency, step_problem,
                                             layout_family, prune)
-from raytune_kernels.compile.cpu_plan import (Buf, Planner, Step, allocate, transform_cost,
-                                              transforms_asked)
+from raytune_kernels.compile.cpu_plan import (Buf, Planner, Step, allocate, borders_wanted,
+                                              transform_cost, transforms_asked)
 from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
                                              random_inputs, scaled_error)
 from raytune_kernels.cpu.probe import unusable_mcpu
@@ -35,7 +36,7 @@ from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.rows import ROW_OPS
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info, host_device
-from raytune_kernels.cpu.schedules import lower, no_kernel_reason, space_for
+from raytune_kernels.cpu.schedules import lower, no_kernel_reason, space_for, writes_bordered
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.capture import capture
@@ -296,16 +297,18 @@ def compile_network_cpu(model: torch.nn.Module,
                         family_of=layout_family, unchecked=unchecked)
     # every edge's transform, timed at once (parallel builds, one isolated child) or
     # looked up in this machine's transform cache
-    measure_transforms(transforms_asked(lambda cost: step_problem(part, cands, cost)), opts)
+    bordering = functools.partial(_writes_bordered, part)
+    measure_transforms(transforms_asked(lambda cost: step_problem(part, cands, cost,
+                                                                  bordering)), opts)
     verdicts: dict = {}
     while True:  # the chosen untuned kernels pass an isolated check, or are chosen again
         plan, chosen = choose(part, cands, layout,
                                lambda shape, a, b: transform_cost(shape, a, b, opts),
-                               time_limit_s, solver)
+                               time_limit_s, solver, bordering)
         if not _drop_failed_untuned(part, cands, chosen, unchecked, verdicts, tseconds,
                                     threads, tgt.mcpu):
             break
-    planner = Planner(part, tgt.mcpu, opts)
+    planner = Planner(part, tgt.mcpu, opts, borders_wanted(part, chosen))
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):
             planner.task(step, cand)
@@ -351,6 +354,12 @@ def _records(records, target: str, threads: int) -> list[Record]:
     cold = {r.task_key for r in mine if r.cold_weights}
     # a task timed with cold weights is compared only with cold timings of itself
     return [r for r in mine if r.cold_weights or r.task_key not in cold]
+
+
+def _writes_bordered(part: Partition, step: TaskStep, cand: Candidate) -> bool:
+    """Whether the candidate's kernel can write its output into a bordered buffer."""
+    return cand.config not in (None, TORCH) and \
+        writes_bordered(part.task(step.key).compute, cand.config)
 
 
 def _in_todays_spaces(recs: list[Record], tasks, cpu: CpuInfo, no_kernel: dict[str, str]

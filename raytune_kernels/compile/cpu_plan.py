@@ -18,7 +18,7 @@ from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.rows import ROW_OPS
-from raytune_kernels.cpu.schedules import lower, pack
+from raytune_kernels.cpu.schedules import lower, pack, writes_bordered
 from raytune_kernels.space import Config
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
@@ -73,8 +73,10 @@ class Planner:
     """Turns chosen candidates into steps over buffers, adding transforms where a reader
     wants a value in another layout than its producer wrote."""
 
-    def __init__(self, part: Partition, mcpu: str | None, opts: MeasureOptions):
+    def __init__(self, part: Partition, mcpu: str | None, opts: MeasureOptions,
+                 borders: dict[str, tuple[str, float]] | None = None):
         self.part, self.graph, self.mcpu, self.opts = part, part.graph, mcpu, opts
+        self.borders = borders or {}  # value -> the bordered layout all its readers want
         self.steps: list[Step] = []
         self.produced: dict[str, tuple[Buf, str]] = {}
         self.copies: dict[tuple[str, str, float], Buf] = {}
@@ -131,7 +133,13 @@ class Planner:
                         step.key)
             self._produce(step.output, out, NCHW)
             return
-        cfg = cand.config
+        cfg, out_label, out_border = cand.config, cand.out_layout, 0.0
+        want = self.borders.get(step.output)
+        if want and writes_bordered(compute, cfg) and \
+                Layout.parse(want[0]).name == Layout.parse(cand.out_layout).name:
+            # written straight into its readers' bordered buffer: no copy adds the border
+            out_label, out_border = want
+            cfg = Config(tuple(sorted(cfg.knobs + (("out_pad", Layout.parse(want[0]).pad),))))
         kernel, nest = self._kernel(compute, cfg, step.key)
         holders = [self.graph.params[a] if a in self.graph.params
                    else torch.zeros(self.graph.shape_of(a)) for a in step.args]
@@ -159,9 +167,11 @@ class Planner:
             bound[bname] = buf
             reads.append(buf)
         out_shape = compute.output.shape
-        internal = packed["out"].size != compute.output.numel  # a padded dense output
-        layout = None if cand.out_layout == NCHW else Layout.parse(cand.out_layout)
-        out = Buf(packed["out"].size, (packed["out"].size,) if internal else out_shape, layout)
+        layout = None if out_label == NCHW else Layout.parse(out_label)
+        bordered = layout is not None and layout.pad != (0, 0)
+        internal = not bordered and packed["out"].size != compute.output.numel  # padded dense
+        out = Buf(packed["out"].size, (packed["out"].size,) if internal else out_shape, layout,
+                  out_border)
         bound["out"] = out
         operands = [bound[b.name] if b.name in bound else
                     self._scratch(b) if b.role == "scratch" else aligned(packed[b.name])
@@ -180,7 +190,7 @@ class Planner:
             self._torch(f"{step.layer} (narrow)", "glue", (step.layer,), [out], final,
                         lambda t: t.view(rows, -1)[:, :n].reshape(out_shape), 0.0, None)
             out = final
-        self._produce(step.output, out, NCHW if internal else cand.out_layout)
+        self._produce(step.output, out, NCHW if internal else out_label)
 
     def glue(self, step: GlueStep) -> None:
         node = self.graph.node_map()[step.node]
@@ -236,6 +246,31 @@ class Planner:
             self.kernels[(key, cfg)] = (LoadedKernel(built.library, nest.name,
                                                      len(nest.buffers)), nest)
         return self.kernels[(key, cfg)]
+
+
+def borders_wanted(part: Partition, chosen: list[Candidate]) -> dict[str, tuple[str, float]]:
+    """Values that every reader reads in one and the same bordered layout (a windowed
+    kernel's input with its padding as a border), and that are no graph output: value ->
+    (that layout, its border value). Their producer may write into that buffer directly
+    (Planner.task) instead of a transform copying them into it."""
+    reads: dict[str, set] = {}
+    nodes = part.graph.node_map()
+    for step, cand in zip(part.steps, chosen):
+        if isinstance(step, GlueStep):
+            for v in nodes[step.node].inputs:
+                reads.setdefault(v, set()).add(None)
+            continue
+        op = part.task(step.key).compute.op
+        for i, arg in enumerate(step.args):
+            if arg in part.graph.params:
+                continue
+            bordered = i == 0 and cand.config != TORCH and \
+                Layout.parse(cand.in_layout).pad != (0, 0)
+            border = -math.inf if op == "max_pool2d" else 0.0
+            reads.setdefault(arg, set()).add((cand.in_layout, border) if bordered else None)
+    for v in part.graph.outputs:
+        reads.setdefault(v, set()).add(None)
+    return {v: next(iter(r)) for v, r in reads.items() if len(r) == 1 and None not in r}
 
 
 def via_layout(src: str, dst: str) -> str | None:

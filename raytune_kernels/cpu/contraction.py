@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from raytune_kernels.task import Compute
-from raytune_kernels.cpu.contraction_base import Contraction, as_blocks
+from raytune_kernels.cpu.contraction_base import Contraction, as_blocks, out_pad
+from raytune_kernels.cpu.transform import Layout
 
 
 @dataclass(frozen=True)
@@ -94,11 +95,22 @@ class Conv2dContraction(Contraction):
         }
 
     def _out_steps(self, cfg) -> tuple[int, int, int]:
-        """Output strides of (channel block, row, column) for the chosen output layout."""
-        ob = cfg["ob"]
+        """Output strides of (channel block, row, column) for the chosen output layout,
+        in a buffer with its border (out_pad) when it has one."""
+        ob, (ph, pw) = cfg["ob"], out_pad(cfg)
+        ohp, owp = self.oh + 2 * ph, self.ow + 2 * pw
         if cfg.get("out_layout", "blocked") == "nhwc":
-            return ob, self.ow * self.k, self.k
-        return self.oh * self.ow * ob, self.ow * ob, ob
+            return ob, owp * self.k, self.k
+        return ohp * owp * ob, owp * ob, ob
+
+    def out_offset(self, cfg) -> int:
+        ph, pw = out_pad(cfg)
+        return (ph * (self.ow + 2 * pw) + pw) * self._out_steps(cfg)[2]
+
+    def out_layout(self, cfg) -> Layout:
+        """The output's layout, its border included."""
+        nhwc = cfg.get("out_layout", "blocked") == "nhwc"
+        return Layout("NHWC" if nhwc else f"NCHW{cfg['ob']}c", out_pad(cfg))
 
     def tile_strides(self, cfg) -> tuple[tuple[int, int], tuple[int, int]]:
         """(A strides, output strides) between the register tile's rows and columns."""
@@ -110,7 +122,7 @@ class Conv2dContraction(Contraction):
     def buffer_sizes(self, cfg) -> dict[str, int]:
         hp, wp = self.padded()
         return {"a": self.c * hp * wp, "b": self.k * self.reduce_extent * self.kh * self.kw,
-                "out": self.k * self.oh * self.ow}
+                "out": self.out_layout(cfg).size((1, self.k, self.oh, self.ow))}
 
     def channel_axis(self) -> int:
         return 1
@@ -128,14 +140,10 @@ class Conv2dContraction(Contraction):
         return as_blocks(v.permute(0, 2, 4, 5, 3, 1)).ravel()
 
     def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
-        ob = self.k if cfg.get("out_layout", "blocked") == "nhwc" else cfg["ob"]
-        v = y[0].reshape(self.k // ob, ob, self.oh, self.ow)
-        return as_blocks(v.permute(0, 2, 3, 1)).ravel()
+        return self.out_layout(cfg).pack(y.reshape(1, self.k, self.oh, self.ow))
 
     def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
-        ob = self.k if cfg.get("out_layout", "blocked") == "nhwc" else cfg["ob"]
-        v = torch.from_numpy(flat.reshape(self.k // ob, self.oh, self.ow, ob))
-        return v.permute(0, 3, 1, 2).reshape(1, self.k, self.oh, self.ow).contiguous()
+        return self.out_layout(cfg).unpack(flat, (1, self.k, self.oh, self.ow))
 
     def flops(self) -> int:
         return 2 * self.k * self.oh * self.ow * self.reduce_extent * self.kh * self.kw

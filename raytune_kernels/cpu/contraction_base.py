@@ -24,8 +24,20 @@ class Contraction:
     def pre_epilogue(self) -> tuple:
         return ()
 
+    def out_offset(self, cfg) -> int:
+        """Where the output's first element lies in its buffer: past a border (out_pad)."""
+        return 0
+
     def channel_len(self, cfg) -> int:
         return self.vector_extent
+
+
+def out_pad(cfg) -> tuple[int, int]:
+    """The border (rows, columns) around the output that a kernel writes into its
+    consumer's bordered buffer, so that no copy adds it: a knob compile_network sets on a
+    direct conv or window whose only reader wants that border, never one the search
+    tunes (the kernel does the same work; only its output strides and offset change)."""
+    return tuple(cfg.get("out_pad", (0, 0)))
 
 
 def as_blocks(x: np.ndarray | torch.Tensor) -> np.ndarray:

@@ -119,6 +119,7 @@ def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, rows: tuple, co
     strides["ow"] = tuple(s * tile.shape[1] for s in col)
     consts = tuple(c * cols[2] + r * rows[2] for c, r in zip(col, row))
     live = {v: e for v, e in ext.items() if e > 1}
+    consts = consts[:2] + (consts[2] + con.out_offset(cfg),)  # past the output's border
     a_idx, b_idx, o_idx = (_affine(live, strides, i, consts[i]) for i in range(3))
     a_ts, o_ts = con.tile_strides(cfg)
     inner = _channel_block(con, cfg, tile, a_idx, b_idx, a_ts, strides)

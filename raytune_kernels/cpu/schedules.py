@@ -89,7 +89,22 @@ def no_kernel_reason(compute: Compute, cpu: CpuInfo) -> str | None:
     return None
 
 
+def writes_bordered(compute: Compute, cfg: Config) -> bool:
+    """Whether this kernel can write its output into a bordered buffer (knob out_pad): a
+    direct conv, depthwise conv or pool whose epilogue reads nothing laid out like the
+    output (a residual would have to be bordered too)."""
+    if compute.op in ROW_OPS or cfg.get("algorithm", "direct") != "direct":
+        return False
+    con = contraction(compute)
+    return hasattr(con, "out_layout") and \
+        all(k.kind == "channel" for k in operand_kinds(compute))
+
+
 def lower(compute: Compute, cfg: Config) -> LoopNest:
+    if "out_pad" in dict(cfg.knobs) and not writes_bordered(compute, cfg):
+        raise LoweringError(f"{compute.describe()}: config {cfg.to_json()} cannot write a "
+                            f"bordered output (out_pad): a direct conv or window without a "
+                            f"residual operand can")
     if compute.op in ROW_OPS:
         return lower_rows(compute, cfg)
     if cfg.get("algorithm") == "im2col":

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from raytune_kernels.task import Compute
-from raytune_kernels.cpu.contraction_base import Contraction, as_blocks
+from raytune_kernels.cpu.contraction_base import Contraction, as_blocks, out_pad
+from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.cpu.loopnest import ADD, MAX, VEC_FMA, EpiStep
 
 _MODES = {"depthwise": VEC_FMA, "max": MAX, "avg": ADD}
@@ -98,26 +99,41 @@ class WindowContraction(Contraction):
         them (NHWC)."""
         return self.c if cfg.get("out_layout", "blocked") == "nhwc" else cfg["ob"]
 
+    def _out_dims(self, cfg) -> tuple[int, int]:
+        """The output's stored rows and columns: with its border (out_pad) when it has one."""
+        ph, pw = out_pad(cfg)
+        return self.oh + 2 * ph, self.ow + 2 * pw
+
     def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
         ob, th, px = cfg["ob"], cfg["tile_h"], self.block(cfg)
         hp, wp = self.padded()
+        ohp, owp = self._out_dims(cfg)
         (sh, sw), (dh, dw) = self.stride, self.dil
         b = self.has_b
         nhwc = cfg.get("out_layout", "blocked") == "nhwc"  # the next block: in the pixel
-        a_ko, o_ko = (ob, ob) if nhwc else (hp * wp * ob, self.oh * self.ow * ob)
+        a_ko, o_ko = (ob, ob) if nhwc else (hp * wp * ob, ohp * owp * ob)
         return {"ko": (a_ko, b * self.kh * self.kw * ob, o_ko),
-                "oh": (th * sh * wp * px, 0, th * self.ow * px), "ow": (sw * px, 0, px),
+                "oh": (th * sh * wp * px, 0, th * owp * px), "ow": (sw * px, 0, px),
                 "kh": (dh * wp * px, b * self.kw * ob, 0), "kw": (dw * px, b * ob, 0)}
 
     def tile_strides(self, cfg):
         _, wp = self.padded()
-        px = self.block(cfg)
-        return ((self.stride[0] * wp * px, self.stride[1] * px), (self.ow * px, px))
+        px, (_, owp) = self.block(cfg), self._out_dims(cfg)
+        return ((self.stride[0] * wp * px, self.stride[1] * px), (owp * px, px))
+
+    def out_offset(self, cfg) -> int:
+        ph, pw = out_pad(cfg)
+        return (ph * self._out_dims(cfg)[1] + pw) * self.block(cfg)
+
+    def out_layout(self, cfg) -> Layout:
+        """The output's layout, its border included."""
+        nhwc = cfg.get("out_layout", "blocked") == "nhwc"
+        return Layout("NHWC" if nhwc else f"NCHW{cfg['ob']}c", out_pad(cfg))
 
     def buffer_sizes(self, cfg) -> dict[str, int]:
         hp, wp = self.padded()
         return {"a": self.c * hp * wp, "b": self.c * self.kh * self.kw,
-                "out": self.c * self.oh * self.ow}
+                "out": self.out_layout(cfg).size((1, self.c, self.oh, self.ow))}
 
     def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
         ob, (hp, wp) = self.block(cfg), self.padded()
@@ -130,14 +146,10 @@ class WindowContraction(Contraction):
         return as_blocks(w.reshape(self.c // ob, ob, self.kh, self.kw).permute(0, 2, 3, 1)).ravel()
 
     def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
-        ob = self.block(cfg)
-        blocked = y[0].reshape(self.c // ob, ob, self.oh, self.ow).permute(0, 2, 3, 1)
-        return as_blocks(blocked).ravel()
+        return self.out_layout(cfg).pack(y.reshape(1, self.c, self.oh, self.ow))
 
     def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
-        ob = self.block(cfg)
-        v = torch.from_numpy(flat.reshape(self.c // ob, self.oh, self.ow, ob))
-        return v.permute(0, 3, 1, 2).reshape(1, self.c, self.oh, self.ow).contiguous()
+        return self.out_layout(cfg).unpack(flat, (1, self.c, self.oh, self.ow))
 
     def flops(self) -> int:
         return (2 if self.kind == "depthwise" else 1) * self.c * self.oh * self.ow * self.kh * self.kw

@@ -1,4 +1,5 @@
 """Property tests: sampled configs of every lowerable zoo task compile and match torch."""
+import math
 import random
 
 import pytest
@@ -306,3 +307,51 @@ def test_window_kernels_match_reference_in_both_layouts(layout):
                 assert dst == "NHWC" and src.startswith("NHWC"), (src, dst)
             else:
                 assert dst == f"NCHW{cfg['ob']}c", dst
+
+
+class Residual(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x) + x
+
+
+@pytest.mark.parametrize("layout", ["blocked", "nhwc"])
+def test_kernels_write_into_a_bordered_buffer_and_leave_its_border(layout):
+    """out_pad (set by compile_network, never tuned): the output lands inside a border
+    that the kernel never touches; a residual epilogue cannot be written so."""
+    from raytune_kernels.cpu.build import LoadedKernel, aligned
+    from raytune_kernels.cpu.contraction import contraction
+    from raytune_kernels.cpu.kernel import build_for
+    from raytune_kernels.cpu.lower import pack_operands
+
+    tasks = rk.extract_tasks(Windows().eval(), (torch.randn(1, 48, 13, 14),))
+    conv = rk.extract_tasks(torch.nn.Conv2d(16, 32, 3, padding=1).eval(),
+                            (torch.randn(1, 16, 9, 10),))
+    for i, task in enumerate(tasks[:1] + conv):
+        space, rng = space_for(task.compute, cpu_info()), random.Random(i)
+        cfg = next(c for c in (space.sample(rng) for _ in range(500))
+                   if c["out_layout"] == layout and c.get("algorithm", "direct") == "direct")
+        cfg = Config(tuple(sorted(cfg.knobs + (("out_pad", (1, 2)),))))
+        ops = operands(task.compute, i)
+        bufs = {k: aligned(v) for k, v in pack_operands(task.compute, cfg, ops).items()}
+        bufs["out"][:] = -7.0  # the border as a consumer's transform left it
+        built, nest = build_for(task.compute, cfg), lower(task.compute, cfg)
+        assert built.library, built.error
+        kernel = LoadedKernel(built.library, nest.name, len(nest.buffers))
+        kernel([bufs[b.name].ctypes.data for b in nest.buffers], 2)
+        shape = task.compute.output.shape
+        lay = contraction(task.compute).out_layout(cfg)
+        assert lay.pad == (1, 2) and bufs["out"].size == lay.size(shape)
+        got = lay.unpack(bufs["out"], shape)
+        assert torch.allclose(got, reference(task.compute, *ops), rtol=1e-4, atol=1e-4), \
+            (task.compute.describe(), cfg)
+        untouched = int((bufs["out"] == -7.0).sum())
+        assert untouched == bufs["out"].size - math.prod(shape), (task.compute.describe(), cfg)
+    residual = rk.extract_tasks(Residual().eval(), (torch.randn(1, 16, 6, 6),))[-1]
+    cfg = space_for(residual.compute, cpu_info()).sample(random.Random(0))
+    cfg = Config(tuple(sorted(cfg.knobs + (("out_pad", (1, 1)),))))
+    with pytest.raises(LoweringError, match="cannot write a bordered output"):
+        lower(residual.compute, cfg)
