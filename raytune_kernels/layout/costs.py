@@ -276,6 +276,20 @@ def transform_kernel(shape: tuple[int, ...], src: Layout, dst: Layout, cfg: Conf
     return LoadedKernel(library, nest.name, 2)
 
 
+_ARENA: list[np.ndarray] = []  # the memory of the cold destinations, kept by the process
+
+
+def _cold_destinations(out: np.ndarray, n: int) -> list[np.ndarray]:
+    """`n` - 1 more destinations of `out`'s size, 64-byte aligned, carved from one buffer
+    that this process keeps and touched once: allocating and touching twice the
+    last-level cache anew for every transform was half of its timing's time."""
+    step = -(-out.size // 16) * 16  # 16 floats: 64 bytes
+    need = step * (n - 1)
+    if not _ARENA or _ARENA[0].size < need:
+        _ARENA[:] = [aligned(np.zeros(need, np.float32))]
+    return [_ARENA[0][i * step: i * step + out.size] for i in range(n - 1)]
+
+
 def _time_one(shape, src: Layout, dst: Layout, kernel: LoadedKernel, x: torch.Tensor,
               opts) -> float:
     inp = aligned(src.pack(x))
@@ -289,7 +303,7 @@ def _time_one(shape, src: Layout, dst: Layout, kernel: LoadedKernel, x: torch.Te
     # In a network the source was just written (cached) but the destination was last
     # touched an inference ago: write into rotating destinations, as the kernels' weights
     # rotate (warm destinations made transforms look 2-5x cheaper than in the network).
-    outs = [out] + [aligned(out) for _ in range(cold_copies(out.nbytes) - 1)]
+    outs = [out] + _cold_destinations(out, cold_copies(out.nbytes))
     ptrs = [(inp.ctypes.data, o.ctypes.data) for o in outs]
     turn = [0]
 
