@@ -136,10 +136,10 @@ class WindowContraction(Contraction):
                 "out": self.out_layout(cfg).size((1, self.c, self.oh, self.ow))}
 
     def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
-        ob, (hp, wp) = self.block(cfg), self.padded()
-        value = float("-inf") if self.kind == "max" else 0.0
-        xp = torch.nn.functional.pad(x[0], (self.pad[1],) * 2 + (self.pad[0],) * 2, value=value)
-        return as_blocks(xp.reshape(self.c // ob, ob, hp, wp).permute(0, 2, 3, 1)).ravel()
+        """The input in the output's layout, its padding as a border (-inf for max)."""
+        lay = Layout(self.out_layout(cfg).name, self.pad)
+        return lay.pack(x.reshape(1, self.c, self.h, self.w),
+                        float("-inf") if self.kind == "max" else 0.0)
 
     def pack_b(self, w: torch.Tensor, cfg) -> np.ndarray:
         ob = cfg["ob"]
