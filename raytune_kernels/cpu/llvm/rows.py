@@ -21,7 +21,7 @@ def emit(em, s) -> None:
             value = vector(em, s.expr)
             if s.scalar:
                 value = em.b.extract_element(value, ir.Constant(ir.IntType(32), 0))
-            em.b.store(value, em.addr(s.out, em.index(s.out.index), 0), align=4)
+            em.b.store(value, em.pointer(s.out), align=4)
     else:
         raise TypeError(f"cannot render {type(s).__name__}")
 
@@ -66,7 +66,7 @@ _BIN = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
 def vector(em, e):
     """Emit `e` as a <lanes x float> value."""
     if isinstance(e, Ld):
-        return em.vload(e.access, em.index(e.access.index), 0)
+        return em.vload(em.pointer(e.access))
     if isinstance(e, (LdScalar, Reg, Num)):
         return em.splat(_scalar(em, e))
     if isinstance(e, Bin):
@@ -89,7 +89,7 @@ def _scalar(em, e):
     if isinstance(e, Num):
         return ir.Constant(F32, float(e.value))
     if isinstance(e, LdScalar):
-        return em.b.load(em.addr(e.access, em.index(e.access.index), 0), typ=F32, align=4)
+        return em.b.load(em.pointer(e.access), typ=F32, align=4)
     if isinstance(e, Bin):
         x, y = _scalar(em, e.x), _scalar(em, e.y)
         if e.op == "max":
