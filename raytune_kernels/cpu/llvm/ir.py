@@ -15,9 +15,10 @@ from contextlib import contextmanager
 import llvmlite.ir as ir
 
 from raytune_kernels.cpu.llvm import rows as llvm_rows
+from raytune_kernels.cpu.llvm.consts import Spelled, splat
 from raytune_kernels.cpu.llvm.math_ops import apply as apply_epilogue
 from raytune_kernels.cpu.loopnest import (ADD, BCAST_FMA, MAX, PARALLEL, UNROLL, VEC_FMA, Access,
-                                          Affine, EpiStep, For, LoopNest, Split, StoreTile,
+                                          EpiStep, For, LoopNest, Split, StoreTile,
                                           UpdateTile, ZeroTile)
 
 I32, I64, F32, PTR, VOID = ir.IntType(32), ir.IntType(64), ir.FloatType(), ir.PointerType(), \
@@ -60,8 +61,9 @@ class _Module:
         self.vt = ir.VectorType(F32, nest.lanes)
         self._decls: dict[str, ir.Function] = {}
         # built once per module: vector constants cost a formatted element each per use
-        self.undef = ir.Constant(self.vt, ir.Undefined)
-        self.splat_mask = ir.Constant(ir.VectorType(I32, nest.lanes), [0] * nest.lanes)
+        self.undef = Spelled(self.vt, "poison")
+        self.splat_mask = Spelled(ir.VectorType(I32, nest.lanes), "zeroinitializer",
+                                  [0] * nest.lanes)
         self.lane0 = ir.Constant(I32, 0)
         self._consts: dict[str, ir.Constant] = {}
         self._build_entry()
@@ -111,6 +113,8 @@ class _Emitter:
         self.b = ir.IRBuilder(self.entry)
         self.env: dict[str, object] = {}
         self.regs: dict[str, object] = {}  # scalar registers of row statements
+        # (buffer, loop terms) -> pointer, valid in the loop body that computed it (loop())
+        self.bases: dict[tuple, object] = {}
         self.accs = {t.name: [[self.alloca(mod.vt) for _ in range(t.vecs)] for _ in range(t.rows)]
                      for t in mod.nest.tiles}
 
@@ -134,7 +138,9 @@ class _Emitter:
         self.b.position_at_end(body)
         iv = self.b.phi(I64, name=name)
         iv.add_incoming(start, pre)
+        outer = dict(self.bases)
         yield iv
+        self.bases = outer  # what the body computed does not dominate what follows it
         nxt = self.b.add(iv, i64(1), flags=["nsw", "nuw"])
         iv.add_incoming(nxt, self.b.block)
         self.b.cbranch(self.b.icmp_signed("<", nxt, stop), body, done)
@@ -191,25 +197,28 @@ class _Emitter:
                 rest = self.b.udiv(rest, i64(extent))
 
     # ---- data ----
-    def index(self, a: Affine, extra: int = 0):
-        const, value = a.const + extra, None
-        for var, coef in a.terms:
+    def pointer(self, acc: Access):
+        """The address of `acc`'s element: a pointer to the part of its index that varies
+        (shared by every access with the same loop terms in scope: the unrolled updates of
+        a tile differ only in constants) plus the constant part, as an offset."""
+        const, terms = acc.index.const, []
+        for var, coef in acc.index.terms:
             x = self.env[var]
             if isinstance(x, int):
                 const += coef * x
-                continue
-            term = self.b.mul(x, i64(coef), flags=["nsw"]) if coef != 1 else x
-            value = term if value is None else self.b.add(value, term, flags=["nsw"])
-        if value is None:
-            return i64(const)
-        return self.b.add(value, i64(const), flags=["nsw"]) if const else value
-
-    def pointer(self, acc: Access):
-        """The address of `acc`'s element: its buffer plus its index."""
-        idx = self.index(acc.index)
-        if isinstance(idx, ir.Constant):
-            return self.at(self.ptrs[acc.buffer], idx.constant)
-        return self.b.gep(self.ptrs[acc.buffer], [idx], inbounds=True, source_etype=F32)
+            else:
+                terms.append((var, coef, x))
+        base = self.ptrs[acc.buffer]
+        if terms:
+            key = (acc.buffer,) + tuple((var, coef, id(x)) for var, coef, x in terms)
+            if key not in self.bases:
+                value = None
+                for _, coef, x in terms:
+                    term = self.b.mul(x, i64(coef), flags=["nsw"]) if coef != 1 else x
+                    value = term if value is None else self.b.add(value, term, flags=["nsw"])
+                self.bases[key] = self.b.gep(base, [value], inbounds=True, source_etype=F32)
+            base = self.bases[key]
+        return self.at(base, const)
 
     def at(self, ptr, extra: int):
         """`extra` elements past `ptr`: a constant offset the instruction selector folds
@@ -278,7 +287,7 @@ class _Emitter:
         key = repr(float(value))  # not the float: 0.0 == -0.0, and they differ here
         consts = self.mod._consts
         if key not in consts:
-            consts[key] = ir.Constant(self.mod.vt, [float(value)] * self.mod.nest.lanes)
+            consts[key] = splat(self.mod.vt, float(value))
         return consts[key]
 
     def intrinsic(self, name: str, *args):

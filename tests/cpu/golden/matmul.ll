@@ -52,10 +52,10 @@ p.body:
   %"p" = phi  i64 [%".20", %"entry"], [%".91", %"kk.done"]
   %".26" = urem i64 %"p", 2
   %".27" = udiv i64 %"p", 2
-  store <8 x float> <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>, ptr %".3"
-  store <8 x float> <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>, ptr %".4"
-  store <8 x float> <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>, ptr %".5"
-  store <8 x float> <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>, ptr %".6"
+  store <8 x float> splat (float              0x0), ptr %".3"
+  store <8 x float> splat (float              0x0), ptr %".4"
+  store <8 x float> splat (float              0x0), ptr %".5"
+  store <8 x float> splat (float              0x0), ptr %".6"
   br label %"kk.body"
 p.done:
   ret void
@@ -70,8 +70,8 @@ kk.body:
   %".39" = getelementptr inbounds float, ptr %".37", i64 8
   %".40" = load <8 x float>, ptr %".39", align 4
   %".41" = load float, ptr %".35", align 4
-  %".42" = insertelement <8 x float> <float undef, float undef, float undef, float undef, float undef, float undef, float undef, float undef>, float %".41", i32 0
-  %".43" = shufflevector <8 x float> %".42", <8 x float> <float undef, float undef, float undef, float undef, float undef, float undef, float undef, float undef>, <8 x i32> <i32 0, i32 0, i32 0, i32 0, i32 0, i32 0, i32 0, i32 0>
+  %".42" = insertelement <8 x float> poison, float %".41", i32 0
+  %".43" = shufflevector <8 x float> %".42", <8 x float> poison, <8 x i32> zeroinitializer
   %".44" = load <8 x float>, ptr %".3"
   %".45" = call <8 x float> @"llvm.fma.v8f32"(<8 x float> %".43", <8 x float> %".38", <8 x float> %".44")
   store <8 x float> %".45", ptr %".3"
@@ -80,8 +80,8 @@ kk.body:
   store <8 x float> %".48", ptr %".4"
   %".50" = getelementptr inbounds float, ptr %".35", i64 6
   %".51" = load float, ptr %".50", align 4
-  %".52" = insertelement <8 x float> <float undef, float undef, float undef, float undef, float undef, float undef, float undef, float undef>, float %".51", i32 0
-  %".53" = shufflevector <8 x float> %".52", <8 x float> <float undef, float undef, float undef, float undef, float undef, float undef, float undef, float undef>, <8 x i32> <i32 0, i32 0, i32 0, i32 0, i32 0, i32 0, i32 0, i32 0>
+  %".52" = insertelement <8 x float> poison, float %".51", i32 0
+  %".53" = shufflevector <8 x float> %".52", <8 x float> poison, <8 x i32> zeroinitializer
   %".54" = load <8 x float>, ptr %".5"
   %".55" = call <8 x float> @"llvm.fma.v8f32"(<8 x float> %".53", <8 x float> %".38", <8 x float> %".54")
   store <8 x float> %".55", ptr %".5"
@@ -97,27 +97,27 @@ kk.done:
   %".65" = load <8 x float>, ptr %".3"
   %".66" = load <8 x float>, ptr %".12", align 4
   %".67" = fadd <8 x float> %".65", %".66"
-  %".68" = fcmp olt <8 x float> %".67", <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>
-  %".69" = select  <8 x i1> %".68", <8 x float> <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>, <8 x float> %".67"
+  %".68" = fcmp olt <8 x float> %".67", splat (float              0x0)
+  %".69" = select  <8 x i1> %".68", <8 x float> splat (float              0x0), <8 x float> %".67"
   store <8 x float> %".69", ptr %".64", align 4
   %".71" = load <8 x float>, ptr %".4"
   %".72" = getelementptr inbounds float, ptr %".12", i64 8
   %".73" = load <8 x float>, ptr %".72", align 4
   %".74" = fadd <8 x float> %".71", %".73"
-  %".75" = fcmp olt <8 x float> %".74", <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>
-  %".76" = select  <8 x i1> %".75", <8 x float> <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>, <8 x float> %".74"
+  %".75" = fcmp olt <8 x float> %".74", splat (float              0x0)
+  %".76" = select  <8 x i1> %".75", <8 x float> splat (float              0x0), <8 x float> %".74"
   %".77" = getelementptr inbounds float, ptr %".64", i64 8
   store <8 x float> %".76", ptr %".77", align 4
   %".79" = load <8 x float>, ptr %".5"
   %".80" = fadd <8 x float> %".79", %".66"
-  %".81" = fcmp olt <8 x float> %".80", <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>
-  %".82" = select  <8 x i1> %".81", <8 x float> <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>, <8 x float> %".80"
+  %".81" = fcmp olt <8 x float> %".80", splat (float              0x0)
+  %".82" = select  <8 x i1> %".81", <8 x float> splat (float              0x0), <8 x float> %".80"
   %".83" = getelementptr inbounds float, ptr %".64", i64 16
   store <8 x float> %".82", ptr %".83", align 4
   %".85" = load <8 x float>, ptr %".6"
   %".86" = fadd <8 x float> %".85", %".73"
-  %".87" = fcmp olt <8 x float> %".86", <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>
-  %".88" = select  <8 x i1> %".87", <8 x float> <float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0, float              0x0>, <8 x float> %".86"
+  %".87" = fcmp olt <8 x float> %".86", splat (float              0x0)
+  %".88" = select  <8 x i1> %".87", <8 x float> splat (float              0x0), <8 x float> %".86"
   %".89" = getelementptr inbounds float, ptr %".64", i64 24
   store <8 x float> %".88", ptr %".89", align 4
   %".91" = add nsw nuw i64 %"p", 1
