@@ -325,9 +325,36 @@ def _alive(pid: int) -> bool:
     return True
 
 
+HUGE = 2 << 20  # bytes: an x86-64 huge page
+
+
+def _huge_raw(n: int) -> np.ndarray | None:
+    """n floats starting on a huge-page boundary, in memory the kernel is asked to back
+    with huge pages (this machine's transparent huge pages may be `madvise` only); None
+    where the OS offers no such advice."""
+    import mmap
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return None
+    size = n * 4 + HUGE
+    size += -size % HUGE
+    mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = np.frombuffer(mm, np.float32)  # holds the mapping: unmapped with the array
+    start = (-raw.ctypes.data % HUGE) // 4
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE, start * 4, size - start * 4)
+    except OSError:  # a kernel without transparent huge pages: plain pages then
+        pass
+    return raw[start: start + n]
+
+
 def aligned(flat: np.ndarray) -> np.ndarray:
-    """A 64-byte aligned copy of a flat float32 array."""
-    raw = np.empty(flat.size + ALIGN // 4, np.float32)
+    """A 64-byte aligned copy of a flat float32 array. Arrays of a huge page or more (conv
+    weights, activations, workspaces) start on a huge page, in memory advised for huge
+    pages: streaming a layer's cold weights then walks a page table 512x smaller (ResNet-18
+    layer4 convs with rotating cold weights, znver5, 2 threads, interleaved: 2-6% faster)."""
+    raw = _huge_raw(flat.size + ALIGN // 4) if flat.size * 4 >= HUGE else None
+    if raw is None:
+        raw = np.empty(flat.size + ALIGN // 4, np.float32)
     off = (-raw.ctypes.data % ALIGN) // 4
     out = raw[off: off + flat.size]
     out[:] = flat

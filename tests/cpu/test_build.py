@@ -144,3 +144,15 @@ def test_persisted_libraries_are_loaded_by_the_next_process_not_built(tmp_path, 
     assert build_mod._disk_path(next(iter(build_mod._built))) != files[0]
     monkeypatch.setenv(CACHE_ENV, "")
     assert build_mod._disk_path(next(iter(build_mod._built))) is None
+
+
+@pytest.mark.parametrize("n", [5, 1 << 19, (3 << 20) + 7])
+def test_aligned_copies_start_on_a_cache_line_and_large_ones_on_a_huge_page(n):
+    from raytune_kernels.cpu.build import ALIGN, HUGE, aligned
+    flat = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    out = aligned(flat)
+    assert out.size == n and out.dtype == np.float32 and np.array_equal(out, flat)
+    assert out.ctypes.data % (HUGE if n * 4 >= HUGE else ALIGN) == 0
+    view = torch.from_numpy(out)  # compiled networks view their buffers as tensors
+    view += 1.0
+    assert np.array_equal(out, flat + 1.0)
