@@ -6,8 +6,14 @@ CPU (or -mcpu) at codegen level 3, `cc -shared ... -lgomp -lm`. The renderer alr
 what O3 would make of a kernel (explicit vectors, unrolled where the schedule says): O3's
 module pipeline cost 8x the time of these two passes and gave the same kernels (measured
 on the tuned ResNet-18, MobileNetV2 and BERT kernels: sums within 0.2%).
-The pre-RA machine scheduler is switched off: it hoists the broadcasts of an unrolled
-channel block above their FMAs and spills them (measured: 74-84% -> 91-96% of peak).
+Code generation runs without two of its passes (CODEGEN_OPTIONS):
+- the pre-RA machine scheduler: it hoists the broadcasts of an unrolled channel block above
+  their FMAs and spills them (measured: 74-84% -> 91-96% of peak);
+- loop strength reduction: on our unrolled bodies it was up to two thirds of code
+  generation (a Winograd kernel: 66 of 101 ms), and the kernels did not need it (the tuned
+  ResNet-18 kernels, built both ways and timed interleaved in one process, znver5, 2
+  threads: weighted sums 5425 vs 5440 us, each kernel within -10%..+4%, as many faster as
+  slower; MobileNetV2's within run-to-run noise). Builds of those kernels: 1.29 -> 0.70 s.
 """
 from __future__ import annotations
 
@@ -83,6 +89,9 @@ def host_fault(exc: BaseException) -> str | None:
     return None
 
 
+CODEGEN_OPTIONS = ("-enable-misched=false", "-disable-lsr")
+
+
 @functools.cache
 def _llvm():
     import llvmlite.binding as llvm
@@ -90,7 +99,8 @@ def _llvm():
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     llvm.initialize_native_asmparser()
-    llvm.set_option("", "-enable-misched=false")
+    for option in CODEGEN_OPTIONS:
+        llvm.set_option("", option)
     return llvm
 
 
@@ -235,7 +245,7 @@ def keep(ir_text: str, mcpu: str | None, library: bytes) -> None:
 def _disk_path(key: tuple[bytes, str | None]):
     """Where a library lives on disk: named by its IR, the CPU it is built for (the host's
     name and features when none is named: a shared home may serve several machines),
-    llvmlite and the link command."""
+    llvmlite, the passes and the link command."""
     from raytune_kernels.cache import cache_dir
 
     root = cache_dir()
@@ -244,7 +254,8 @@ def _disk_path(key: tuple[bytes, str | None]):
     import llvmlite
 
     name = hashlib.sha256(key[0] + json.dumps([key[1], host_cpu(), llvmlite.__version__,
-                                               LINK]).encode()).hexdigest()
+                                               LINK, IR_PASSES, CODEGEN_OPTIONS]).encode()
+                          ).hexdigest()
     return root / "libraries" / f"{name}.so"
 
 
