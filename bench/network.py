@@ -154,10 +154,15 @@ def engine_variants(model, inputs, threads: int, workdir: str) -> tuple[dict, di
 
 
 def interleaved(fns: dict, rounds: int) -> dict:
+    """Median over rounds of each fn's median time. Each round starts one place further
+    along the list: whoever runs right after ONNX Runtime or OpenVINO meets their thread
+    pools still spinning, and no variant should always be the one that does."""
     times: dict[str, list[float]] = {k: [] for k, f in fns.items() if f is not None}
+    names = list(times)
     with torch.no_grad():
-        for _ in range(rounds):
-            for k in times:
+        for r in range(rounds):
+            shift = r % len(names)
+            for k in names[shift:] + names[:shift]:
                 times[k].append(median(time_fn(fns[k], FULL)))
     return {k: median(v) for k, v in times.items()}
 
