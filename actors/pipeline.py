@@ -244,15 +244,40 @@ class MeasurePipeline:
                                             **_named("measurer")).remote(
             slot.cores, self.opts, slot.block)
 
-    def _build(self, item: tuple[Task, Config]):
-        self._turn += 1
-        k = self._turn % len(self.builders)
+    def _build(self, item: tuple[Task, Config], k: int | None = None):
+        """Submit one build, to builder `k` or to the next in turn."""
+        if k is None:
+            self._turn += 1
+            k = self._turn % len(self.builders)
         task, cfg = item
         target = self.gpu_arch() if getattr(self, "device", "cpu") == "gpu" else self.mcpu
         ref = self.builders[k].build.remote(task.compute.to_json(), cfg.to_json(), target)
         self._build_node[ref] = (self.builder_nodes[k], self.builders[k])
         self._build_since[ref] = time.perf_counter()
         return ref
+
+    def _build_pulled(self, items: list[tuple[Task, Config]]) -> list:
+        """Phased builds, all done before any measurement: each builder is handed the next
+        candidate when it is done with one, rather than a fixed share (builds differ tenfold:
+        a fixed share leaves one builder working while the other waits). Bounded: past the
+        build timeout what is left is submitted at once, and _measure expires late builds."""
+        refs: list = [None] * len(items)
+        todo, free, busy = list(range(len(items))), list(range(len(self.builders))), {}
+        deadline = time.perf_counter() + self.opts.build_timeout_s
+        while todo or busy:
+            while todo and free:
+                i, k = todo.pop(0), free.pop(0)
+                refs[i] = self._build(items[i], k)
+                busy[refs[i]] = k
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            done, _ = ray.wait(list(busy), num_returns=1, timeout=left)
+            for ref in done:
+                free.append(busy.pop(ref))
+        for i in todo:
+            refs[i] = self._build(items[i])
+        return refs
 
     def gpu_arch(self) -> str:
         """The arch CUDA builders target: the one asked for, else the first measurer's GPU."""
@@ -273,9 +298,10 @@ class MeasurePipeline:
         if self.cluster:
             self.refresh()
         self._build_node, self._build_since = {}, {}  # this batch's builds only
-        builds = [self._build(item) for item in items]
-        if self.phased:  # bounded: a build past the timeout is expired in _measure
-            ray.wait(builds, num_returns=len(builds), timeout=self.opts.build_timeout_s)
+        if self.phased:
+            builds = self._build_pulled(items)
+        else:
+            builds = [self._build(item) for item in items]
         results = self._measure(items, builds)
         self.stats.wall_s += time.perf_counter() - start
         if results and all(r.error_kind == HOST_ERROR for r in results):

@@ -35,3 +35,31 @@ def test_one_measurer_on_two_cores_builds_on_both_between_measurements(ray_sessi
             pipe.shutdown()
     with pytest.raises(ValueError, match="need a core no measurer owns"):
         MeasurePipeline(num_measurers=2, opts=OPTS, cores=CORES, phased=False)
+
+
+def test_phased_builds_go_to_whichever_builder_is_free(ray_session):
+    """A slow build does not hold back the candidates behind it: the other builder takes
+    them all (in turn, it would have been handed every other one)."""
+    import time
+    import types
+
+    import ray
+    from actors.pipeline import MeasurePipeline
+
+    @ray.remote
+    def build(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    handed: dict[int, list[int]] = {0: [], 1: []}
+    secs = [3.0, 0.05, 0.05, 0.05, 0.05, 0.05]
+
+    def submit(self, item, k=None):
+        handed[k].append(item)
+        return build.remote(secs[item])
+
+    fake = types.SimpleNamespace(builders=[None, None], opts=OPTS)
+    fake._build = types.MethodType(submit, fake)
+    refs = MeasurePipeline._build_pulled(fake, list(range(len(secs))))
+    assert ray.get(refs) == secs
+    assert handed == {0: [0], 1: [1, 2, 3, 4, 5]}
