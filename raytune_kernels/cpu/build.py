@@ -182,15 +182,33 @@ def compile_object(ir_text: str, mcpu: str | None = None, phases: list | None = 
             return tm.emit_object(mod)
 
 
+@functools.cache
+def linker() -> tuple[str, ...]:
+    """How an object becomes a shared library: `ld -shared` itself, told where libgomp
+    lies (asked of cc once), since the cc driver in front of it cost as much again as the
+    link (znver5: 9.4 against 5.6 ms a kernel, on every build); `cc -shared` where ld or
+    libgomp's directory cannot be found."""
+    import shutil
+
+    ld = shutil.which("ld")
+    try:
+        gomp = subprocess.run(["cc", "-print-file-name=libgomp.so"], capture_output=True,
+                              text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        gomp = ""
+    if ld and os.path.isabs(gomp) and os.path.exists(gomp):
+        return (ld, "-shared", "--eh-frame-hdr", f"-L{os.path.dirname(gomp)}")
+    return ("cc", "-shared")
+
+
 def link_shared(obj: bytes, phases: list | None = None) -> bytes:
-    """Object bytes -> shared library bytes (`cc -shared`); its seconds go to `phases`."""
+    """Object bytes -> shared library bytes (linker()); its seconds go to `phases`."""
     with timed("link", [] if phases is None else phases), \
             tempfile.TemporaryDirectory(prefix=f"rk_build_{os.getpid()}_") as d:
         o, so = os.path.join(d, "k.o"), os.path.join(d, "k.so")
         with open(o, "wb") as f:
             f.write(obj)
-        proc = subprocess.run(["cc", "-shared", "-o", so, o, *LINK],
-                              capture_output=True, text=True)
+        proc = subprocess.run([*linker(), "-o", so, o, *LINK], capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"link failed: {proc.stderr.strip()}")
         with open(so, "rb") as f:
@@ -254,7 +272,8 @@ def _disk_path(key: tuple[bytes, str | None]):
     import llvmlite
 
     name = hashlib.sha256(key[0] + json.dumps([key[1], host_cpu(), llvmlite.__version__,
-                                               LINK, IR_PASSES, CODEGEN_OPTIONS]).encode()
+                                               linker()[:1] + LINK, IR_PASSES,
+                                               CODEGEN_OPTIONS]).encode()
                           ).hexdigest()
     return root / "libraries" / f"{name}.so"
 

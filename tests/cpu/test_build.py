@@ -156,3 +156,27 @@ def test_aligned_copies_start_on_a_cache_line_and_large_ones_on_a_huge_page(n):
     view = torch.from_numpy(out)  # compiled networks view their buffers as tensors
     view += 1.0
     assert np.array_equal(out, flat + 1.0)
+
+
+def test_libraries_link_with_ld_itself_or_with_cc_where_ld_is_missing(monkeypatch):
+    """Both ways give a library that loads libgomp and runs the kernel."""
+    import shutil
+
+    from raytune_kernels.cpu import build as B
+    nest = matmul_nest()
+    obj = B.compile_object(render(nest))
+    assert B.linker()[0] == shutil.which("ld")
+    kinds = [B.linker()]
+    B.linker.cache_clear()
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    try:
+        kinds.append(B.linker())
+        assert kinds[1] == ("cc", "-shared")
+        libs = [B.link_shared(obj)]
+    finally:
+        B.linker.cache_clear()
+    monkeypatch.undo()
+    libs.append(B.link_shared(obj))
+    for lib in libs:
+        assert b"libgomp.so" in lib
+        LoadedKernel(lib, nest.name, len(nest.buffers))
