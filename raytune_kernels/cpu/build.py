@@ -197,8 +197,25 @@ def linker() -> tuple[str, ...]:
     except (OSError, subprocess.SubprocessError):
         gomp = ""
     if ld and os.path.isabs(gomp) and os.path.exists(gomp):
-        return (ld, "-shared", "--eh-frame-hdr", f"-L{os.path.dirname(gomp)}")
+        command = (ld, "-shared", "--eh-frame-hdr", f"-L{os.path.dirname(gomp)}")
+        if _links(command):  # ld alone may not know where this system keeps libm
+            return command
     return ("cc", "-shared")
+
+
+def _links(command: tuple[str, ...]) -> bool:
+    """Whether `command` links a trivial object against LINK's libraries here."""
+    obj = compile_object("define void @rk_link_probe() {\n  ret void\n}\n")
+    with tempfile.TemporaryDirectory(prefix=f"rk_build_{os.getpid()}_") as d:
+        o, so = os.path.join(d, "p.o"), os.path.join(d, "p.so")
+        with open(o, "wb") as f:
+            f.write(obj)
+        try:
+            proc = subprocess.run([*command, "-o", so, o, *LINK], capture_output=True,
+                                  timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return proc.returncode == 0
 
 
 def link_shared(obj: bytes, phases: list | None = None) -> bytes:

@@ -177,6 +177,12 @@ def test_libraries_link_with_ld_itself_or_with_cc_where_ld_is_missing(monkeypatc
         B.linker.cache_clear()
     monkeypatch.undo()
     libs.append(B.link_shared(obj))
+    B.linker.cache_clear()
+    monkeypatch.setattr(B, "_links", lambda command: False)  # ld that cannot find libm
+    try:
+        assert B.linker() == ("cc", "-shared")
+    finally:
+        B.linker.cache_clear()
     for lib in libs:
         assert b"libgomp.so" in lib
         LoadedKernel(lib, nest.name, len(nest.buffers))
