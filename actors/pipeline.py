@@ -149,6 +149,7 @@ class MeasurePipeline:
         # the time (2.7 trials/s on 2 cores), where building on both cores, then measuring,
         # makes more trials per second (bench/scaling.py).
         self.phased = len(spare) <= need if phased is None else phased
+        self.spare_cores = len(spare)  # cores no measurer owns
         if not self.phased and not spare:
             raise ValueError(f"builds beside measurements need a core no measurer owns: "
                              f"{num_measurers} measurer(s) x {cores_per_measurer} hold all "
@@ -259,12 +260,16 @@ class MeasurePipeline:
     def _build_pulled(self, items: list[tuple[Task, Config]]) -> list:
         """Phased builds, all done before any measurement: each builder is handed the next
         candidate when it is done with one, rather than a fixed share (builds differ tenfold:
-        a fixed share leaves one builder working while the other waits). Bounded: past the
-        build timeout what is left is submitted at once, and _measure expires late builds."""
+        a fixed share leaves one builder working while the other waits). Measuring starts
+        once nothing is left to hand out and the builds still running fit on the cores no
+        measurer owns: the batch's last builds finish there, beside the first measurements,
+        as every build does when a core is spare. Bounded: past the build timeout what is
+        left is submitted at once, and _measure expires late builds."""
         refs: list = [None] * len(items)
         todo, free, busy = list(range(len(items))), list(range(len(self.builders))), {}
         deadline = time.perf_counter() + self.opts.build_timeout_s
-        while todo or busy:
+        beside = getattr(self, "spare_cores", 0)
+        while todo or len(busy) > beside:
             while todo and free:
                 i, k = todo.pop(0), free.pop(0)
                 refs[i] = self._build(items[i], k)

@@ -63,3 +63,29 @@ def test_phased_builds_go_to_whichever_builder_is_free(ray_session):
     refs = MeasurePipeline._build_pulled(fake, list(range(len(secs))))
     assert ray.get(refs) == secs
     assert handed == {0: [0], 1: [1, 2, 3, 4, 5]}
+
+
+def test_measuring_starts_when_the_last_builds_fit_on_the_spare_cores(ray_session):
+    """With a core no measurer owns, the batch does not wait for its slowest build: once
+    nothing is left to hand out and the builds still running fit on the spare cores, the
+    builds go to measurement (the rest arrive as they finish)."""
+    import time
+    import types
+
+    import ray
+    from actors.pipeline import MeasurePipeline
+
+    @ray.remote
+    def build(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    secs = [3.0, 0.05, 0.05, 0.05]
+    fake = types.SimpleNamespace(builders=[None, None], opts=OPTS)
+    fake._build = types.MethodType(lambda self, i, k=None: build.remote(secs[i]), fake)
+    for spare, waits in ((1, False), (0, True)):
+        fake.spare_cores = spare
+        start = time.perf_counter()
+        refs = MeasurePipeline._build_pulled(fake, list(range(len(secs))))
+        assert (time.perf_counter() - start > 2.5) == waits
+        assert ray.get(refs) == secs
