@@ -2,10 +2,10 @@
 touches llvmlite.binding. Only bytes leave this module across process boundaries.
 
 Pipeline: parse, verify, SROA and CFG simplification (IR_PASSES), emit an object for the host
-CPU (or -mcpu) at codegen level 3, `cc -shared ... -lgomp -lm`. The renderer already emits
-what O3 would make of a kernel (explicit vectors, unrolled where the schedule says): O3's
-module pipeline cost 8x the time of these two passes and gave the same kernels (measured
-on the tuned ResNet-18, MobileNetV2 and BERT kernels: sums within 0.2%).
+CPU (or -mcpu) at codegen level 3, link (linker(): `ld -shared ... -lgomp -lm`). The
+renderer already emits what O3 would make of a kernel (explicit vectors, unrolled where the
+schedule says): O3's module pipeline cost 8x the time of these two passes and gave the same
+kernels (measured on the tuned ResNet-18, MobileNetV2 and BERT kernels: sums within 0.2%).
 Code generation runs without two of its passes (CODEGEN_OPTIONS):
 - the pre-RA machine scheduler: it hoists the broadcasts of an unrolled channel block above
   their FMAs and spills them (measured: 74-84% -> 91-96% of peak);
