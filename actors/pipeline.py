@@ -232,6 +232,7 @@ class MeasurePipeline:
                 self.slots.remove(slot)
         self.nodes = ids
         self.phased = phased(roles)
+        self.spare_cores = 0  # phased on a cluster: no core of a node is free of measurement
         self.stats.measurers = len(self.slots)
 
     def _start(self, slot: _Slot) -> None:
@@ -268,8 +269,7 @@ class MeasurePipeline:
         refs: list = [None] * len(items)
         todo, free, busy = list(range(len(items))), list(range(len(self.builders))), {}
         deadline = time.perf_counter() + self.opts.build_timeout_s
-        beside = getattr(self, "spare_cores", 0)
-        while todo or len(busy) > beside:
+        while todo or len(busy) > self.spare_cores:
             while todo and free:
                 i, k = todo.pop(0), free.pop(0)
                 refs[i] = self._build(items[i], k)

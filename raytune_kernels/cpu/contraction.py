@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from raytune_kernels.task import Compute
-from raytune_kernels.cpu.contraction_base import Contraction, as_blocks, out_pad
+from raytune_kernels.cpu.contraction_base import (Contraction, as_blocks, out_pad,
+                                                  written_layout)
 from raytune_kernels.cpu.transform import Layout
 
 
@@ -109,8 +110,7 @@ class Conv2dContraction(Contraction):
 
     def out_layout(self, cfg) -> Layout:
         """The output's layout, its border included."""
-        nhwc = cfg.get("out_layout", "blocked") == "nhwc"
-        return Layout("NHWC" if nhwc else f"NCHW{cfg['ob']}c", out_pad(cfg))
+        return written_layout(cfg)
 
     def tile_strides(self, cfg) -> tuple[tuple[int, int], tuple[int, int]]:
         """(A strides, output strides) between the register tile's rows and columns."""

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from raytune_kernels.cpu.loopnest import BCAST_FMA
+from raytune_kernels.cpu.transform import Layout
 
 
 class Contraction:
@@ -38,6 +39,13 @@ def out_pad(cfg) -> tuple[int, int]:
     direct conv or window whose only reader wants that border, never one the search
     tunes (the kernel does the same work; only its output strides and offset change)."""
     return tuple(cfg.get("out_pad", (0, 0)))
+
+
+def written_layout(cfg) -> Layout:
+    """The layout a direct conv or window writes (knob out_layout: NCHW[ob]c or NHWC),
+    its border (out_pad) included."""
+    nhwc = cfg.get("out_layout", "blocked") == "nhwc"
+    return Layout("NHWC" if nhwc else f"NCHW{cfg['ob']}c", out_pad(cfg))
 
 
 def as_blocks(x: np.ndarray | torch.Tensor) -> np.ndarray:

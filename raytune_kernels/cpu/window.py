@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from raytune_kernels.task import Compute
-from raytune_kernels.cpu.contraction_base import Contraction, as_blocks, out_pad
+from raytune_kernels.cpu.contraction_base import (Contraction, as_blocks, out_pad,
+                                                  written_layout)
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.cpu.loopnest import ADD, MAX, VEC_FMA, EpiStep
 
@@ -127,8 +128,7 @@ class WindowContraction(Contraction):
 
     def out_layout(self, cfg) -> Layout:
         """The output's layout, its border included."""
-        nhwc = cfg.get("out_layout", "blocked") == "nhwc"
-        return Layout("NHWC" if nhwc else f"NCHW{cfg['ob']}c", out_pad(cfg))
+        return written_layout(cfg)
 
     def buffer_sizes(self, cfg) -> dict[str, int]:
         hp, wp = self.padded()

@@ -58,7 +58,7 @@ def test_phased_builds_go_to_whichever_builder_is_free(ray_session):
         handed[k].append(item)
         return build.remote(secs[item])
 
-    fake = types.SimpleNamespace(builders=[None, None], opts=OPTS)
+    fake = types.SimpleNamespace(builders=[None, None], opts=OPTS, spare_cores=0)
     fake._build = types.MethodType(submit, fake)
     refs = MeasurePipeline._build_pulled(fake, list(range(len(secs))))
     assert ray.get(refs) == secs
