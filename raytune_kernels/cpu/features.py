@@ -51,7 +51,7 @@ def _updates(body, out: list | None = None) -> list:
 def featurize_nest(compute: Compute, cfg: Config, nest: LoopNest, cpu: CpuInfo) -> list[float]:
     f: list[float] = [float(compute.op == op) for op in OPS]
     f.append(float(cfg.get("algorithm") == "im2col"))
-    f.append(float(cfg.get("algorithm") == "winograd"))
+    f.append({"winograd": 1.0, "winograd4": 2.0}.get(cfg.get("algorithm"), 0.0))  # m / 2
     tile = max(nest.tiles, key=lambda t: t.rows * t.vecs, default=None)
     rows, cols, vecs = (tile.shape[0], tile.shape[1], tile.vecs) if tile else (1, 1, 1)
     accs = rows * cols * vecs

@@ -22,8 +22,8 @@ from raytune_kernels.cpu.lower import (LoweringError, lower as lower_tiled, oper
 from raytune_kernels.cpu.rows import (ROW_OPS, RowLoweringError, lower_rows, pack_rows, row_shape,
                                       row_space, unpack_rows)
 from raytune_kernels.space import Config, Space, UnionSpace, contraction_space
-from raytune_kernels.cpu.winograd import (applicable as winograd_applicable, lower_winograd,
-                                          pack_winograd, winograd_space)
+from raytune_kernels.cpu.winograd import (VARIANTS as WINOGRAD, applicable as winograd_applicable,
+                                          lower_winograd, pack_winograd, winograd_space)
 
 
 def unsupported_reason(compute: Compute) -> str | None:
@@ -56,7 +56,8 @@ def _why(c: Compute) -> str:
 
 def space_for(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
     """The schedule space of a compute on a CPU. Convolutions that im2col or Winograd
-    F(2x2, 3x3) apply to get those algorithms too, under the knob `algorithm`."""
+    F(2x2, 3x3) or F(4x4, 3x3) apply to get those algorithms too, under the knob
+    `algorithm` (winograd, winograd4)."""
     reason = unsupported_reason(compute)
     if reason:
         raise LoweringError(reason)
@@ -66,8 +67,9 @@ def space_for(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
     parts = [("direct", direct)]
     if im2col_applicable(compute):
         parts.append(("im2col", im2col_space(compute, cpu)))
-    if winograd_applicable(compute):
-        parts.append(("winograd", winograd_space(compute, cpu)))
+    for name, variant in WINOGRAD.items():
+        if winograd_applicable(compute, variant):
+            parts.append((name, winograd_space(compute, cpu, variant)))
     return UnionSpace("algorithm", tuple(parts)) if len(parts) > 1 else direct
 
 
@@ -91,9 +93,9 @@ def no_kernel_reason(compute: Compute, cpu: CpuInfo) -> str | None:
 
 def writes_bordered(compute: Compute, cfg: Config) -> bool:
     """Whether this kernel can write its output into a bordered buffer (knob out_pad): a
-    direct conv, depthwise conv or pool whose epilogue reads nothing laid out like the
-    output (a residual would have to be bordered too)."""
-    if compute.op in ROW_OPS or cfg.get("algorithm", "direct") != "direct":
+    direct or Winograd conv, depthwise conv or pool whose epilogue reads nothing laid out
+    like the output (a residual would have to be bordered too)."""
+    if compute.op in ROW_OPS or cfg.get("algorithm", "direct") not in ("direct", *WINOGRAD):
         return False
     con = contraction(compute)
     return hasattr(con, "out_layout") and \
@@ -103,13 +105,13 @@ def writes_bordered(compute: Compute, cfg: Config) -> bool:
 def lower(compute: Compute, cfg: Config) -> LoopNest:
     if "out_pad" in dict(cfg.knobs) and not writes_bordered(compute, cfg):
         raise LoweringError(f"{compute.describe()}: config {cfg.to_json()} cannot write a "
-                            f"bordered output (out_pad): a direct conv or window without a "
-                            f"residual operand can")
+                            f"bordered output (out_pad): a direct or Winograd conv or a window "
+                            f"without a residual operand can")
     if compute.op in ROW_OPS:
         return lower_rows(compute, cfg)
     if cfg.get("algorithm") == "im2col":
         return lower_im2col(compute, cfg)
-    if cfg.get("algorithm") == "winograd":
+    if cfg.get("algorithm") in WINOGRAD:
         return lower_winograd(compute, cfg)
     return lower_tiled(compute, cfg)
 
@@ -119,7 +121,7 @@ def pack(compute: Compute, cfg: Config, operands) -> dict[str, np.ndarray]:
         return pack_rows(compute, cfg, operands)
     if cfg.get("algorithm") == "im2col":
         return pack_im2col(compute, cfg, operands)
-    if cfg.get("algorithm") == "winograd":
+    if cfg.get("algorithm") in WINOGRAD:
         return pack_winograd(compute, cfg, operands)
     return pack_operands(compute, cfg, operands)
 

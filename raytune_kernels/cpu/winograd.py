@@ -1,25 +1,31 @@
-"""Winograd F(2x2, 3x3): the third algorithm for 3x3 stride-1 convolutions, chosen by
-measurement like im2col.
+"""Winograd F(m x m, 3x3), m = 2 or 4: the third algorithm for 3x3 stride-1 convolutions,
+chosen by measurement like im2col (algorithms "winograd" and "winograd4").
 
-Each 2x2 block of outputs (a tile t) needs a 4x4 window d of the (bordered) input, and
-Y = A^T [ sum_c (G g G^T) (.) (B^T d B) ] A: 16 products per tile and channel pair instead
-of 36, so the multiply work drops 2.25x, paid for with two cheap linear transforms.
+Each m x m block of outputs (a tile t) needs an a x a window d (a = m + 2) of the
+(bordered) input, and Y = A^T [ sum_c (G g G^T) (.) (B^T d B) ] A: a^2 products per tile
+and channel pair instead of 9 m^2. F(2x2) does 16 for 36 (2.25x fewer multiplies) with
+transforms of +-1 and 1/2; F(4x4) does 36 for 144 (4x fewer), and its workspaces hold
+2.25 values per output instead of 4, paid for with larger transforms (coefficients up to
+25) and larger float32 errors: on ResNet-18's layers, 4e-6 to 9e-6 of the output's largest
+magnitude against F(2x2)'s 2e-7 to 5e-7 and the direct conv's 6e-7 to 1.4e-6.
 
 - Stage 1 (input transform, parallel over channel blocks x tile rows): V[xi][t][c] =
   (B^T d B)[xi] for every tile and channel, vectors along the channel block (the input is
   the direct conv's bordered [C/CB][Hp][Wp][CB], so its layouts and labels are the same).
-- Stage 2 (16 GEMMs, register-tiled like im2col's):
+- Stage 2 (a^2 GEMMs, register-tiled like im2col's):
   M[xi][t][k] = sum_c V[xi][t][c] U[xi][c][k], with U = G g G^T packed once as
-  [16][K/OB][C][OB] (a constant, like every packed weight).
+  [a^2][K/OB][C][OB] (a constant, like every packed weight).
 - Stage 3 (output transform and the fused epilogue, parallel over output-channel blocks x
-  tile rows): Y = A^T M A for each tile, written in the direct conv's output layouts.
+  tile rows): Y = A^T M A for each tile, written in the direct conv's output layouts,
+  into its reader's bordered buffer where the plan asks (out_pad, as the direct conv).
 V and M are workspaces (kernel buffers "v", "m", shared by every step of a compiled
-network). Needs an even output (every tile whole). F(2x2, 3x3)'s transforms are +-1 and
-1/2, so float32 rounding stays small: the tests hold built kernels to the reference within
-1e-4 and the interpreted nest within 1e-5, as for the direct conv.
+network). Needs an output whose sides m divides (every tile whole). The tests hold built
+kernels of both to the reference within 1e-4, as for the direct conv, and the measurer
+checks every candidate the same way.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 import itertools
 import math
 
@@ -37,15 +43,45 @@ from raytune_kernels.cpu.lower import operand_kinds, pack_operands
 from raytune_kernels.cpu.rows import epilogue_expr
 from raytune_kernels.space import Space
 
-BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))  # B^T
-G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
-AT = ((1, 1, 1, 0), (0, 1, -1, -1))  # A^T
-XI = 16  # the 4x4 transformed positions
+@dataclass(frozen=True)
+class Variant:
+    """F(m x m, 3x3): output tiles of m x m from input windows of a x a, a = m + 2, with
+    Y = A^T [(G g G^T) (.) (B^T d B)] A (Lavin and Gray's matrices: points 0, +-1, +-2
+    and infinity for m = 4)."""
+
+    m: int
+    bt: tuple  # B^T, a x a
+    g: tuple  # G, a x 3
+    at: tuple  # A^T, m x a
+
+    @property
+    def a(self) -> int:
+        return self.m + 2
+
+    @property
+    def xi(self) -> int:  # transformed positions
+        return self.a * self.a
 
 
-def applicable(c: Compute) -> bool:
+F2 = Variant(2, ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
+             ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0)),
+             ((1, 1, 1, 0), (0, 1, -1, -1)))
+F4 = Variant(4, ((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
+                 (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)),
+             ((1 / 4, 0.0, 0.0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6),
+              (1 / 24, 1 / 12, 1 / 6), (1 / 24, -1 / 12, 1 / 6), (0.0, 0.0, 1.0)),
+             ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0),
+              (0, 1, -1, 8, -8, 1)))
+VARIANTS = {"winograd": F2, "winograd4": F4}  # the knob `algorithm`'s value -> variant
+
+
+def variant(cfg) -> Variant:
+    return VARIANTS[cfg.get("algorithm", "winograd")]
+
+
+def applicable(c: Compute, v: Variant = F2) -> bool:
     """3x3, stride 1, no dilation, one group, batch 1, channel counts that fill vectors,
-    and an even output (whole 2x2 tiles)."""
+    and an output whose sides the tile divides (whole m x m tiles)."""
     if c.op != "conv2d" or c.attr("groups") != 1 or c.inputs[0].shape[0] != 1:
         return False
     _, ch, _, _ = c.inputs[0].shape
@@ -53,80 +89,87 @@ def applicable(c: Compute) -> bool:
     _, _, oh, ow = c.output.shape
     return ((kh, kw) == (3, 3) and tuple(c.attr("stride")) == (1, 1)
             and tuple(c.attr("dilation")) == (1, 1) and ch % 8 == 0 and k % 8 == 0
-            and oh % 2 == 0 and ow % 2 == 0)
+            and oh % v.m == 0 and ow % v.m == 0)
 
 
-def winograd_space(c: Compute, cpu: CpuInfo) -> Space:
+def winograd_space(c: Compute, cpu: CpuInfo, v: Variant = F2) -> Space:
     con = Conv2dContraction.from_compute(c)
-    combos = gemm_combos(con, (con.oh // 2) * (con.ow // 2), cpu, whole_c=True)
+    combos = gemm_combos(con, (con.oh // v.m) * (con.ow // v.m), cpu, whole_c=True)
     independent = (("out_layout", con.out_layouts),
                    ("spatial_order", tuple(itertools.permutations(("xi", "ko", "pt")))),
                    ("parallel", (1, 2)))
     return Space(("lanes", "ob", "tile_h", "cb"), tuple(combos), independent)
 
 
-def _signed_sum(terms: list[tuple[int, object]]):
-    """sum(coef * x) for coefs +-1, as adds and subtracts (a positive term first)."""
+def _weighted_sum(terms: list[tuple[float, object]]):
+    """sum(coef * x): adds and subtracts of x or |coef| * x (a positive term first)."""
     terms = sorted(terms, key=lambda t: -t[0])
-    value = terms[0][1] if terms[0][0] > 0 else Bin("sub", Num(0.0), terms[0][1])
+
+    def scaled(coef, x):
+        return x if abs(coef) == 1 else Bin("mul", Num(float(abs(coef))), x)
+    coef, x = terms[0]
+    value = scaled(coef, x) if coef > 0 else Bin("sub", Num(0.0), scaled(coef, x))
     for coef, x in terms[1:]:
-        value = Bin("add" if coef > 0 else "sub", value, x)
+        value = Bin("add" if coef > 0 else "sub", value, scaled(coef, x))
     return value
 
 
 def lower_winograd(c: Compute, cfg) -> LoopNest:
-    con = Conv2dContraction.from_compute(c)
+    con, v = Conv2dContraction.from_compute(c), variant(cfg)
     lanes, cb, ob = cfg["lanes"], cfg["cb"], cfg["ob"]
-    if not applicable(c):
-        raise ValueError(f"winograd does not apply to {c.describe()}")
+    if not applicable(c, v):
+        raise ValueError(f"winograd F({v.m}x{v.m}, 3x3) does not apply to {c.describe()}")
     if cb % lanes or con.c % cb or ob % lanes or con.k % ob:
         raise ValueError(f"winograd: cb={cb} and ob={ob} must divide C={con.c} and "
                          f"K={con.k} and be multiples of lanes={lanes}")
-    tiles = (con.oh // 2) * (con.ow // 2)
+    tiles = (con.oh // v.m) * (con.ow // v.m)
     kinds = operand_kinds(c)
     sizes = con.buffer_sizes(cfg)
-    bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", XI * con.c * con.k, "in")]
+    bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", v.xi * con.c * con.k, "in")]
     bufs += [Buffer(f"e{i}", con.k if k.kind == "channel" else sizes["out"], "in")
              for i, k in enumerate(kinds)]
-    bufs += [Buffer("out", sizes["out"], "out"), Buffer("v", XI * tiles * con.c, "scratch"),
-             Buffer("m", XI * tiles * con.k, "scratch")]
+    bufs += [Buffer("out", sizes["out"], "out"),
+             Buffer("v", v.xi * tiles * con.c, "scratch"),
+             Buffer("m", v.xi * tiles * con.k, "scratch")]
     tile_list: list[Tile] = []
-    body = [_input_stage(con, cfg, tiles)] + _gemm_stage(con, cfg, tiles, tile_list)
-    body.append(_output_stage(c, con, cfg, tiles, kinds))
-    return LoopNest(f"k_{c.key()}_winograd", tuple(bufs), tuple(tile_list), tuple(body),
+    body = [_input_stage(con, cfg, tiles, v)] + _gemm_stage(con, cfg, tiles, tile_list, v)
+    body.append(_output_stage(c, con, cfg, tiles, kinds, v))
+    suffix = "winograd" if v.m == 2 else f"winograd{v.m}"
+    return LoopNest(f"k_{c.key()}_{suffix}", tuple(bufs), tuple(tile_list), tuple(body),
                     lanes)
 
 
-def _input_stage(con: Conv2dContraction, cfg, tiles: int):
-    lanes, cb = cfg["lanes"], cfg["cb"]
+def _input_stage(con: Conv2dContraction, cfg, tiles: int, v: Variant):
+    lanes, cb, m, a = cfg["lanes"], cfg["cb"], v.m, v.a
     hp, wp = con.padded()
-    twid = con.ow // 2
+    twid = con.ow // m
     maps = []
-    for xi in range(XI):
-        ksi, nu = divmod(xi, 4)
+    for xi in range(v.xi):
+        ksi, nu = divmod(xi, a)
         terms = []
-        for i, j in itertools.product(range(4), range(4)):
-            coef = BT[ksi][i] * BT[nu][j]
+        for i, j in itertools.product(range(a), range(a)):
+            coef = v.bt[ksi][i] * v.bt[nu][j]
             if coef:
-                at = Affine((("cq", hp * wp * cb), ("ty", 2 * wp * cb), ("tx", 2 * cb),
+                at = Affine((("cq", hp * wp * cb), ("ty", m * wp * cb), ("tx", m * cb),
                              ("cv", lanes)), i * wp * cb + j * cb)
                 terms.append((coef, Ld(Access("a", at))))
         out = Affine((("cq", cb), ("ty", twid * con.c), ("tx", con.c), ("cv", lanes)),
                      xi * tiles * con.c)
-        maps.append(Map(Access("v", out), _signed_sum(terms), "cv", cb // lanes))
-    extents = (con.c // cb, con.oh // 2)
+        maps.append(Map(Access("v", out), _weighted_sum(terms), "cv", cb // lanes))
+    extents = (con.c // cb, con.oh // m)
     inner = For("tx", twid, SERIAL, tuple(maps))
     return For("q", math.prod(extents), PARALLEL, (Split("q", ("cq", "ty"), extents), inner))
 
 
-def _gemm_stage(con: Conv2dContraction, cfg, tiles: int, tile_list: list) -> list:
+def _gemm_stage(con: Conv2dContraction, cfg, tiles: int, tile_list: list, v: Variant
+                ) -> list:
     ob, th, c, k = cfg["ob"], cfg["tile_h"], con.c, con.k
     unroll = max(d for d in range(1, 17) if c % d == 0)
     out = []
     for count, rows, offset in tile_variants(tiles, th):
         tile = Tile(f"g{len(tile_list)}", (rows, 1), ob // cfg["lanes"])
         tile_list.append(tile)
-        live = {"xi": XI, "ko": k // ob, "pt": count}
+        live = {"xi": v.xi, "ko": k // ob, "pt": count}
         a = Affine((("xi", tiles * c), ("pt", rows * c), ("rq", unroll), ("ri", 1)),
                    offset * c)
         b = Affine((("xi", k * c), ("ko", c * ob), ("rq", unroll * ob), ("ri", ob)))
@@ -139,28 +182,26 @@ def _gemm_stage(con: Conv2dContraction, cfg, tiles: int, tile_list: list) -> lis
     return out
 
 
-def _output_stage(c: Compute, con: Conv2dContraction, cfg, tiles: int, kinds):
-    lanes, ob, k = cfg["lanes"], cfg["ob"], con.k
-    twid = con.ow // 2
-    nhwc = cfg["out_layout"] == "nhwc"
+def _output_stage(c: Compute, con: Conv2dContraction, cfg, tiles: int, kinds, v: Variant):
+    lanes, ob, k, m, a = cfg["lanes"], cfg["ob"], con.k, v.m, v.a
+    twid = con.ow // m
+    # the direct conv's output layouts, in a bordered buffer where the plan gives one
+    s_block, s_row, s_col = con._out_steps(cfg)
+    start = con.out_offset(cfg)
     maps = []
-    for i, j in itertools.product(range(2), range(2)):
+    for i, j in itertools.product(range(m), range(m)):
         terms = []
-        for xi in range(XI):
-            coef = AT[i][xi // 4] * AT[j][xi % 4]
+        for xi in range(v.xi):
+            coef = v.at[i][xi // a] * v.at[j][xi % a]
             if coef:
                 at = Affine((("ty", twid * k), ("tx", k), ("ko", ob), ("kv", lanes)),
                             xi * tiles * k)
                 terms.append((coef, Ld(Access("m", at))))
-        if nhwc:
-            o = Affine((("ty", 2 * con.ow * k), ("tx", 2 * k), ("ko", ob), ("kv", lanes)),
-                       i * con.ow * k + j * k)
-        else:
-            o = Affine((("ko", con.oh * con.ow * ob), ("ty", 2 * con.ow * ob),
-                        ("tx", 2 * ob), ("kv", lanes)), i * con.ow * ob + j * ob)
-        value = _epilogue(c, _signed_sum(terms), kinds, o, ob, lanes)
+        o = Affine((("ko", s_block), ("ty", m * s_row), ("tx", m * s_col), ("kv", lanes)),
+                   i * s_row + j * s_col + start)
+        value = _epilogue(c, _weighted_sum(terms), kinds, o, ob, lanes)
         maps.append(Map(Access("out", o), value, "kv", ob // lanes))
-    extents = (k // ob, con.oh // 2)
+    extents = (k // ob, con.oh // m)
     inner = For("tx", twid, SERIAL, tuple(maps))
     return For("q", math.prod(extents), PARALLEL, (Split("q", ("ko", "ty"), extents), inner))
 
@@ -179,21 +220,22 @@ def _epilogue(c: Compute, value, kinds, o: Affine, ob: int, lanes: int):
     return value
 
 
-def transformed_weights(w: torch.Tensor) -> torch.Tensor:
-    """U = G g G^T for every (k, c): [16][C][K] (xi = 4 * row + column)."""
-    g = torch.tensor(G, dtype=torch.float64)
-    u = torch.einsum("ai,kcij,bj->abck", g, w.double(), g)  # [4][4][C][K]
-    return u.reshape(XI, w.shape[1], w.shape[0]).float()
+def transformed_weights(w: torch.Tensor, v: Variant = F2) -> torch.Tensor:
+    """U = G g G^T for every (k, c): [a^2][C][K] (xi = a * row + column), computed in
+    float64."""
+    g = torch.tensor(v.g, dtype=torch.float64)
+    u = torch.einsum("ai,kcij,bj->abck", g, w.double(), g)  # [a][a][C][K]
+    return u.reshape(v.xi, w.shape[1], w.shape[0]).float()
 
 
 def pack_winograd(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
-    con = Conv2dContraction.from_compute(c)
+    con, v = Conv2dContraction.from_compute(c), variant(cfg)
     bufs = pack_operands(c, cfg, operands)
     ob = cfg["ob"]
-    u = transformed_weights(operands[1].detach())  # [16][C][K] -> [16][K/OB][C][OB]
-    u = u.reshape(XI, con.c, con.k // ob, ob).permute(0, 2, 1, 3)
+    u = transformed_weights(operands[1].detach(), v)  # [a^2][C][K] -> [a^2][K/OB][C][OB]
+    u = u.reshape(v.xi, con.c, con.k // ob, ob).permute(0, 2, 1, 3)
     bufs["b"] = np.ascontiguousarray(u.numpy(), np.float32).ravel()
-    tiles = (con.oh // 2) * (con.ow // 2)
-    bufs["v"] = np.zeros(XI * tiles * con.c, np.float32)
-    bufs["m"] = np.zeros(XI * tiles * con.k, np.float32)
+    tiles = (con.oh // v.m) * (con.ow // v.m)
+    bufs["v"] = np.zeros(v.xi * tiles * con.c, np.float32)
+    bufs["m"] = np.zeros(v.xi * tiles * con.k, np.float32)
     return bufs

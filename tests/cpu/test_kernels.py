@@ -321,22 +321,26 @@ class Residual(torch.nn.Module):
 @pytest.mark.parametrize("layout", ["blocked", "nhwc"])
 def test_kernels_write_into_a_bordered_buffer_and_leave_its_border(layout):
     """out_pad (set by compile_network, never tuned): the output lands inside a border
-    that the kernel never touches; a residual epilogue cannot be written so."""
+    that the kernel never touches (windows, direct and Winograd convs); a residual epilogue
+    cannot be written so."""
     from raytune_kernels.cpu.build import LoadedKernel, aligned
     from raytune_kernels.cpu.contraction import contraction
     from raytune_kernels.cpu.kernel import build_for
-    from raytune_kernels.cpu.lower import pack_operands
+    from raytune_kernels.cpu.schedules import pack
 
     tasks = rk.extract_tasks(Windows().eval(), (torch.randn(1, 48, 13, 14),))
     conv = rk.extract_tasks(torch.nn.Conv2d(16, 32, 3, padding=1).eval(),
-                            (torch.randn(1, 16, 9, 10),))
-    for i, task in enumerate(tasks[:1] + conv):
+                            (torch.randn(1, 16, 8, 12),))
+    cases = [(tasks[0], "direct")] + [(conv[0], a) for a in ("direct", "winograd", "winograd4")]
+    for i, (task, algorithm) in enumerate(cases):
         space, rng = space_for(task.compute, cpu_info()), random.Random(i)
-        cfg = next(c for c in (space.sample(rng) for _ in range(500))
-                   if c["out_layout"] == layout and c.get("algorithm", "direct") == "direct")
+        part = dict(space.parts)[algorithm] if hasattr(space, "parts") else space
+        cfg = next(c for c in (part.sample(rng) for _ in range(500)) if c["out_layout"] == layout)
+        if hasattr(space, "parts"):
+            cfg = space._tag(algorithm, cfg)
         cfg = Config(tuple(sorted(cfg.knobs + (("out_pad", (1, 2)),))))
         ops = operands(task.compute, i)
-        bufs = {k: aligned(v) for k, v in pack_operands(task.compute, cfg, ops).items()}
+        bufs = {k: aligned(v) for k, v in pack(task.compute, cfg, ops).items()}
         bufs["out"][:] = -7.0  # the border as a consumer's transform left it
         built, nest = build_for(task.compute, cfg), lower(task.compute, cfg)
         assert built.library, built.error

@@ -1,5 +1,6 @@
-"""Winograd F(2x2, 3x3): where it applies, its loop nest (interpreted) and its machine code
-(built and run) against the torch reference, and its layouts equal to the direct conv's."""
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3): where each applies, their loop nests (interpreted)
+and machine code (built and run) against the torch reference, and their layouts equal to
+the direct conv's."""
 import random
 
 import pytest
@@ -11,7 +12,7 @@ from raytune_kernels.cpu.kernel import run_candidate
 from raytune_kernels.cpu.loopnest import interpret
 from raytune_kernels.cpu.schedules import lower, pack, space_for, unpack
 from raytune_kernels.space import Config
-from raytune_kernels.cpu.winograd import applicable, transformed_weights
+from raytune_kernels.cpu.winograd import F2, F4, VARIANTS, applicable, transformed_weights
 from raytune_kernels.layout.costs import layouts_of
 from raytune_kernels.measure import random_operands
 from raytune_kernels.frontend.reference import reference
@@ -20,11 +21,12 @@ from raytune_kernels.task import Task
 from tests.support.cuda_cases import bias, conv, residual, unary
 
 
-def _winograd_cfgs(c, n: int, seed: int, **fixed) -> list[Config]:
+def _winograd_cfgs(c, n: int, seed: int, algorithm: str = "winograd", **fixed
+                   ) -> list[Config]:
     space = space_for(c, cpu_info())
-    part, rng, out = dict(space.parts)["winograd"], random.Random(seed), []
+    part, rng, out = dict(space.parts)[algorithm], random.Random(seed), []
     while len(out) < n:
-        cfg = space._tag("winograd", part.sample(rng))
+        cfg = space._tag(algorithm, part.sample(rng))
         if all(cfg[k] == v for k, v in fixed.items()):
             out.append(cfg)
     return out
@@ -46,38 +48,74 @@ def test_it_applies_to_3x3_stride_1_convs_with_an_even_output(zoo_models):
                       "conv2d 1x256x14x14 -> 256ch k3x3 s1"}  # layer4's 7x7 maps are odd
 
 
-def test_transformed_weights_are_g_g_gt():
+def test_f4_needs_sides_that_4_divides(zoo_models):
+    assert applicable(conv((1, 16, 8, 12), 16, 3, 1, 1), F4)
+    assert not applicable(conv((1, 16, 6, 8), 16, 3, 1, 1), F4)  # 6 rows: a ragged tile
+    assert not applicable(conv((1, 16, 8, 8), 16, 3, 2, 1), F4)
+    model, inputs = zoo_models["resnet18"]
+    tasks = rk.extract_tasks(model, inputs)
+    picked = {t.compute.describe().split(" +")[0] for t in tasks if applicable(t.compute, F4)}
+    assert picked == {"conv2d 1x64x56x56 -> 64ch k3x3 s1", "conv2d 1x128x28x28 -> 128ch k3x3 s1"}
+    for t in tasks:  # the space offers each variant exactly where it applies
+        parts = dict(getattr(space_for(t.compute, cpu_info()), "parts", ()))
+        for name, variant in VARIANTS.items():
+            assert (name in parts) == applicable(t.compute, variant), (t.compute.describe(), name)
+
+
+@pytest.mark.parametrize("variant", [F2, F4])
+def test_the_variants_matrices_compute_a_correlation(variant):
+    """Y = A^T [(G g G^T) (.) (B^T d B)] A equals the 3x3 correlation of d and g, in
+    float64, for every m x m output of an a x a window."""
+    d = torch.randn(variant.a, variant.a, dtype=torch.float64)
+    g = torch.randn(3, 3, dtype=torch.float64)
+    bt, gm, at = (torch.tensor(x, dtype=torch.float64) for x in (variant.bt, variant.g,
+                                                                 variant.at))
+    y = at @ ((gm @ g @ gm.T) * (bt @ d @ bt.T)) @ at.T
+    want = torch.nn.functional.conv2d(d[None, None], g[None, None])[0, 0]
+    assert y.shape == (variant.m, variant.m)
+    assert torch.allclose(y, want, atol=1e-12)
+
+
+@pytest.mark.parametrize("variant", [F2, F4])
+def test_transformed_weights_are_g_g_gt(variant):
     w = torch.randn(5, 3, 3, 3, dtype=torch.float64)
-    g = torch.tensor([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]],
-                     dtype=torch.float64)
-    u = transformed_weights(w)
+    g = torch.tensor(variant.g, dtype=torch.float64)
+    u = transformed_weights(w, variant)
+    assert u.shape == (variant.xi, 3, 5)
     for k in range(5):
         for c in range(3):
-            want = (g @ w[k, c] @ g.T).reshape(16).float()
+            want = (g @ w[k, c] @ g.T).reshape(variant.xi).float()
             assert torch.allclose(u[:, c, k], want, atol=1e-6)
 
 
+@pytest.mark.parametrize("algorithm,shape", [("winograd", (1, 16, 6, 8)),
+                                             ("winograd4", (1, 16, 8, 12))])
 @pytest.mark.parametrize("out_layout", ["blocked", "nhwc"])
-def test_the_loop_nest_matches_the_reference(out_layout):
+def test_the_loop_nest_matches_the_reference(out_layout, algorithm, shape):
     """The interpreter runs the nest as written: bias, a residual read in the output's
-    layout, relu; tiles that divide the 2x2 tiles and ones that leave a remainder."""
-    c = conv((1, 16, 6, 8), 24, 3, 1, 1, epilogue=(bias(), residual(), unary("relu")))
+    layout, relu; GEMM tiles that divide the Winograd tiles and ones that leave a
+    remainder."""
+    c = conv(shape, 24, 3, 1, 1, epilogue=(bias(), residual(), unary("relu")))
     ops = random_operands(c, 1)
     want = reference(c, *ops)
-    for cfg in _winograd_cfgs(c, 3, seed=2, out_layout=out_layout):
+    for cfg in _winograd_cfgs(c, 3, seed=2, algorithm=algorithm, out_layout=out_layout):
         nest, bufs = lower(c, cfg), pack(c, cfg, ops)
         interpret(nest, bufs)
         got = unpack(c, cfg, bufs["out"])
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (cfg, (got - want).abs().max())
 
 
-def test_built_kernels_of_resnet18_match_the_reference(zoo_models):
+@pytest.mark.parametrize("algorithm", ["winograd", "winograd4"])
+def test_built_kernels_of_resnet18_match_the_reference(zoo_models, algorithm):
+    """Within the measurer's own tolerance (1e-4): F(4x4)'s larger transforms included,
+    at ResNet-18's channel counts."""
     model, inputs = zoo_models["resnet18"]
+    variant = VARIANTS[algorithm]
     tasks = {t.compute.inputs[0].shape: t for t in rk.extract_tasks(model, inputs)
-             if applicable(t.compute)}
-    assert len(tasks) == 3
+             if applicable(t.compute, variant)}
+    assert len(tasks) == (3 if variant is F2 else 2)
     for i, task in enumerate(tasks.values()):
-        for cfg in _winograd_cfgs(task.compute, 2, seed=i):
+        for cfg in _winograd_cfgs(task.compute, 2, seed=i, algorithm=algorithm):
             ops = random_operands(task.compute, i)
             got = run_candidate(task.compute, cfg, ops, threads=2)
             want = reference(task.compute, *ops)
@@ -85,10 +123,11 @@ def test_built_kernels_of_resnet18_match_the_reference(zoo_models):
                 (task.compute.describe(), cfg, (got - want).abs().max().item())
 
 
-def test_it_reads_and_writes_the_direct_convs_layouts():
+@pytest.mark.parametrize("algorithm", ["winograd", "winograd4"])
+def test_it_reads_and_writes_the_direct_convs_layouts(algorithm):
     c = conv((1, 32, 8, 8), 32, 3, 1, 1)
     task = Task(c.key(), c, 1)
-    for cfg in _winograd_cfgs(c, 6, seed=3):
+    for cfg in _winograd_cfgs(c, 6, seed=3, algorithm=algorithm):
         direct = Config.of(**{k: v for k, v in cfg.to_json().items() if k in
                               ("cb", "ob", "out_layout")})
         assert layouts_of(task, cfg) == layouts_of(task, direct)
