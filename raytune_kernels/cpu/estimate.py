@@ -26,7 +26,7 @@ the cache level their footprint fits) did not rank better with cold weights.
 from __future__ import annotations
 
 from raytune_kernels.cpu.loopnest import (BCAST_FMA, UNROLL, VEC_FMA, Bin, For, Ld, LoopNest, Map,
-                                          Reduce, StoreTile, Un, UpdateTile, ZeroTile)
+                                          MapGroup, Reduce, StoreTile, Un, UpdateTile, ZeroTile)
 from raytune_kernels.cpu.machine import MachineModel, VectorUnit
 
 LOOP_CYCLES = 1.0  # increment, compare and branch of a loop that is not unrolled
@@ -57,11 +57,37 @@ def _cycles(body, tiles: dict, u: VectorUnit) -> float:
             per_step = max((ops + 1) / u.fma_per_cycle, loads / u.loads_per_cycle,
                            u.fma_latency / s.accs)
             total += s.extent * per_step + u.fma_latency * 3  # then across the lanes
-        elif isinstance(s, Map):
-            ops, loads = _expr_cost(s.expr)
+        elif isinstance(s, (Map, MapGroup)):
+            exprs = [s.expr] if isinstance(s, Map) else [e for _, e in s.outs]
+            ops, loads = _exprs_cost(exprs)
             total += s.extent * (max(ops / u.fma_per_cycle, loads / u.loads_per_cycle, 1.0)
                                  + LOOP_CYCLES)
     return total
+
+
+def _exprs_cost(exprs) -> tuple[float, int]:
+    """(vector ops, vector loads) of evaluating `exprs` together, each distinct
+    subexpression once (as a MapGroup renders them)."""
+    seen: set = set()
+    ops, loads = 0.0, 0
+
+    def visit(e) -> None:
+        nonlocal ops, loads
+        if e in seen:
+            return
+        seen.add(e)
+        if isinstance(e, Ld):
+            loads += 1
+        elif isinstance(e, Bin):
+            visit(e.x)
+            visit(e.y)
+            ops += 1
+        elif isinstance(e, Un):
+            visit(e.x)
+            ops += 1 if e.op in CHEAP_OPS else TRANSCENDENTAL_OPS
+    for e in exprs:
+        visit(e)
+    return ops, loads
 
 
 def _expr_cost(e) -> tuple[float, int]:

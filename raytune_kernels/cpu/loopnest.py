@@ -4,8 +4,10 @@ Kernels are register-tiled: an accumulator tile of rows x `vecs` vectors of `lan
 is initialised, updated inside reduction loops, then finished by a fused epilogue and
 stored. An update is an outer product (a broadcast scalar of A per row times a vector of B:
 conv, dense, matmul), an elementwise product of vectors (depthwise conv), a max or a sum
-of A vectors (pooling), or a plain load of A (layout transforms, elementwise tasks). Indices are affine in loop variables, counted in float elements; a `Split`
-statement decomposes a fused loop variable into digits (how parallel loops are fused).
+of A vectors (pooling), or a plain load of A (layout transforms, elementwise tasks). Row
+statements (Reduce, Let, Map, MapGroup) evaluate vector expressions of loads. Indices are
+affine in loop variables, counted in float elements; a `Split` statement decomposes a fused
+loop variable into digits (how parallel loops are fused).
 """
 from __future__ import annotations
 
@@ -187,7 +189,36 @@ class Map:
     scalar: bool = False
 
 
-Stmt = Union[For, Split, ZeroTile, UpdateTile, StoreTile, Reduce, Let, Map]
+@dataclass(frozen=True)
+class MapGroup:
+    """For var in [0, extent): store each expr at its out, every store of the group from
+    one evaluation: a subexpression shared by several exprs (an equal object) is computed
+    once per iteration, as the separable Winograd transforms share their row sums. The
+    exprs must not read a buffer the group writes."""
+
+    outs: tuple[tuple[Access, "Expr"], ...]
+    var: str
+    extent: int
+
+    def __post_init__(self) -> None:
+        written = {out.buffer for out, _ in self.outs}
+        read = {b for _, e in self.outs for b in loaded_buffers(e)}
+        if written & read:
+            raise ValueError(f"MapGroup reads what it writes: {sorted(written & read)}")
+
+
+def loaded_buffers(e) -> set[str]:
+    """The buffers an expression loads from."""
+    if isinstance(e, (Ld, LdScalar)):
+        return {e.access.buffer}
+    if isinstance(e, Bin):
+        return loaded_buffers(e.x) | loaded_buffers(e.y)
+    if isinstance(e, Un):
+        return loaded_buffers(e.x)
+    return set()
+
+
+Stmt = Union[For, Split, ZeroTile, UpdateTile, StoreTile, Reduce, Let, Map, MapGroup]
 
 
 @dataclass(frozen=True)
@@ -292,6 +323,14 @@ def _row_stmt(nest: LoopNest, s, env: dict, bufs) -> None:
             parts.append(np.broadcast_to(_eval(nest, s.expr, env, bufs), (nest.lanes,)))
         whole = np.concatenate(parts)
         env["%" + s.reg] = np.float32(whole.sum() if s.op == "sum" else whole.max())
+    elif isinstance(s, MapGroup):
+        for j in range(s.extent):
+            env[s.var] = j
+            values = [np.broadcast_to(_eval(nest, e, env, bufs), (nest.lanes,))
+                      for _, e in s.outs]
+            for (out, _), value in zip(s.outs, values):
+                i = out.index.eval(env)
+                bufs[out.buffer][i: i + nest.lanes] = value
     else:
         for j in range(s.extent):
             env[s.var] = j

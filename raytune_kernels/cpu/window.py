@@ -152,4 +152,5 @@ class WindowContraction(Contraction):
         return self.out_layout(cfg).unpack(flat, (1, self.c, self.oh, self.ow))
 
     def flops(self) -> int:
-        return (2 if self.kind == "depthwise" else 1) * self.c * self.oh * self.ow * self.kh * self.kw
+        per_tap = 2 if self.kind == "depthwise" else 1
+        return per_tap * self.c * self.oh * self.ow * self.kh * self.kw

@@ -37,8 +37,8 @@ from raytune_kernels.task import Compute
 from raytune_kernels.cpu.contraction import Conv2dContraction
 from raytune_kernels.cpu.im2col import gemm_outer, tile_variants, gemm_combos
 from raytune_kernels.cpu.loopnest import (BCAST_FMA, PARALLEL, SERIAL, UNROLL, Access, Affine, Bin,
-                                          Buffer, For, Ld, LoopNest, Map, Num, Split, StoreTile,
-                                          Tile, UpdateTile, ZeroTile)
+                                          Buffer, For, Ld, LoopNest, MapGroup, Num, Split,
+                                          StoreTile, Tile, UpdateTile, ZeroTile)
 from raytune_kernels.cpu.lower import operand_kinds, pack_operands
 from raytune_kernels.cpu.rows import epilogue_expr
 from raytune_kernels.space import Space
@@ -140,24 +140,27 @@ def lower_winograd(c: Compute, cfg) -> LoopNest:
 
 
 def _input_stage(con: Conv2dContraction, cfg, tiles: int, v: Variant):
+    """V = B^T d B for every tile and channel vector, separably: the a x a column sums
+    T = B^T d first, then each V[ksi][nu] from T's row ksi (a MapGroup computes each T
+    entry once and each input vector is loaded once)."""
     lanes, cb, m, a = cfg["lanes"], cfg["cb"], v.m, v.a
     hp, wp = con.padded()
     twid = con.ow // m
-    maps = []
+
+    def d(i: int, j: int) -> Ld:
+        return Ld(Access("a", Affine((("cq", hp * wp * cb), ("ty", m * wp * cb),
+                                      ("tx", m * cb), ("cv", lanes)), i * wp * cb + j * cb)))
+    t = [[_weighted_sum([(v.bt[ksi][i], d(i, j)) for i in range(a) if v.bt[ksi][i]])
+          for j in range(a)] for ksi in range(a)]
+    outs = []
     for xi in range(v.xi):
         ksi, nu = divmod(xi, a)
-        terms = []
-        for i, j in itertools.product(range(a), range(a)):
-            coef = v.bt[ksi][i] * v.bt[nu][j]
-            if coef:
-                at = Affine((("cq", hp * wp * cb), ("ty", m * wp * cb), ("tx", m * cb),
-                             ("cv", lanes)), i * wp * cb + j * cb)
-                terms.append((coef, Ld(Access("a", at))))
         out = Affine((("cq", cb), ("ty", twid * con.c), ("tx", con.c), ("cv", lanes)),
                      xi * tiles * con.c)
-        maps.append(Map(Access("v", out), _weighted_sum(terms), "cv", cb // lanes))
+        value = _weighted_sum([(v.bt[nu][j], t[ksi][j]) for j in range(a) if v.bt[nu][j]])
+        outs.append((Access("v", out), value))
     extents = (con.c // cb, con.oh // m)
-    inner = For("tx", twid, SERIAL, tuple(maps))
+    inner = For("tx", twid, SERIAL, (MapGroup(tuple(outs), "cv", cb // lanes),))
     return For("q", math.prod(extents), PARALLEL, (Split("q", ("cq", "ty"), extents), inner))
 
 
@@ -183,26 +186,27 @@ def _gemm_stage(con: Conv2dContraction, cfg, tiles: int, tile_list: list, v: Var
 
 
 def _output_stage(c: Compute, con: Conv2dContraction, cfg, tiles: int, kinds, v: Variant):
+    """Y = A^T M A for every tile and output-channel vector, separably (S = A^T M, then
+    each output from S's row), then the fused epilogue, in one MapGroup."""
     lanes, ob, k, m, a = cfg["lanes"], cfg["ob"], con.k, v.m, v.a
     twid = con.ow // m
     # the direct conv's output layouts, in a bordered buffer where the plan gives one
     s_block, s_row, s_col = con._out_steps(cfg)
     start = con.out_offset(cfg)
-    maps = []
+
+    def mv(xi: int) -> Ld:
+        return Ld(Access("m", Affine((("ty", twid * k), ("tx", k), ("ko", ob), ("kv", lanes)),
+                                     xi * tiles * k)))
+    rows = [[_weighted_sum([(v.at[i][ksi], mv(ksi * a + nu)) for ksi in range(a)
+                            if v.at[i][ksi]]) for nu in range(a)] for i in range(m)]
+    outs = []
     for i, j in itertools.product(range(m), range(m)):
-        terms = []
-        for xi in range(v.xi):
-            coef = v.at[i][xi // a] * v.at[j][xi % a]
-            if coef:
-                at = Affine((("ty", twid * k), ("tx", k), ("ko", ob), ("kv", lanes)),
-                            xi * tiles * k)
-                terms.append((coef, Ld(Access("m", at))))
+        value = _weighted_sum([(v.at[j][nu], rows[i][nu]) for nu in range(a) if v.at[j][nu]])
         o = Affine((("ko", s_block), ("ty", m * s_row), ("tx", m * s_col), ("kv", lanes)),
                    i * s_row + j * s_col + start)
-        value = _epilogue(c, _weighted_sum(terms), kinds, o, ob, lanes)
-        maps.append(Map(Access("out", o), value, "kv", ob // lanes))
+        outs.append((Access("out", o), _epilogue(c, value, kinds, o, ob, lanes)))
     extents = (k // ob, con.oh // m)
-    inner = For("tx", twid, SERIAL, tuple(maps))
+    inner = For("tx", twid, SERIAL, (MapGroup(tuple(outs), "kv", ob // lanes),))
     return For("q", math.prod(extents), PARALLEL, (Split("q", ("ko", "ty"), extents), inner))
 
 

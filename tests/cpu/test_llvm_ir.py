@@ -41,3 +41,48 @@ def test_render_uses_explicit_vectors_fma_and_gomp():
     assert "<8 x float>" in text and "@\"llvm.fma.v8f32\"" in text
     assert "@\"GOMP_parallel\"" in text and "omp_get_thread_num" in text
     assert "select" in text  # the fused relu before the store
+
+
+def shared_group():
+    """Two stores of one MapGroup sharing x + y: out0 = x + y, out1 = 2 (x + y) - x."""
+    from raytune_kernels.cpu.loopnest import Bin, Ld, MapGroup, Num
+
+    x = Ld(Access("a", Affine((("j", 8),))))
+    y = Ld(Access("a", Affine((("j", 8),), 4)))
+    s = Bin("add", x, y)
+    outs = ((Access("out", Affine((("j", 8),))), s),
+            (Access("out", Affine((("j", 8),), 4)), Bin("sub", Bin("mul", Num(2.0), s), x)))
+    body = (MapGroup(outs, "j", 3),)
+    return LoopNest("group", (Buffer("a", 24, "in"), Buffer("out", 24, "out")), (), body, 4)
+
+
+def test_a_map_group_computes_a_shared_subexpression_once():
+    import numpy as np
+
+    from raytune_kernels.cpu.build import LoadedKernel, build
+    from raytune_kernels.cpu.loopnest import interpret
+
+    nest = shared_group()
+    text = render(nest)
+    body = text[text.index("j.body"):]
+    assert body.count("fadd") == 1 and body.count("fmul") == 1 and body.count("fsub") == 1
+    assert body.count("load <4 x float>") == 2  # x and y, each loaded once
+    a = np.arange(24, dtype=np.float32)
+    want = {"a": a, "out": np.zeros(24, np.float32)}
+    interpret(nest, want)
+    x, y = a.reshape(3, 2, 4)[:, 0], a.reshape(3, 2, 4)[:, 1]
+    np.testing.assert_array_equal(want["out"].reshape(3, 2, 4)[:, 0], x + y)
+    np.testing.assert_array_equal(want["out"].reshape(3, 2, 4)[:, 1], 2 * (x + y) - x)
+    got = np.zeros(24, np.float32)
+    built = build(text)
+    assert built.library, built.error
+    LoadedKernel(built.library, nest.name, 2)([a.ctypes.data, got.ctypes.data], 1)
+    np.testing.assert_array_equal(got, want["out"])
+
+
+def test_a_map_group_may_not_read_what_it_writes():
+    from raytune_kernels.cpu.loopnest import Ld, MapGroup
+
+    x = Ld(Access("out", Affine((("j", 4),))))
+    with pytest.raises(ValueError, match="reads what it writes: \\['out'\\]"):
+        MapGroup(((Access("out", Affine((("j", 4),))), x),), "j", 2)

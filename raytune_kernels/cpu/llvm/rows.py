@@ -1,10 +1,11 @@
-"""Rendering of row statements (Reduce, Let, Map) and their vector expressions."""
+"""Rendering of row statements (Reduce, Let, Map, MapGroup) and their vector expressions."""
 from __future__ import annotations
 
 import llvmlite.ir as ir
 
 from raytune_kernels.cpu.llvm.math_ops import UNARY, vexp
-from raytune_kernels.cpu.loopnest import Bin, Ld, LdScalar, Let, Map, Num, Reduce, Reg, Un
+from raytune_kernels.cpu.loopnest import (Bin, Ld, LdScalar, Let, Map, MapGroup, Num, Reduce,
+                                          Reg, Un)
 
 F32 = ir.FloatType()
 
@@ -22,6 +23,13 @@ def emit(em, s) -> None:
             if s.scalar:
                 value = em.b.extract_element(value, ir.Constant(ir.IntType(32), 0))
             em.b.store(value, em.pointer(s.out), align=4)
+    elif isinstance(s, MapGroup):
+        with em.loop(ir.Constant(ir.IntType(64), 0), ir.Constant(ir.IntType(64), s.extent),
+                     s.var) as iv:
+            em.env[s.var] = iv
+            seen: dict = {}  # subexpression -> its value in this iteration
+            for out, e in s.outs:
+                em.b.store(vector(em, e, seen), em.pointer(out), align=4)
     else:
         raise TypeError(f"cannot render {type(s).__name__}")
 
@@ -63,18 +71,27 @@ def _scalar_combine(em, op: str, x, y):
 _BIN = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
 
 
-def vector(em, e):
-    """Emit `e` as a <lanes x float> value."""
+def vector(em, e, seen: dict | None = None):
+    """Emit `e` as a <lanes x float> value; with `seen`, a subexpression already emitted
+    into it is reused (a MapGroup's iteration)."""
+    if seen is not None:
+        if e not in seen:
+            seen[e] = _vector(em, e, seen)
+        return seen[e]
+    return _vector(em, e, None)
+
+
+def _vector(em, e, seen: dict | None):
     if isinstance(e, Ld):
         return em.vload(em.pointer(e.access))
     if isinstance(e, (LdScalar, Reg, Num)):
         return em.splat(_scalar(em, e))
     if isinstance(e, Bin):
-        x, y = vector(em, e.x), vector(em, e.y)
+        x, y = vector(em, e.x, seen), vector(em, e.y, seen)
         if e.op in ("max", "min"):
             return em.intrinsic(e.op + "num", x, y)
         return getattr(em.b, _BIN[e.op])(x, y)
-    x = vector(em, e.x)
+    x = vector(em, e.x, seen)
     if e.op == "exp":
         return vexp(em, x)
     if e.op == "sqrt":
