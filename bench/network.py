@@ -153,10 +153,11 @@ def engine_variants(model, inputs, threads: int, workdir: str) -> tuple[dict, di
     return fns, versions, missing
 
 
-def interleaved(fns: dict, rounds: int) -> dict:
+def interleaved(fns: dict, rounds: int, per_round: dict | None = None) -> dict:
     """Median over rounds of each fn's median time. Each round starts one place further
     along the list: whoever runs right after ONNX Runtime or OpenVINO meets their thread
-    pools still spinning, and no variant should always be the one that does."""
+    pools still spinning, and no variant should always be the one that does. Each round's
+    time of each fn goes to `per_round` when given."""
     times: dict[str, list[float]] = {k: [] for k, f in fns.items() if f is not None}
     names = list(times)
     with torch.no_grad():
@@ -164,6 +165,8 @@ def interleaved(fns: dict, rounds: int) -> dict:
             shift = r % len(names)
             for k in names[shift:] + names[:shift]:
                 times[k].append(median(time_fn(fns[k], FULL)))
+    if per_round is not None:
+        per_round.update(times)
     return {k: median(v) for k, v in times.items()}
 
 
@@ -373,7 +376,8 @@ def main() -> None:
         engines, engine_versions, engines_missing = engine_variants(model, inputs,
                                                                     args.threads, tmp)
     fns.update(engines)
-    ms = {k: v * 1e3 for k, v in interleaved(fns, args.rounds).items()}
+    rounds: dict[str, list[float]] = {}
+    ms = {k: v * 1e3 for k, v in interleaved(fns, args.rounds, rounds).items()}
     prof = net.profile(png=args.png)
     print(net.fidelity(ms["ours"] / 1e3, prof))
     torch_ms = {k: (round(ms[k], 3) if k in ms else None)
@@ -393,7 +397,10 @@ def main() -> None:
               # over the best of the PyTorch variants and the engines that ran here
               "speedup_vs_best_engine": round(best_any / ms["ours"], 3),
               # the ILP compile, checked; transforms timed then or found in the cache
-              "compile_s": round(compile_s, 1), "compile_transforms": transforms}
+              "compile_s": round(compile_s, 1), "compile_transforms": transforms,
+              # every round's time of every variant (the figures above are their medians):
+              # this VM's timings drift, and a figure is only as good as its spread
+              "rounds_ms": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds.items()}}
     print(json.dumps(result))
 
 

@@ -158,3 +158,31 @@ def test_the_engines_users_would_pick_instead_are_checked_then_timed(tmp_path):
             out = fns[name]()[0]
             with torch.no_grad():
                 assert torch.allclose(torch.from_numpy(out), model(*inputs), atol=1e-4)
+
+
+def test_interleaved_rounds_rotate_and_report_every_round(monkeypatch):
+    """bench/network.py's timing: each round starts one variant further along; every
+    round's time of every variant is kept (the JSON's rounds_ms) and the figure is their
+    median."""
+    import time
+
+    from raytune_kernels.tune.timing import TimingOptions
+
+    network = _bench("network")
+    monkeypatch.setattr(network, "FULL", TimingOptions(warmup=0, min_repeat_ms=0, repeats=1))
+    order: list[str] = []
+
+    def fn(name: str, seconds: float):
+        def run():
+            order.append(name)
+            time.sleep(seconds)
+        return run
+    per_round: dict = {}
+    got = network.interleaved({"a": fn("a", 0.002), "b": fn("b", 0.004), "c": None}, 3,
+                              per_round)
+    assert len(order) == 12  # each variant: one call to size the repeat, one repeat
+    assert order[::2] == ["a", "b", "b", "a", "a", "b"]  # rounds: a b | b a | a b
+    assert set(per_round) == {"a", "b"} and all(len(v) == 3 for v in per_round.values())
+    for k in ("a", "b"):
+        assert got[k] == sorted(per_round[k])[1]
+    assert got["a"] < got["b"]
