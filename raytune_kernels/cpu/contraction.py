@@ -84,7 +84,7 @@ class Conv2dContraction(Contraction):
         w_kw = cb * ob
         w_kh = self.kw * w_kw
         w_co = self.kh * w_kh
-        o_ko, o_row, o_col = self._out_steps(cfg)
+        o_ko, o_row, o_col = self.out_steps(cfg)
         kob = self.vector_extent // ob  # output-channel blocks per group
         return {
             "grp": (self.reduce_extent * hp * wp, kob * nco * w_co, kob * o_ko),
@@ -95,7 +95,7 @@ class Conv2dContraction(Contraction):
             "kw": (dw * cb, w_kw, 0), "ci": (1, ob, 0),
         }
 
-    def _out_steps(self, cfg) -> tuple[int, int, int]:
+    def out_steps(self, cfg) -> tuple[int, int, int]:
         """Output strides of (channel block, row, column) for the chosen output layout,
         in a buffer with its border (out_pad) when it has one."""
         ob, (ph, pw) = cfg["ob"], out_pad(cfg)
@@ -106,7 +106,7 @@ class Conv2dContraction(Contraction):
 
     def out_offset(self, cfg) -> int:
         ph, pw = out_pad(cfg)
-        return (ph * (self.ow + 2 * pw) + pw) * self._out_steps(cfg)[2]
+        return (ph * (self.ow + 2 * pw) + pw) * self.out_steps(cfg)[2]
 
     def out_layout(self, cfg) -> Layout:
         """The output's layout, its border included."""
@@ -115,7 +115,7 @@ class Conv2dContraction(Contraction):
     def tile_strides(self, cfg) -> tuple[tuple[int, int], tuple[int, int]]:
         """(A strides, output strides) between the register tile's rows and columns."""
         hp, wp = self.padded()
-        _, o_row, o_col = self._out_steps(cfg)
+        _, o_row, o_col = self.out_steps(cfg)
         cb = cfg["cb"]
         return ((self.stride[0] * wp * cb, self.stride[1] * cb), (o_row, o_col))
 

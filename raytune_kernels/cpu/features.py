@@ -16,6 +16,7 @@ import os
 from raytune_kernels.cpu.machine import CpuInfo
 from raytune_kernels.cpu.loopnest import PARALLEL, UNROLL, For, LoopNest, Reduce, UpdateTile
 from raytune_kernels.cpu.schedules import lower
+from raytune_kernels.cpu.winograd import VARIANTS as WINOGRAD
 from raytune_kernels.space import Config
 from raytune_kernels.task import Compute
 
@@ -51,7 +52,8 @@ def _updates(body, out: list | None = None) -> list:
 def featurize_nest(compute: Compute, cfg: Config, nest: LoopNest, cpu: CpuInfo) -> list[float]:
     f: list[float] = [float(compute.op == op) for op in OPS]
     f.append(float(cfg.get("algorithm") == "im2col"))
-    f.append({"winograd": 1.0, "winograd4": 2.0}.get(cfg.get("algorithm"), 0.0))  # m / 2
+    winograd = WINOGRAD.get(cfg.get("algorithm"))
+    f.append(winograd.m / 2 if winograd else 0.0)  # 1 for F(2x2), 2 for F(4x4)
     tile = max(nest.tiles, key=lambda t: t.rows * t.vecs, default=None)
     rows, cols, vecs = (tile.shape[0], tile.shape[1], tile.vecs) if tile else (1, 1, 1)
     accs = rows * cols * vecs

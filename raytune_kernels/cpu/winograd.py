@@ -191,7 +191,7 @@ def _output_stage(c: Compute, con: Conv2dContraction, cfg, tiles: int, kinds, v:
     lanes, ob, k, m, a = cfg["lanes"], cfg["ob"], con.k, v.m, v.a
     twid = con.ow // m
     # the direct conv's output layouts, in a bordered buffer where the plan gives one
-    s_block, s_row, s_col = con._out_steps(cfg)
+    s_block, s_row, s_col = con.out_steps(cfg)
     start = con.out_offset(cfg)
 
     def mv(xi: int) -> Ld:
