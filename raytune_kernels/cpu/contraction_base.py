@@ -42,8 +42,8 @@ def out_pad(cfg) -> tuple[int, int]:
 
 
 def written_layout(cfg) -> Layout:
-    """The layout a direct conv or window writes (knob out_layout: NCHW[ob]c or NHWC),
-    its border (out_pad) included."""
+    """The layout a direct or Winograd conv or a window writes (knob out_layout: NCHW[ob]c
+    or NHWC), its border (out_pad) included."""
     nhwc = cfg.get("out_layout", "blocked") == "nhwc"
     return Layout("NHWC" if nhwc else f"NCHW{cfg['ob']}c", out_pad(cfg))
 

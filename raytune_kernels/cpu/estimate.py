@@ -58,24 +58,26 @@ def _cycles(body, tiles: dict, u: VectorUnit) -> float:
                            u.fma_latency / s.accs)
             total += s.extent * per_step + u.fma_latency * 3  # then across the lanes
         elif isinstance(s, (Map, MapGroup)):
-            exprs = [s.expr] if isinstance(s, Map) else [e for _, e in s.outs]
-            ops, loads = _exprs_cost(exprs)
+            ops, loads = _expr_cost(s.expr) if isinstance(s, Map) else \
+                _exprs_cost([e for _, e in s.outs], shared=True)
             total += s.extent * (max(ops / u.fma_per_cycle, loads / u.loads_per_cycle, 1.0)
                                  + LOOP_CYCLES)
     return total
 
 
-def _exprs_cost(exprs) -> tuple[float, int]:
-    """(vector ops, vector loads) of evaluating `exprs` together, each distinct
-    subexpression once (as a MapGroup renders them)."""
+def _exprs_cost(exprs, shared: bool) -> tuple[float, int]:
+    """(vector ops, vector loads) of evaluating `exprs`; with `shared`, each distinct
+    subexpression once (as a MapGroup renders them), else every occurrence (as Map and
+    Reduce do)."""
     seen: set = set()
     ops, loads = 0.0, 0
 
     def visit(e) -> None:
         nonlocal ops, loads
-        if e in seen:
-            return
-        seen.add(e)
+        if shared:
+            if e in seen:
+                return
+            seen.add(e)
         if isinstance(e, Ld):
             loads += 1
         elif isinstance(e, Bin):
@@ -85,6 +87,7 @@ def _exprs_cost(exprs) -> tuple[float, int]:
         elif isinstance(e, Un):
             visit(e.x)
             ops += 1 if e.op in CHEAP_OPS else TRANSCENDENTAL_OPS
+        # scalars, registers and numbers are broadcast once, outside the loop
     for e in exprs:
         visit(e)
     return ops, loads
@@ -92,15 +95,7 @@ def _exprs_cost(exprs) -> tuple[float, int]:
 
 def _expr_cost(e) -> tuple[float, int]:
     """(vector ops, vector loads) of one evaluation of a row expression."""
-    if isinstance(e, Ld):
-        return 0.0, 1
-    if isinstance(e, Bin):
-        (xo, xl), (yo, yl) = _expr_cost(e.x), _expr_cost(e.y)
-        return xo + yo + 1, xl + yl
-    if isinstance(e, Un):
-        ops, loads = _expr_cost(e.x)
-        return ops + (1 if e.op in CHEAP_OPS else TRANSCENDENTAL_OPS), loads
-    return 0.0, 0  # scalars, registers and numbers are broadcast once, outside the loop
+    return _exprs_cost([e], shared=False)
 
 
 def _accumulators(tile) -> int:
