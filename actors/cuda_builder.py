@@ -11,10 +11,10 @@ from raytune_kernels.space import Config
 from raytune_kernels.task import Compute
 
 
-@ray.remote(max_restarts=-1, max_task_retries=0)
+@ray.remote(max_restarts=0, max_task_retries=0)
 class CudaBuilderActor:
-    """Restarted by Ray when its process dies, like the CPU builder (the pipeline builds
-    the candidate again once, then records it as a build error)."""
+    """Replaced by the pipeline when its process dies, like the CPU builder (the
+    candidate is built again once, then recorded as a build error)."""
 
     def __init__(self, cores: tuple[int, ...] = ()):
         if cores and hasattr(os, "sched_setaffinity"):

@@ -24,11 +24,12 @@ def _node_cores(index: int, count: int) -> tuple[int, ...]:
     return tuple(mine[index * count:(index + 1) * count])
 
 
-@ray.remote(max_restarts=-1, max_task_retries=0)
+@ray.remote(max_restarts=0, max_task_retries=0)
 class BuilderActor:
-    """Renders and compiles candidates; returns library bytes or the build error. Ray
-    restarts it when its process dies (an LLVM abort, the OOM killer); the pipeline then
-    builds the candidate again once, and records a second death as that candidate's."""
+    """Renders and compiles candidates; returns library bytes or the build error. When its
+    process dies (an LLVM abort, the OOM killer) the pipeline puts a fresh builder in its
+    place (not Ray's restart of this one: calls to a restarting actor can stall), builds
+    the candidate again once, and records a second death as that candidate's."""
 
     def __init__(self, cores: tuple[int, ...] = ()):
         _pin(cores)

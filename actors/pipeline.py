@@ -6,9 +6,11 @@ measurements alternate by batch instead, so that no build ever shares a core wit
 measurement in flight. A measurer that dies is restarted by Ray and its candidate measured
 again; a candidate that kills it twice (segfault) is recorded as `crashed`. A candidate that
 runs past its timeout gets its measurer killed and replaced by a fresh one (never reused)
-and is recorded as `timeout`. A candidate that fails for the machine's sake (a full temp
-directory) is tried again after growing waits, then recorded as `host_error`; a batch of
-nothing else stops the run (HostFault).
+and is recorded as `timeout`. A builder that dies, or whose build runs past the build
+timeout, is replaced by a fresh actor and its other builds are submitted again. A
+candidate that fails for the machine's sake (a full temp directory) is tried again after
+growing waits, then recorded as `host_error`; a batch of nothing else stops the run
+(HostFault).
 
 On a cluster (`MeasurePipeline.on_cluster`), actors are placed by raytune_kernels.placement:
 measurers pinned to core blocks (or one per GPU) on worker nodes, builders on the CPUs left.
@@ -19,6 +21,7 @@ only its trials in flight, and only their time.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -57,7 +60,7 @@ class PipelineStats:
     wall_s: float = 0.0
     measurers: int = 1
     redone: int = 0  # builds and measurements lost with a node and done again elsewhere
-    build_timeouts: int = 0  # builds past opts.build_timeout_s (their builders restarted)
+    build_timeouts: int = 0  # builds past opts.build_timeout_s (their builders replaced)
     # Where the time of the trials went, summed over `timed_trials` (those measured, or
     # failing to build, without a crash or timeout): the builders' phases (BUILD_PHASES),
     # the measurers' (MEASURE_PHASES), and what Ray and the pipeline added between a
@@ -159,9 +162,11 @@ class MeasurePipeline:
         # Ray's CPU accounting: measurers hold their cores, builders share the spare ones
         # (when phased, builders also run on the measurers' cores, between measurements)
         share = len(spare) / n_builders
-        self.builders = [BuilderActor.options(num_cpus=share, **_named("builder")).remote(
-            builder_cores)
-                         for _ in range(n_builders)]
+        # how each builder is made, to replace one that ran past the build timeout
+        self.builder_makers = [functools.partial(
+            BuilderActor.options(num_cpus=share, **_named("builder")).remote, builder_cores)
+            for _ in range(n_builders)]
+        self.builders = [make() for make in self.builder_makers]
         self.builder_nodes: list[str | None] = [None] * n_builders
         self.cluster, self._turn = False, 0
         self._build_node: dict = {}  # build ObjectRef -> (its builder's node, the builder)
@@ -194,6 +199,7 @@ class MeasurePipeline:
         self.device, self.cores_per_measurer = device, cores_per_measurer
         self.measurers_per_node = measurers_per_node
         self.slots, self.builders, self.builder_nodes = [], [], []
+        self.builder_makers = []
         self.nodes: set[str] = set()
         self.stats = PipelineStats(measurers=0)
         self.refresh()
@@ -208,6 +214,7 @@ class MeasurePipeline:
         keep = [i for i, n in enumerate(self.builder_nodes) if n in ids]
         self.builders = [self.builders[i] for i in keep]
         self.builder_nodes = [self.builder_nodes[i] for i in keep]
+        self.builder_makers = [self.builder_makers[i] for i in keep]
         roles = plan(alive, self.device, self.cores_per_measurer, self.measurers_per_node)
         started = []
         for r in roles:
@@ -222,8 +229,10 @@ class MeasurePipeline:
                 kind = BuilderActor
                 if self.device == "gpu":
                     from actors.cuda_builder import CudaBuilderActor as kind
-                self.builders.append(kind.options(num_cpus=r.cpus, **_on(r.node_id),
-                                                  **_named("builder")).remote())
+                make = kind.options(num_cpus=r.cpus, **_on(r.node_id),
+                                    **_named("builder")).remote
+                self.builder_makers.append(make)
+                self.builders.append(make())
                 self.builder_nodes.append(r.node_id)
         for slot in started:
             try:
@@ -329,7 +338,7 @@ class MeasurePipeline:
 
     def _expire_builds(self, items, builds: list, results: list) -> None:
         """Builds past the build timeout (LLVM caught in a loop, a builder wedged): each is
-        recorded as a build error and its builder is killed for Ray to restart; the other
+        recorded as a build error and its builder is replaced by a fresh one; the other
         builds queued on that builder are submitted again, not blamed."""
         now = time.perf_counter()
         for ref, i in list(self._waiting.items()):
@@ -346,17 +355,40 @@ class MeasurePipeline:
             self.stats.build_timeouts += 1
             if builder is None:
                 continue
-            ray.kill(builder, no_restart=False)
+            self._replace_builder(builder)
             for other, j in list(self._waiting.items()):
                 if self._build_node.get(other, (None, None))[1] is builder:
                     del self._waiting[other]
                     self._build_node.pop(other, None)
                     self._rebuild(items, builds, j)
 
+    def _replace_builder(self, builder):
+        """A fresh actor, from the same maker, wherever `builder` serves (returned); the old
+        one is killed for good. Not Ray's restart of the same actor: calls submitted to an actor
+        while Ray restarts it can stall until its next restart (seen with Ray 2.60 on a
+        loaded 2-core machine: a rebuild waited 60 s on a restarted, idle builder)."""
+        for old, fresh in self._replaced:
+            if old is builder:
+                return fresh  # replaced already: several of its builds failed
+        if not any(b is builder for b in self.builders):
+            return None  # its node left the cluster
+        ray.kill(builder, no_restart=True)
+        fresh = None
+        for k, b in enumerate(self.builders):
+            if b is builder:
+                fresh = fresh or self.builder_makers[k]()
+                self.builders[k] = fresh
+        self._replaced.append((builder, fresh))
+        try:  # started (its imports done) before the builds it is given are timed against
+            ray.get(fresh.ready.remote(), timeout=START_TIMEOUT_S)  # the build timeout
+        except RayError:
+            pass  # its node left, or it is slow to start: its builds expire as any
+        return fresh
+
     def _build_again(self, i: int, ref) -> bool:
         """Whether a build whose builder died is done again: always when the builder's node
-        left the cluster; otherwise once (Ray restarts the builder), since a second death
-        on the same candidate is the candidate's doing (an LLVM abort), not bad luck."""
+        left the cluster; otherwise once (on a fresh builder in its place), since a second
+        death on the same candidate is the candidate's doing (an LLVM abort), not bad luck."""
         node, builder = self._build_node.pop(ref, (None, None))
         if self.cluster and node is not None and \
                 node not in {n.node_id for n in alive_nodes()}:
@@ -364,31 +396,24 @@ class MeasurePipeline:
         self._build_deaths[i] = self._build_deaths.get(i, 0) + 1
         if self._build_deaths[i] >= 2:
             return False
-        if builder is not None:  # calls to a builder still restarting would fail too
-            self._await_ready(builder)
+        if builder is not None:  # built again on the fresh builder, not on another that
+            self._rebuild_on[i] = self._replace_builder(builder)  # may be dead as well
         return True
-
-    @staticmethod
-    def _await_ready(actor, limit_s: float = 60.0) -> None:
-        """Until a restarting actor answers again (or `limit_s` passes)."""
-        end = time.perf_counter() + limit_s
-        while time.perf_counter() < end:
-            try:
-                ray.get(actor.ready.remote(), timeout=max(0.1, end - time.perf_counter()))
-                return
-            except RayError:
-                time.sleep(0.1)
 
     def _rebuild(self, items, builds: list, i: int) -> None:
         if self.cluster:
             self.refresh()
-        builds[i] = self._build(items[i])
+        on = self._rebuild_on.pop(i, None)
+        k = next((k for k, b in enumerate(self.builders) if b is on), None)
+        builds[i] = self._build(items[i], k)
         self._waiting[builds[i]] = i
         self.stats.redone += 1
 
     def _measure(self, items, builds: list) -> list[MeasureResult]:
         results: list[MeasureResult | None] = [None] * len(items)
         self._build_deaths: dict[int, int] = {}
+        self._rebuild_on: dict = {}  # candidate -> the fresh builder to build it again on
+        self._replaced: list = []  # (dead or wedged builder, the fresh one in its place)
         self._measure_deaths: dict[int, int] = {}
         self._host_tries: dict[int, int] = {}
         self._later: list[tuple[float, int, bool]] = []  # (when, index, build it again)

@@ -47,7 +47,7 @@ class MeasureOptions:
     atol: float = 1e-4
     seed: int = 0
     timeout_s: float = 60.0  # enforced by the caller that owns the measuring process
-    build_timeout_s: float = 120.0  # a build past it is a build error, its builder restarted
+    build_timeout_s: float = 120.0  # a build past it is a build error, its builder replaced
     # Time conv/dense kernels with their weights out of cache (rotating copies): in a
     # network every layer's weights come from memory, and schedules that stream them well
     # are not the ones that win with weights resident (up to 2.6x apart on ResNet-18).
