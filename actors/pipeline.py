@@ -162,7 +162,7 @@ class MeasurePipeline:
         # Ray's CPU accounting: measurers hold their cores, builders share the spare ones
         # (when phased, builders also run on the measurers' cores, between measurements)
         share = len(spare) / n_builders
-        # how each builder is made, to replace one that ran past the build timeout
+        # how each builder is made, to replace one that died or ran past the build timeout
         self.builder_makers = [functools.partial(
             BuilderActor.options(num_cpus=share, **_named("builder")).remote, builder_cores)
             for _ in range(n_builders)]
