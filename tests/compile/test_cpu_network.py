@@ -1,6 +1,5 @@
 """compile_network() for real: records measured here, kernels built, the network checked."""
 import dataclasses
-import itertools
 import math
 import random
 import warnings
@@ -42,6 +41,10 @@ class Small(torch.nn.Module):
         return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(z, 1), 1))
 
 
+def _direct_in(cfg, layout: str) -> bool:
+    return cfg.get("out_layout") == layout and cfg.get("algorithm", "direct") == "direct"
+
+
 def measured_records(model, inputs, per_task=5, threads=1, skip=(), seed=0, layouts=()):
     """A few random configs of every task, really built and measured; with `layouts`, also
     a direct config of each of these out_layouts wherever the task's space has one (what
@@ -53,13 +56,11 @@ def measured_records(model, inputs, per_task=5, threads=1, skip=(), seed=0, layo
             continue
         space = space_for(task.compute, cpu)
         configs = {space.sample(rng) for _ in range(per_task)}
-        def direct_in(c, layout):
-            return c.get("out_layout") == layout and c.get("algorithm", "direct") == "direct"
         for layout in layouts:
-            draws = (space.sample(rng) for _ in range(400))
-            if not any(direct_in(c, layout) for c in configs):
-                configs |= {c for c in itertools.islice(
-                    (c for c in draws if direct_in(c, layout)), 1)}
+            if not any(_direct_in(c, layout) for c in configs):
+                found = next((c for c in (space.sample(rng) for _ in range(400))
+                              if _direct_in(c, layout)), None)
+                configs |= {found} - {None}
         for cfg in configs:
             built = build_for(task.compute, cfg)
             result = measure_built(task.compute, cfg, built.library, opts, built.seconds) \
