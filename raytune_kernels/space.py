@@ -37,13 +37,22 @@ class Config:
     knobs: tuple[tuple[str, Any], ...]
 
     def __getitem__(self, name: str) -> Any:
-        knobs = dict(self.knobs)
+        knobs = self._map()
         if name not in knobs:
             raise KeyError(f"config has no knob {name!r} (it has {sorted(knobs)})")
         return knobs[name]
 
     def get(self, name: str, default: Any = None) -> Any:
-        return dict(self.knobs).get(name, default)
+        return self._map().get(name, default)
+
+    def _map(self) -> dict[str, Any]:
+        """The knobs as a dict, made once (lowering a config reads its knobs dozens of
+        times, and a search lowers thousands of configs per proposal)."""
+        knobs = self.__dict__.get("_knob_map")
+        if knobs is None:
+            knobs = dict(self.knobs)
+            object.__setattr__(self, "_knob_map", knobs)
+        return knobs
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.knobs}

@@ -93,8 +93,12 @@ class Compute:
                    tuple(EpilogueOp.from_json(e) for e in d["epilogue"]))
 
     def key(self) -> str:
-        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
+        key = self.__dict__.get("_key")  # every lowered config names its kernel by it
+        if key is None:
+            text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+            key = hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
+            object.__setattr__(self, "_key", key)
+        return key
 
     def flops(self) -> int:
         return _anchor_flops(self) + self.output.numel * len(self.epilogue)

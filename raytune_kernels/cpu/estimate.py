@@ -25,6 +25,8 @@ the cache level their footprint fits) did not rank better with cold weights.
 """
 from __future__ import annotations
 
+import functools
+
 from raytune_kernels.cpu.loopnest import (BCAST_FMA, UNROLL, VEC_FMA, Bin, For, Ld, LoopNest, Map,
                                           MapGroup, Reduce, StoreTile, Un, UpdateTile, ZeroTile)
 from raytune_kernels.cpu.machine import MachineModel, VectorUnit
@@ -59,13 +61,14 @@ def _cycles(body, tiles: dict, u: VectorUnit) -> float:
             total += s.extent * per_step + u.fma_latency * 3  # then across the lanes
         elif isinstance(s, (Map, MapGroup)):
             ops, loads = _expr_cost(s.expr) if isinstance(s, Map) else \
-                _exprs_cost([e for _, e in s.outs], shared=True)
+                _exprs_cost(tuple(e for _, e in s.outs), shared=True)
             total += s.extent * (max(ops / u.fma_per_cycle, loads / u.loads_per_cycle, 1.0)
                                  + LOOP_CYCLES)
     return total
 
 
-def _exprs_cost(exprs, shared: bool) -> tuple[float, int]:
+@functools.lru_cache(maxsize=4096)  # the same stages recur in thousands of ranked configs
+def _exprs_cost(exprs: tuple, shared: bool) -> tuple[float, int]:
     """(vector ops, vector loads) of evaluating `exprs`; with `shared`, each distinct
     subexpression once (as a MapGroup renders them), else every occurrence (as Map and
     Reduce do)."""
@@ -95,7 +98,7 @@ def _exprs_cost(exprs, shared: bool) -> tuple[float, int]:
 
 def _expr_cost(e) -> tuple[float, int]:
     """(vector ops, vector loads) of one evaluation of a row expression."""
-    return _exprs_cost([e], shared=False)
+    return _exprs_cost((e,), shared=False)
 
 
 def _accumulators(tile) -> int:

@@ -140,17 +140,39 @@ class Num:
     value: float
 
 
+class _SharedNode:
+    """An expression node whose hash is computed once. Expressions are DAGs (the
+    Winograd transforms share their row sums), and a dataclass hash walks the whole tree
+    on every set or dict lookup: ranking a search's candidates spent most of its time
+    rehashing the same subtrees. The cached hash is left out of pickles: string hashes
+    differ between processes."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((type(self).__name__, *(getattr(self, f) for f in self._fields)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
 @dataclass(frozen=True)
-class Bin:
+class Bin(_SharedNode):
     op: str  # add, sub, mul, div, max
     x: "Expr"
     y: "Expr"
+    _fields = ("op", "x", "y")
+    __hash__ = _SharedNode.__hash__
 
 
 @dataclass(frozen=True)
-class Un:
+class Un(_SharedNode):
     op: str  # exp, sqrt, relu, relu6, sigmoid, tanh, silu, gelu, gelu_tanh
     x: "Expr"
+    _fields = ("op", "x")
+    __hash__ = _SharedNode.__hash__
 
 
 Expr = Union[Ld, LdScalar, Reg, Num, Bin, Un]
@@ -208,14 +230,22 @@ class MapGroup:
 
 
 def loaded_buffers(e) -> set[str]:
-    """The buffers an expression loads from."""
-    if isinstance(e, (Ld, LdScalar)):
-        return {e.access.buffer}
-    if isinstance(e, Bin):
-        return loaded_buffers(e.x) | loaded_buffers(e.y)
-    if isinstance(e, Un):
-        return loaded_buffers(e.x)
-    return set()
+    """The buffers an expression loads from (each shared subexpression visited once)."""
+    out: set[str] = set()
+    seen: set[int] = set()
+    stack = [e]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (Ld, LdScalar)):
+            out.add(e.access.buffer)
+        elif isinstance(e, Bin):
+            stack += (e.x, e.y)
+        elif isinstance(e, Un):
+            stack.append(e.x)
+    return out
 
 
 Stmt = Union[For, Split, ZeroTile, UpdateTile, StoreTile, Reduce, Let, Map, MapGroup]

@@ -26,6 +26,7 @@ checks every candidate the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import functools
 import itertools
 import math
 
@@ -143,7 +144,15 @@ def _input_stage(con: Conv2dContraction, cfg, tiles: int, v: Variant):
     """V = B^T d B for every tile and channel vector, separably: the a x a column sums
     T = B^T d first, then each V[ksi][nu] from T's row ksi (a MapGroup computes each T
     entry once and each input vector is loaded once)."""
-    lanes, cb, m, a = cfg["lanes"], cfg["cb"], v.m, v.a
+    return _input_stage_of(con, cfg["lanes"], cfg["cb"], tiles, v)
+
+
+# The stages are pure functions of a few config entries, and ranking a search's
+# candidates lowers thousands of configs that share them (building the transforms'
+# expressions was a third of a proposal's time): each is built once per process.
+@functools.lru_cache(maxsize=512)
+def _input_stage_of(con: Conv2dContraction, lanes: int, cb: int, tiles: int, v: Variant):
+    m, a = v.m, v.a
     hp, wp = con.padded()
     twid = con.ow // m
 
@@ -188,11 +197,18 @@ def _gemm_stage(con: Conv2dContraction, cfg, tiles: int, tile_list: list, v: Var
 def _output_stage(c: Compute, con: Conv2dContraction, cfg, tiles: int, kinds, v: Variant):
     """Y = A^T M A for every tile and output-channel vector, separably (S = A^T M, then
     each output from S's row), then the fused epilogue, in one MapGroup."""
-    lanes, ob, k, m, a = cfg["lanes"], cfg["ob"], con.k, v.m, v.a
-    twid = con.ow // m
     # the direct conv's output layouts, in a bordered buffer where the plan gives one
-    s_block, s_row, s_col = con.out_steps(cfg)
-    start = con.out_offset(cfg)
+    return _output_stage_of(c, con, cfg["lanes"], cfg["ob"], con.out_steps(cfg),
+                            con.out_offset(cfg), tiles, tuple(kinds), v)
+
+
+@functools.lru_cache(maxsize=512)
+def _output_stage_of(c: Compute, con: Conv2dContraction, lanes: int, ob: int,
+                     steps: tuple[int, int, int], start: int, tiles: int, kinds: tuple,
+                     v: Variant):
+    k, m, a = con.k, v.m, v.a
+    twid = con.ow // m
+    s_block, s_row, s_col = steps
 
     def mv(xi: int) -> Ld:
         return Ld(Access("m", Affine((("ty", twid * k), ("tx", k), ("ko", ob), ("kv", lanes)),

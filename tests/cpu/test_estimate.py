@@ -114,6 +114,6 @@ def test_a_map_group_is_costed_as_rendered_each_shared_subexpression_once():
     from raytune_kernels.cpu.estimate import _exprs_cost
     from tests.cpu.test_llvm_ir import shared_group
 
-    exprs = [e for _, e in shared_group().body[0].outs]
+    exprs = tuple(e for _, e in shared_group().body[0].outs)
     assert _exprs_cost(exprs, shared=True) == (3.0, 2)  # x + y, 2 (x + y), ... - x
     assert _exprs_cost(exprs, shared=False) == (4.0, 5)  # as separate Maps would do

@@ -43,3 +43,18 @@ def test_tile_offsets_are_row_major():
 
 def test_affine_eval():
     assert Affine((("i", 3), ("j", 5)), 2).eval({"i": 1, "j": 2}) == 15
+
+
+def test_expression_nodes_hash_once_and_pickle_without_their_hash():
+    import pickle
+
+    from raytune_kernels.cpu.loopnest import Bin, Ld, Num, Un, loaded_buffers
+
+    shared = Bin("add", Ld(Access("x", Affine())), Ld(Access("y", Affine())))
+    e = Un("relu", Bin("mul", shared, Bin("sub", shared, Num(2.0))))
+    same = Un("relu", Bin("mul", shared, Bin("sub", shared, Num(2.0))))
+    assert e == same and hash(e) == hash(same) and "_hash" in e.__dict__
+    back = pickle.loads(pickle.dumps(e))
+    assert back == e and "_hash" not in back.__dict__ and hash(back) == hash(e)
+    assert loaded_buffers(e) == {"x", "y"}
+    assert {e: 1}[back] == 1
