@@ -128,6 +128,21 @@ def operands_and_reference(compute: Compute, seed: int = 0,
     return ops, expected
 
 
+_LAST_TASK: dict = {}  # (compute, seed) -> operands_and_reference, for one task
+
+
+def _last_task_operands(compute: Compute, seed: int):
+    """operands_and_reference, kept for the task measured last: a round measures one
+    task's candidates one after another on the same draws, and the reference was 5-12 ms
+    of each ~110 ms measurement of a ResNet-18 conv (znver3, 1 thread). Kernels never
+    write the operands (they run on packed, aligned copies)."""
+    key = (compute, seed)
+    if key not in _LAST_TASK:
+        _LAST_TASK.clear()
+        _LAST_TASK[key] = operands_and_reference(compute, seed)
+    return _LAST_TASK[key]
+
+
 @dataclass
 class _Flusher:
     """Writes a buffer twice the size of the last-level cache."""
@@ -154,7 +169,7 @@ def measure_built(compute: Compute, cfg: Config, library: bytes, opts: MeasureOp
     start = time.perf_counter()
     try:
         nest = lower(compute, cfg)
-        ops, expected = operands_and_reference(compute, opts.seed)
+        ops, expected = _last_task_operands(compute, opts.seed)
         prep = prepare(compute, cfg, nest, library, ops, opts.threads)
         prep.run()
         got = unpack(compute, cfg, prep.buffers["out"])

@@ -122,6 +122,41 @@ def test_cold_weights_rotate_identical_copies(dense_task, monkeypatch):
     assert result.ok and calls  # timed through the rotation
 
 
+def test_rotating_copies_are_aligned_and_lent_to_one_run_at_a_time(dense_task):
+    from raytune_kernels.cpu.kernel import prepare
+    from raytune_kernels.cpu.schedules import lower
+    from raytune_kernels.measure import random_operands
+
+    compute = dense_task.compute
+    cfg = space_for(compute, cpu_info()).sample(random.Random(0))
+    built = build_for(compute, cfg)
+    first, second = (prepare(compute, cfg, lower(compute, cfg), built.library,
+                             random_operands(compute), 1) for _ in range(2))
+    first.rotate("b", 4)
+    copies = [copy for _, copy in first._rotation]
+    assert all(c.ctypes.data % 64 == 0 for c in copies)
+    assert all((c == first.buffers["b"]).all() for c in copies)
+    ends = sorted((c.ctypes.data, c.ctypes.data + c.nbytes) for c in copies)
+    assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:]))  # no two copies overlap
+    first.cold_run()
+    second.rotate("b", 4)  # the memory is second's now: first must not read its data
+    second.cold_run()
+    with pytest.raises(RuntimeError, match="rotate"):
+        first.cold_run()
+
+
+def test_a_round_of_one_task_draws_its_operands_and_reference_once(dense_task):
+    from raytune_kernels.measure import _last_task_operands, operands_and_reference
+
+    ops, expected = _last_task_operands(dense_task.compute, 0)
+    again = _last_task_operands(dense_task.compute, 0)
+    assert again[0] is ops and again[1] is expected
+    fresh = operands_and_reference(dense_task.compute, 0)
+    assert all(torch.equal(a, b) for a, b in zip(ops, fresh[0]))
+    assert torch.equal(expected, fresh[1])
+    assert _last_task_operands(dense_task.compute, 1)[1] is not expected  # another seed
+
+
 def test_a_task_undefined_on_random_signs_is_checked_on_positive_draws():
     """An RMSNorm's reduce task (mean, + eps, rsqrt) sees the squares as its input: random
     signs make the mean negative and the reference NaN, so every candidate was recorded

@@ -399,10 +399,15 @@ def aligned(flat: np.ndarray) -> np.ndarray:
     weights, activations, workspaces) start on a huge page, in memory advised for huge
     pages: streaming a layer's cold weights then walks a page table 512x smaller (ResNet-18
     layer4 convs with rotating cold weights, znver5, 2 threads, interleaved: 2-6% faster)."""
-    raw = _huge_raw(flat.size + ALIGN // 4) if flat.size * 4 >= HUGE else None
-    if raw is None:
-        raw = np.empty(flat.size + ALIGN // 4, np.float32)
-    off = (-raw.ctypes.data % ALIGN) // 4
-    out = raw[off: off + flat.size]
+    out = aligned_empty(flat.size)
     out[:] = flat
     return out
+
+
+def aligned_empty(n: int) -> np.ndarray:
+    """n uninitialised floats placed as aligned() places a copy (the caller fills them)."""
+    raw = _huge_raw(n + ALIGN // 4) if n * 4 >= HUGE else None
+    if raw is None:
+        raw = np.empty(n + ALIGN // 4, np.float32)
+    off = (-raw.ctypes.data % ALIGN) // 4
+    return raw[off: off + n]

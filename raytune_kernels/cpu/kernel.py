@@ -4,13 +4,15 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from raytune_kernels.task import Compute
-from raytune_kernels.cpu.build import BuildResult, LoadedKernel, aligned, build, timed
+from raytune_kernels.cpu.build import (ALIGN, HUGE, BuildResult, LoadedKernel, aligned,
+                                      aligned_empty, build, timed)
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.loopnest import LoopNest
 from raytune_kernels.cpu.schedules import lower, pack, unpack
@@ -53,18 +55,47 @@ class PreparedRun:
     def rotate(self, name: str, copies: int) -> None:
         """From now on, cold_run() reads buffer `name` from one of `copies` identical
         copies in turn, so each call finds it out of cache, as a network's weights are when
-        their layer's turn comes (timing one copy in a loop keeps it in cache)."""
-        i = self.order.index(name)
+        their layer's turn comes (timing one copy in a loop keeps it in cache).
+        The copies live in memory this process keeps for them (twice the last-level
+        cache: allocating and faulting it in anew was 10-40 ms of each candidate's ~110 ms
+        measurement), lent to one PreparedRun at a time: a later rotate() takes it back,
+        and this run's cold_run() then refuses to run rather than read another's data."""
+        i, src = self.order.index(name), self.buffers[name]
+        # each copy starts on a cache line, and on a huge page where it spans one
+        unit = HUGE // 4 if src.nbytes >= HUGE else ALIGN // 4
+        step = -(-src.size // unit) * unit
+        memory = _rotation_memory(self, step * copies + unit)
+        first = (-memory.ctypes.data % (unit * 4)) // 4
         self._rotation = []
-        for _ in range(copies):
-            copy = aligned(self.buffers[name])
+        for k in range(copies):
+            copy = memory[first + k * step: first + k * step + src.size]
+            copy[:] = src
             args = list(self._args)
             args[i] = ctypes.c_void_p(copy.ctypes.data)
             self._rotation.append((args, copy))
 
     def cold_run(self) -> None:
+        if not self._rotation:
+            raise RuntimeError("cold_run() without rotating copies: rotate() first (another "
+                               "PreparedRun's rotate() takes the copies' memory back)")
         self._turn = (self._turn + 1) % len(self._rotation)
         self.kernel.fn(*self._rotation[self._turn][0])
+
+
+_ROTATION: dict = {}  # "memory": the floats, "user": weakref to the PreparedRun using them
+
+
+def _rotation_memory(user: PreparedRun, n: int) -> np.ndarray:
+    """At least n floats for `user`'s rotating copies, taken back from whoever had them."""
+    previous = _ROTATION.get("user")
+    if previous is not None and previous() is not None and previous() is not user:
+        previous()._rotation = []
+    memory = _ROTATION.get("memory")
+    if memory is None or memory.size < n:
+        memory = aligned_empty(n)
+        _ROTATION["memory"] = memory
+    _ROTATION["user"] = weakref.ref(user)
+    return memory
 
 
 def prepare(compute: Compute, cfg: Config, nest: LoopNest, library: bytes, operands,
