@@ -8,6 +8,9 @@ records, one round per call, and hands each round's summary and records to the d
 """
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import ray
 
 from raytune_kernels.backend import Backend, backend_for
@@ -36,6 +39,9 @@ class CostModelActor:
         self.tasks = {t["key"]: Task.from_json(t) for t in tasks}
         self.backend, self.model, self.records, self.features = backend, CostModel(), [], {}
 
+    def pin(self, cores: tuple[int, ...]) -> None:
+        _pin(cores)
+
     def learn(self, records: list[dict]) -> bytes | None:
         self.records += [Record.from_json(r) for r in records]
         self.model.fit(training_set(self.tasks, self.records, self.backend.featurize,
@@ -60,6 +66,9 @@ class SearchActor:
         if booster:
             self.model.load(booster)
 
+    def pin(self, cores: tuple[int, ...]) -> None:
+        _pin(cores)
+
     def propose(self, key: str, n: int) -> list[dict]:
         return [c.to_json() for c in self.searches[key].propose(n, self.model)]
 
@@ -73,7 +82,10 @@ class RaySearchPool:
     """The SearchPool of the core Tuner, backed by search actors and the cost model actor."""
 
     def __init__(self, tasks: list[Task], backend: Backend, seed: int,
-                 opts: SearchOptions, num_search: int = 2):
+                 opts: SearchOptions, num_search: int = 1):
+        """`num_search` actors share the tasks. The Tuner asks for one batch at a time, so
+        more than one only adds a process to start (torch and the package imported: ~4 s
+        of CPU each on a 2-vCPU znver3, during the first round)."""
         groups = [tasks[i::num_search] for i in range(min(num_search, len(tasks)))]
         self.actors = [SearchActor.options(**ON_HEAD).remote([t.to_json() for t in g], backend,
                                                              seed, opts) for g in groups]
@@ -97,6 +109,10 @@ class RaySearchPool:
     def exhausted(self, key: str) -> bool:
         return key in self._exhausted
 
+    def pin(self, cores: tuple[int, ...]) -> None:
+        """Keep the search and cost model processes on `cores` (off the measurers')."""
+        ray.get([a.pin.remote(tuple(cores)) for a in self.actors + [self.model]])
+
 
 @ray.remote(num_cpus=0)
 class TaskSchedulerActor:
@@ -116,6 +132,11 @@ class TaskSchedulerActor:
         task_list = [Task.from_json(t) for t in tasks]
         self.problem: Exception | None = None
         self.metrics = TuningMetrics(torch_s)
+        pool = None
+        if parse_target(target).kind == "llvm":  # the search and cost model actors start
+            # while the pipeline below waits for its measurers (a cuda target's backend
+            # needs the measuring GPU's arch first)
+            pool = RaySearchPool(task_list, backend_for(target, cpu), opts.seed, opts.search)
         if parse_target(target).kind == "cuda":
             self.pipeline, target, device, info = _gpu_pipeline(target, measure_opts)
             try:
@@ -127,7 +148,9 @@ class TaskSchedulerActor:
             self.pipeline, info = _cpu_pipeline(measure_opts, mcpu, num_measurers,
                                                 num_builders, cluster), cpu
         self.writer = RecordWriter(records) if records else None
-        pool = RaySearchPool(task_list, backend_for(target, info), opts.seed, opts.search)
+        pool = pool or RaySearchPool(task_list, backend_for(target, info), opts.seed,
+                                     opts.search)
+        opts = dataclasses.replace(opts, overlap=_overlap(self.pipeline, pool))
         self.tuner = Tuner(task_list, target, device, self.pipeline.run, pool, self.writer,
                            [Record.from_json(r) for r in history], opts, isa)
 
@@ -160,6 +183,24 @@ class TaskSchedulerActor:
             self.writer.close()
         self.pipeline.shutdown()
         return self.tuner.result()
+
+
+def _overlap(pipeline, pool: RaySearchPool) -> bool:
+    """Whether the Tuner may propose while it measures (TuneOptions.overlap): yes where
+    the measurers are GPUs or other nodes' cores; on this machine's cores, once the
+    search and cost model are pinned to the cores no measurer owns (none: no overlap)."""
+    owned = [c for s in pipeline.slots if s.cores is not None for c in s.cores]
+    if getattr(pipeline, "device", "cpu") == "gpu" or not owned:
+        return True
+    free = tuple(sorted(set(os.sched_getaffinity(0)) - set(owned)))
+    if free:
+        pool.pin(free)
+    return bool(free)
+
+
+def _pin(cores: tuple[int, ...]) -> None:
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
 
 
 def _cpu_pipeline(measure_opts, mcpu, num_measurers, num_builders, cluster: bool):

@@ -49,8 +49,10 @@ class TaskScheduler:
     def active(self) -> list[int]:
         return [i for i, s in enumerate(self.states) if not s.converged]
 
-    def next_task(self) -> int | None:
-        active = self.active()
+    def next_task(self, busy: int | None = None) -> int | None:
+        """The task of the next round; None when none is left. `busy`, a task whose round
+        is being measured, is not chosen (None when it is the only one left)."""
+        active = [i for i in self.active() if i != busy]
         if not active:
             return None
         warm = [i for i in active if self.states[i].rounds < self.opts.warmup]

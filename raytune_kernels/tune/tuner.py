@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -70,6 +71,10 @@ class TuneOptions:
     cold_weights: bool = True  # weights out of cache while timed (see MeasureOptions)
     scheduler: SchedulerOptions = SchedulerOptions()
     search: SearchOptions = SearchOptions()
+    # Propose the next round while this one is measured (Tuner.step). Only where measuring
+    # happens apart from proposing (pinned measurer processes, a GPU): in one process, or on
+    # the measuring cores, proposals would be timed with the kernels.
+    overlap: bool = False
 
 
 class Tuner:
@@ -86,6 +91,7 @@ class Tuner:
         self.last: list[Record] = []  # the records of the latest round
         self.curve: list[RoundPoint] = []
         self.round, self.start = 0, time.perf_counter()
+        self._ahead: tuple[int, Task, list[Config]] | None = None  # proposed, not measured
         mine = [r for r in history if r.target == target and r.threads == opts.threads
                 and r.cold_weights == opts.cold_weights]
         self.other_devices = other_devices(mine, device, isa)
@@ -105,33 +111,61 @@ class Tuner:
             self.pool.learn(mine)  # a resumed run starts with a trained model
 
     def step(self) -> RoundSummary | None:
-        """One round; None when the budget is spent or every task has converged."""
-        while self.spent < self.opts.trials:
-            i = self.scheduler.next_task()
+        """One round; None when the budget is spent or every task has converged.
+
+        With `overlap`, the round after this one is chosen and proposed while this one is
+        measured (building and timing took 2/3 of a round, proposing and learning the
+        rest: ResNet-18 on a 2-vCPU znver3). That round is then chosen one round early:
+        without this round's results, among the other tasks (none, when this is the only
+        one left: it is chosen after this round instead), by a cost model that has not yet
+        learnt from this round."""
+        nxt, self._ahead = self._ahead or self._next_round(), None
+        if nxt is None:
+            return None
+        i, task, cfgs = nxt
+        if not self.opts.overlap:
+            return self._run_round(i, task, cfgs, self.measure([(task, c) for c in cfgs]))
+        with ThreadPoolExecutor(1, thread_name_prefix="measure") as executor:
+            measuring = executor.submit(self.measure, [(task, c) for c in cfgs])
+            try:
+                self._ahead = self._next_round(busy=(i, len(cfgs)))
+            except BaseException:  # this round's records are written before it stops
+                self._run_round(i, task, cfgs, measuring.result())
+                raise
+            results = measuring.result()
+        return self._run_round(i, task, cfgs, results)
+
+    def _next_round(self, busy: tuple[int, int] | None = None
+                    ) -> tuple[int, Task, list[Config]] | None:
+        """(task index, task, configs) of the next round, or None when nothing is left;
+        `busy` = (task, trials) of a round being measured, which no other round joins."""
+        in_flight = busy[1] if busy else 0
+        while self.spent + in_flight < self.opts.trials:
+            i = self.scheduler.next_task(busy=busy[0] if busy else None)
             if i is None:
                 return None
             task = self.tasks[i]
-            cfgs = self.pool.propose(task.key, self._round_size(i))
+            cfgs = self.pool.propose(task.key, self._round_size(i, in_flight))
             if not cfgs:  # nothing left to try for this task
                 self.scheduler.update(i, [], exhausted=True)
                 continue
-            return self._run_round(i, task, cfgs)
+            return i, task, cfgs
         return None
 
-    def _round_size(self, i: int) -> int:
+    def _round_size(self, i: int, in_flight: int = 0) -> int:
         """`batch` trials, or fewer while tasks are still warming up and the budget left
         cannot give each of them a full batch: a budget under tasks x batch (160 trials for
         ResNet-18's 21 tasks at batch 8) otherwise left the last tasks with no trial at all,
         and the estimate infinite."""
-        left = self.opts.trials - self.spent
+        left = self.opts.trials - self.spent - in_flight
         states, warmup = self.scheduler.states, self.scheduler.opts.warmup
         if states[i].rounds < warmup:
             cold = sum(1 for j in self.scheduler.active() if states[j].rounds < warmup)
             left = max(1, left // cold)
         return min(self.opts.batch, left)
 
-    def _run_round(self, i: int, task: Task, cfgs: list[Config]) -> RoundSummary:
-        results = self.measure([(task, c) for c in cfgs])
+    def _run_round(self, i: int, task: Task, cfgs: list[Config],
+                   results: list[MeasureResult]) -> RoundSummary:
         new = [record_of(task.key, self.target, self.device, c.to_json(), r, self.opts.threads,
                          self.opts.cold_weights, self.isa) for c, r in zip(cfgs, results)]
         if self.writer is not None:

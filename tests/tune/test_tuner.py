@@ -196,3 +196,69 @@ def test_progress_table_fits_a_log_and_states_the_estimate(tasks):
     with ProgressView(24, Console(file=out, width=80), table_every=1) as view:
         view.update(RoundSummary(3, 0, tuner.rows(), 0.0125, 24, 24, 1.0, 8, {}, 0.0025))
     assert "12.500 ms (2.500 ms of it PyTorch)" in " ".join(out.getvalue().split())
+
+
+class _Watched:
+    """The fake's measure and a LocalSearchPool, noting which task is being measured when
+    each proposal is made (a measurement takes a few ms, as a real one does)."""
+
+    def __init__(self, tasks, fail_after: int | None = None):
+        self.fake, self.measuring, self.proposals = FakeMeasurer(), None, []
+        self.pool = LocalSearchPool(tasks, BACKEND, 0, SearchOptions(estimate_trials=0))
+        self.fail_after = fail_after
+
+    def measure(self, items):
+        import time
+
+        self.measuring = items[0][0].key
+        time.sleep(0.02)
+        out = [self.fake.measure(t, c) for t, c in items]
+        self.measuring = None
+        return out
+
+    def propose(self, key, n):
+        self.proposals.append((key, self.measuring))
+        if self.fail_after is not None and len(self.proposals) > self.fail_after:
+            raise RuntimeError("search actor died")
+        return self.pool.propose(key, n)
+
+    def __getattr__(self, name):  # observe, learn, exhausted: the pool's
+        return getattr(self.pool, name)
+
+
+def test_overlapped_rounds_propose_while_measuring_and_spend_the_budget_exactly(tasks):
+    some = tasks[:6]
+    w = _Watched(some)
+    opts = TuneOptions(trials=70, batch=8, search=SearchOptions(estimate_trials=0),
+                       overlap=True)
+    tuner = Tuner(some, "llvm", "test", w.measure, w, opts=opts)
+    result = tuner.run()
+    assert tuner.spent == 70 and result.trials == 70
+    seen = collections.Counter((r.task_key, r.config_key()) for r in tuner.records)
+    assert max(seen.values()) == 1  # nothing proposed twice, in flight or measured
+    assert set(result.best) == {t.key for t in some}
+    ahead = [(k, busy) for k, busy in w.proposals if busy is not None]
+    assert len(ahead) >= len(w.proposals) - 2  # all but the first ran beside a measurement
+    assert all(k != busy for k, busy in ahead)  # never the task being measured
+
+
+def test_an_overlapped_round_is_recorded_when_the_next_proposal_fails(tasks, tmp_path):
+    some = tasks[:3]
+    w = _Watched(some, fail_after=2)
+    path = str(tmp_path / "r.jsonl")
+    writer = RecordWriter(path)
+    opts = TuneOptions(trials=40, batch=4, search=SearchOptions(estimate_trials=0),
+                       overlap=True)
+    tuner = Tuner(some, "llvm", "test", w.measure, w, writer, opts=opts)
+    assert tuner.step() is not None  # round 1 measured beside round 2's proposal
+    with pytest.raises(RuntimeError, match="search actor died"):
+        tuner.step()  # round 2 measured, round 3's proposal fails
+    writer.close()
+    assert len(load_records(path).records) == 8 == tuner.spent
+
+
+def test_scheduler_passes_over_a_busy_task(tasks):
+    sched = TaskScheduler(tasks[:2])
+    assert sched.next_task(busy=0) == 1
+    sched.update(1, [1.0], exhausted=True)
+    assert sched.next_task(busy=0) is None and sched.next_task() == 0
