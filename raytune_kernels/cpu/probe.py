@@ -32,9 +32,9 @@ PROBE_CONFIGS = 3
 CHILD_TIMEOUT_S = 300.0
 _CHILD = """
 import importlib, json, sys
-job = json.load(open(sys.argv[1]))
-module, _, name = job["target"].partition(":")
+module, _, name = sys.argv[1].partition(":")
 fn = getattr(importlib.import_module(module), name)
+job = json.load(open(sys.argv[2] if len(sys.argv) > 2 else sys.stdin.readline().strip()))
 for item, path in zip(job["jobs"], job["paths"]):
     print(json.dumps({"started": path}), flush=True)
     try:
@@ -45,17 +45,29 @@ for item, path in zip(job["jobs"], job["paths"]):
 """
 
 
-def run_jobs(target: str, jobs: list[dict], libraries: list[bytes], common: dict
-             ) -> list[tuple[object, str | None]]:
+def start_child(target: str) -> subprocess.Popen:
+    """A child for run_jobs(target, ..., child=), started now: it imports `target`'s
+    module (torch and this package: ~4 s of CPU on a 2-vCPU znver3) while the caller
+    builds what it will run, and then waits for its job on stdin."""
+    return subprocess.Popen([sys.executable, "-c", _CHILD, target], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def run_jobs(target: str, jobs: list[dict], libraries: list[bytes], common: dict,
+             child: subprocess.Popen | None = None) -> list[tuple[object, str | None]]:
     """`target` ("module:function", called as function(job, library, common)) on each
-    job and its library, in order, in a child process: (its value, None), or (None, why
-    not) where it raised or killed the child. A job that kills the child is blamed alone;
-    the rest go on in a fresh one."""
+    job and its library, in order, in a child process (`child`, from start_child(target),
+    when given): (its value, None), or (None, why not) where it raised or killed the
+    child. A job that kills the child is blamed alone; the rest go on in a fresh one."""
     results: list[tuple[object, str | None]] = [(None, None)] * len(jobs)
     todo = list(range(len(jobs)))
+    if not todo and child is not None:
+        child.kill()
+        child.communicate()
     while todo:
         done, dead, code = _run_child(target, [jobs[i] for i in todo],
-                                      [libraries[i] for i in todo], common)
+                                      [libraries[i] for i in todo], common, child)
+        child = None  # a fresh child for what is left after a crash
         for k, result in done.items():
             results[todo[k]] = result
         if dead is None and len(done) < len(todo):  # died before starting one: say so
@@ -67,10 +79,12 @@ def run_jobs(target: str, jobs: list[dict], libraries: list[bytes], common: dict
     return results
 
 
-def _run_child(target: str, jobs: list[dict], libraries: list[bytes], common: dict
+def _run_child(target: str, jobs: list[dict], libraries: list[bytes], common: dict,
+               child: subprocess.Popen | None = None
                ) -> tuple[dict[int, tuple[object, str | None]], int | None, int]:
-    """Run `jobs` in order in one child: (index -> (value, error), for those that
-    finished; the index running when the child died, if it died; the child's exit code)."""
+    """Run `jobs` in order in one child (`child`, started by start_child, or a new one):
+    (index -> (value, error), for those that finished; the index running when the child
+    died, if it died; the child's exit code)."""
     with tempfile.TemporaryDirectory(prefix="rk_isolated_") as tmp:
         paths = [os.path.join(tmp, f"k{i}.so") for i in range(len(jobs))]
         for path, library in zip(paths, libraries):
@@ -79,12 +93,15 @@ def _run_child(target: str, jobs: list[dict], libraries: list[bytes], common: di
         job = os.path.join(tmp, "job.json")
         with open(job, "w") as f:
             json.dump({"target": target, "jobs": jobs, "paths": paths, "common": common}, f)
+        if child is None:
+            child = start_child(target)
         try:
-            child = subprocess.run([sys.executable, "-c", _CHILD, job], capture_output=True,
-                                   timeout=CHILD_TIMEOUT_S)
-            out, code = child.stdout, child.returncode
-        except subprocess.TimeoutExpired as exc:
-            out, code = exc.stdout or b"", -signal.SIGKILL
+            out, _ = child.communicate(f"{job}\n".encode(), timeout=CHILD_TIMEOUT_S)
+            code = child.returncode
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, _ = child.communicate()
+            code = -signal.SIGKILL
     index = {p: i for i, p in enumerate(paths)}
     done, running = {}, None
     for line in out.decode(errors="replace").splitlines():

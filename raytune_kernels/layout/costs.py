@@ -110,11 +110,19 @@ def measure_transforms(keys: Iterable[tuple[tuple[int, ...], str, str]],
         todo[(shape, src, dst)] = _few_configs(shape, src, dst)
     if not todo:
         return
+    from raytune_kernels.cpu.probe import start_child
+
     COUNTS["timed"] += len(todo)
     items = [(k, cfg) for k, cfgs in todo.items() for cfg in cfgs]
-    libraries = build_transforms([(*k, cfg) for k, cfg in items])
+    child = start_child(_TIME_CHILD)  # its imports run while this process builds
+    try:
+        libraries = build_transforms([(*k, cfg) for k, cfg in items])
+    except BaseException:
+        child.kill()
+        child.communicate()
+        raise
     seconds = time_isolated([(*k, cfg, lib) for (k, cfg), lib in zip(items, libraries)],
-                            opts)
+                            opts, child)
     best: dict[tuple, tuple[float, Config | None]] = {}
     for ((shape, src, dst), cfg), lib, t in zip(items, libraries, seconds):
         if lib is not None:
@@ -178,8 +186,9 @@ def build_transforms(items: list[tuple[tuple[int, ...], str, str, Config]]
     as many child processes as this process has cores when there are enough to pay for
     starting them (plain `python -c` children: multiprocessing's spawn would run the
     user's unguarded script again). Building runs no kernel, so this is for time only."""
-    workers = min(len(os.sched_getaffinity(0)), len(items) // POOL_MIN_ITEMS)
-    if workers < 2:
+    cores = len(os.sched_getaffinity(0))
+    workers = min(cores, len(items) // POOL_MIN_ITEMS)
+    if workers < 2 or len(items) * BUILD_S * (1 - 1 / workers) < CHILD_START_S:
         return [_build_one(*item) for item in items]
     with tempfile.TemporaryDirectory(prefix="rk_build_transforms_") as tmp:
         paths = [os.path.join(tmp, f"t{i}.so") for i in range(len(items))]
@@ -220,14 +229,20 @@ def build_to_files(job: list) -> None:
                 f.write(library)
 
 
-POOL_MIN_ITEMS = 8  # a spawned builder costs about a second to start (imports)
+POOL_MIN_ITEMS = 8  # transforms per build child, at least
+# Build children pay for themselves only when they save more than their start (torch and
+# this package imported): znver3 (2 vCPUs), a ResNet-18 transform built in 45 ms on
+# average, a child started in ~4 s, so ResNet-18's ~110 transforms build faster here,
+# beside the timing child's start (measure_transforms).
+BUILD_S, CHILD_START_S = 0.045, 4.0
 
 
 def time_isolated(items: list[tuple[tuple[int, ...], str, str, Config, bytes | None]],
-                  opts: MeasureOptions) -> list[float]:
+                  opts: MeasureOptions, child=None) -> list[float]:
     """Seconds of each built transform, checked exact and timed in a child process one
-    after another (inf: no build, a wrong result, or it killed the child, which is then
-    replaced for the rest)."""
+    after another (`child`, from probe.start_child(_TIME_CHILD), when given; inf: no
+    build, a wrong result, or it killed the child, which is then replaced for the
+    rest)."""
     from raytune_kernels.cpu.probe import run_jobs
 
     out = [math.inf] * len(items)
@@ -235,7 +250,7 @@ def time_isolated(items: list[tuple[tuple[int, ...], str, str, Config, bytes | N
     jobs = [{"shape": list(items[i][0]), "src": items[i][1], "dst": items[i][2],
              "config": items[i][3].to_json()} for i in todo]
     results = run_jobs(_TIME_CHILD, jobs, [items[i][4] for i in todo],
-                       {"opts": dataclasses.asdict(opts)})
+                       {"opts": dataclasses.asdict(opts)}, child)
     for i, (value, _) in zip(todo, results):  # an error (a crash) stays inf
         if isinstance(value, (int, float)):
             out[i] = float(value)

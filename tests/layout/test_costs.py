@@ -59,5 +59,8 @@ def test_layout_actor_solves_like_the_local_solver(ray_session):
     from tests.layout.test_problem import random_problem
     problem = random_problem(random.Random(7), 12, False)
     actor = LayoutActor.remote()
-    plan = ray_session.get(actor.solve.remote(problem, 10.0))
+    try:
+        plan = ray_session.get(actor.solve.remote(problem, 10.0))
+    finally:
+        ray_session.kill(actor)  # it holds a CPU: later tests' measurers need the session's
     assert plan.cost == solve_ilp(problem).cost and plan.optimal
