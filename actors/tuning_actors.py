@@ -110,7 +110,9 @@ class RaySearchPool:
         return key in self._exhausted
 
     def pin(self, cores: tuple[int, ...]) -> None:
-        """Keep the search and cost model processes on `cores` (off the measurers')."""
+        """Keep the search and cost model processes on `cores` (off the measurers'), at
+        the lowest priority: a proposal made beside a round then takes the CPU its builds
+        leave (phased builds use every core, and then the measurer alone times them)."""
         ray.get([a.pin.remote(tuple(cores)) for a in self.actors + [self.model]])
 
 
@@ -199,8 +201,11 @@ def _overlap(pipeline, pool: RaySearchPool) -> bool:
 
 
 def _pin(cores: tuple[int, ...]) -> None:
+    """This process on `cores`, niced to the lowest priority (RaySearchPool.pin)."""
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
+    if hasattr(os, "nice"):
+        os.nice(19 - os.nice(0))
 
 
 def _cpu_pipeline(measure_opts, mcpu, num_measurers, num_builders, cluster: bool):
