@@ -13,7 +13,7 @@ from raytune_kernels.measure import MeasureOptions, measure_built
 from raytune_kernels.task import Compute
 
 
-def _pin(cores: tuple[int, ...]) -> None:
+def pin_cores(cores: tuple[int, ...]) -> None:
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
 
@@ -32,7 +32,7 @@ class BuilderActor:
     the candidate again once, and records a second death as that candidate's."""
 
     def __init__(self, cores: tuple[int, ...] = ()):
-        _pin(cores)
+        pin_cores(cores)
 
     def ready(self) -> int:
         return os.getpid()
@@ -55,7 +55,7 @@ class MeasurerActor:
         """Pinned to `cores`, or (on a cluster node) to core block `block` = (index,
         count) of the cores that node gives its processes."""
         cores = _node_cores(*block) if cores is None else cores
-        _pin(cores)
+        pin_cores(cores)
         sweep_stale_dirs()  # what a measurer killed by its candidate left behind
         import torch
 

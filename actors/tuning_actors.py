@@ -24,6 +24,7 @@ from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Task
 from raytune_kernels.tune.tuner import (RoundSummary, TuneOptions, Tuner)
 
+from actors.measure_actors import pin_cores
 from actors.metrics import TuningMetrics
 
 
@@ -40,7 +41,7 @@ class CostModelActor:
         self.backend, self.model, self.records, self.features = backend, CostModel(), [], {}
 
     def pin(self, cores: tuple[int, ...]) -> None:
-        _pin(cores)
+        _pin_niced(cores)
 
     def learn(self, records: list[dict]) -> bytes | None:
         self.records += [Record.from_json(r) for r in records]
@@ -67,7 +68,7 @@ class SearchActor:
             self.model.load(booster)
 
     def pin(self, cores: tuple[int, ...]) -> None:
-        _pin(cores)
+        _pin_niced(cores)
 
     def propose(self, key: str, n: int) -> list[dict]:
         return [c.to_json() for c in self.searches[key].propose(n, self.model)]
@@ -134,12 +135,12 @@ class TaskSchedulerActor:
         task_list = [Task.from_json(t) for t in tasks]
         self.problem: Exception | None = None
         self.metrics = TuningMetrics(torch_s)
-        pool = None
-        if parse_target(target).kind == "llvm":  # the search and cost model actors start
-            # while the pipeline below waits for its measurers (a cuda target's backend
-            # needs the measuring GPU's arch first)
-            pool = RaySearchPool(task_list, backend_for(target, cpu), opts.seed, opts.search)
-        if parse_target(target).kind == "cuda":
+        cuda = parse_target(target).kind == "cuda"
+        # the search and cost model actors start while the pipeline below waits for its
+        # measurers (a cuda target's backend needs the measuring GPU's arch first)
+        pool = None if cuda else RaySearchPool(task_list, backend_for(target, cpu), opts.seed,
+                                               opts.search)
+        if cuda:
             self.pipeline, target, device, info = _gpu_pipeline(target, measure_opts)
             try:
                 check_measurable(self.pipeline.gpu_arch(), self.pipeline.gpu_archs())
@@ -200,10 +201,9 @@ def _overlap(pipeline, pool: RaySearchPool) -> bool:
     return bool(free)
 
 
-def _pin(cores: tuple[int, ...]) -> None:
+def _pin_niced(cores: tuple[int, ...]) -> None:
     """This process on `cores`, niced to the lowest priority (RaySearchPool.pin)."""
-    if cores and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cores)
+    pin_cores(cores)
     if hasattr(os, "nice"):
         os.nice(19 - os.nice(0))
 
