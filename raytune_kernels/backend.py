@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import torch
 
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.features import featurize, featurize_nest
@@ -33,6 +32,9 @@ from raytune_kernels.layout.costs import layouts_of
 from raytune_kernels.space import Config, Space, UnionSpace
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Compute, Task
+
+if TYPE_CHECKING:
+    import torch
 
 # (features, one row per config; estimated cost, lower is faster, or None without one)
 Analysis = tuple[np.ndarray | None, np.ndarray | None]

@@ -12,18 +12,19 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import torch
 
 from raytune_kernels.cpu.build import host_fault
 from raytune_kernels.cpu.kernel import prepare
 from raytune_kernels.cpu.schedules import lower, unpack
 from raytune_kernels.space import Config
-from raytune_kernels.frontend.reference import reference
 from raytune_kernels.task import Compute
 from raytune_kernels.tune.timing import TimingOptions, time_fn
+
+if TYPE_CHECKING:
+    import torch
 
 BUILD_ERROR, RUNTIME_ERROR, WRONG_OUTPUT, NON_FINITE = (
     "build_error", "runtime_error", "wrong_output", "non_finite")
@@ -99,6 +100,7 @@ class MeasureResult:
 def random_operands(compute: Compute, seed: int = 0) -> list[torch.Tensor]:
     """Random operands in reference order, weights scaled by 1/sqrt(fan-in) as trained
     weights are, so outputs stay of unit size and tolerances mean the same everywhere."""
+    import torch
     g = torch.Generator().manual_seed(seed)
     xs = [torch.randn(compute.inputs[0].shape, generator=g)]
     for spec in compute.inputs[1:]:
@@ -118,6 +120,10 @@ def operands_and_reference(compute: Compute, seed: int = 0,
     is undefined on those draws (an RMSNorm's rsqrt of a mean that random signs made
     negative: the reference itself is NaN), the same draws made positive instead, so that
     such tasks are checked and timed rather than failing every candidate as non-finite."""
+    import torch
+
+    from raytune_kernels.frontend.reference import reference
+
     ref = ref or (lambda xs: reference(compute, *xs))
     ops = random_operands(compute, seed)
     with torch.no_grad():
@@ -213,6 +219,7 @@ def weight_copies(compute: Compute, prep, cache_bytes: int | None = None) -> int
 
 def check_output(got: torch.Tensor, expected: torch.Tensor, opts: MeasureOptions):
     """None when the candidate's output is right; else (error kind, message)."""
+    import torch
     if got.shape != expected.shape:
         return WRONG_OUTPUT, f"shape {tuple(got.shape)} != {tuple(expected.shape)}"
     if not torch.isfinite(got).all():

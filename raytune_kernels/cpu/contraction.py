@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from raytune_kernels.task import Compute
 from raytune_kernels.cpu.contraction_base import (Contraction, as_blocks, out_pad,
                                                   written_layout)
 from raytune_kernels.cpu.transform import Layout
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ class Conv2dContraction(Contraction):
 
     # layouts
     def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
+        import torch
         cb = cfg["cb"]
         xp = torch.nn.functional.pad(x[0], (self.pad[1],) * 2 + (self.pad[0],) * 2)
         hp, wp = self.padded()
@@ -209,17 +213,20 @@ class DenseContraction(Contraction):
         return as_blocks(x.reshape(self.m, self.k)).ravel()
 
     def pack_b(self, w: torch.Tensor, cfg) -> np.ndarray:
+        import torch
         ob, npad = cfg["ob"], self.npad(cfg)
         wp = torch.zeros(npad, self.k)
         wp[: self.n] = w
         return as_blocks(wp.reshape(npad // ob, ob, self.k).permute(0, 2, 1)).ravel()
 
     def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
+        import torch
         out = torch.zeros(self.m, self.npad(cfg))
         out[:, : self.n] = y.reshape(self.m, self.n)
         return as_blocks(out).ravel()
 
     def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
+        import torch
         y = torch.from_numpy(flat.reshape(self.m, self.npad(cfg))[:, : self.n].copy())
         return y.reshape(self.lead + (self.n,))
 
@@ -277,6 +284,7 @@ class MatmulContraction(Contraction):
     pack_out = pack_a
 
     def unpack_out(self, flat: np.ndarray, cfg) -> torch.Tensor:
+        import torch
         return torch.from_numpy(flat.copy()).reshape(self.lead)
 
     def flops(self) -> int:

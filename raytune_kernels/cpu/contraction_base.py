@@ -3,11 +3,15 @@ matmul and of window.py's depthwise convs and pools), on its own so that both mo
 build on it without importing each other."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from raytune_kernels.cpu.loopnest import BCAST_FMA
 from raytune_kernels.cpu.transform import Layout
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Contraction:
@@ -50,5 +54,6 @@ def written_layout(cfg) -> Layout:
 
 def as_blocks(x: np.ndarray | torch.Tensor) -> np.ndarray:
     """A packed operand as a contiguous float32 array."""
+    import torch
     return np.ascontiguousarray(x.detach().numpy() if isinstance(x, torch.Tensor) else x,
                                 dtype=np.float32)

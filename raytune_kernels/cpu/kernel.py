@@ -6,9 +6,9 @@ import dataclasses
 import time
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from raytune_kernels.task import Compute
 from raytune_kernels.cpu.build import (ALIGN, HUGE, BuildResult, LoadedKernel, aligned,
@@ -17,6 +17,9 @@ from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.loopnest import LoopNest
 from raytune_kernels.cpu.schedules import lower, pack, unpack
 from raytune_kernels.space import Config
+
+if TYPE_CHECKING:
+    import torch
 
 def build_candidate(compute: Compute, cfg: Config, mcpu: str | None = None
                     ) -> tuple[LoopNest, BuildResult]:

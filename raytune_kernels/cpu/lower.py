@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from raytune_kernels.task import Compute, EpilogueOp
 from raytune_kernels.cpu.contraction import contraction
@@ -17,6 +17,9 @@ from raytune_kernels.cpu.loopnest import (PARALLEL, SERIAL, UNROLL, Access, Affi
                                           EpiStep, UpdateTile, For, LoopNest, Split, StoreTile,
                                           Tile, ZeroTile)
 from raytune_kernels.space import Config
+
+if TYPE_CHECKING:
+    import torch
 
 
 class LoweringError(ValueError):

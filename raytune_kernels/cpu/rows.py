@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from raytune_kernels.task import Compute
 from raytune_kernels.cpu.loopnest import (PARALLEL, SERIAL, Access, Affine, Bin, Buffer, For, Ld,
                                           LdScalar, Let, LoopNest, Map, Num, Reduce, Reg, Un)
 from raytune_kernels.space import Space
+
+if TYPE_CHECKING:
+    import torch
 
 ROW_OPS = ("softmax", "layer_norm", "elementwise", "reduce")
 
@@ -181,4 +184,5 @@ def pack_rows(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
 
 
 def unpack_rows(c: Compute, cfg, flat: np.ndarray) -> torch.Tensor:
+    import torch
     return torch.from_numpy(flat.copy()).reshape(c.output.shape)

@@ -7,9 +7,9 @@ are in cuda/render.py; backend.py puts either set behind one Backend.
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from raytune_kernels.task import Compute
 from raytune_kernels.cpu.machine import CpuInfo
@@ -24,6 +24,9 @@ from raytune_kernels.cpu.rows import (ROW_OPS, RowLoweringError, lower_rows, pac
 from raytune_kernels.space import Config, Space, UnionSpace, contraction_space
 from raytune_kernels.cpu.winograd import (VARIANTS as WINOGRAD, applicable as winograd_applicable,
                                           lower_winograd, pack_winograd, winograd_space)
+
+if TYPE_CHECKING:
+    import torch
 
 
 def unsupported_reason(compute: Compute) -> str | None:

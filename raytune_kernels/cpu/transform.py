@@ -10,13 +10,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from raytune_kernels.cpu.loopnest import (PARALLEL, SERIAL, SET, Access, Affine, Buffer, For,
                                           LoopNest, Split, StoreTile, Tile, UpdateTile)
 from raytune_kernels.space import Config, Space
+
+if TYPE_CHECKING:
+    import torch
 
 _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 
@@ -65,6 +68,7 @@ class Layout:
 
     def pack(self, x: torch.Tensor, border: float = 0.0) -> np.ndarray:
         """A (1, C, H, W) tensor in this layout, flat (the border filled with `border`)."""
+        import torch
         if self.pad != (0, 0):
             x = torch.nn.functional.pad(x, (self.pad[1],) * 2 + (self.pad[0],) * 2,
                                         value=border)
@@ -78,6 +82,7 @@ class Layout:
         return np.ascontiguousarray(y.detach().numpy(), np.float32).ravel()
 
     def unpack(self, flat: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
+        import torch
         (ph, pw), (_, c, h, w) = self.pad, shape
         hs, ws = h + 2 * ph, w + 2 * pw
         t = torch.from_numpy(flat.copy())

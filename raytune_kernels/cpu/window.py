@@ -11,15 +11,18 @@ sits between 1x1 convs that read and write NHWC without a layout change either s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from raytune_kernels.task import Compute
 from raytune_kernels.cpu.contraction_base import (Contraction, as_blocks, out_pad,
                                                   written_layout)
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.cpu.loopnest import ADD, MAX, VEC_FMA, EpiStep
+
+if TYPE_CHECKING:
+    import torch
 
 _MODES = {"depthwise": VEC_FMA, "max": MAX, "avg": ADD}
 

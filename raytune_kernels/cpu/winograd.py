@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import functools
 import itertools
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from raytune_kernels.cpu.machine import CpuInfo
 from raytune_kernels.task import Compute
@@ -43,6 +43,9 @@ from raytune_kernels.cpu.loopnest import (BCAST_FMA, PARALLEL, SERIAL, UNROLL, A
 from raytune_kernels.cpu.lower import operand_kinds, pack_operands
 from raytune_kernels.cpu.rows import epilogue_expr
 from raytune_kernels.space import Space
+
+if TYPE_CHECKING:
+    import torch
 
 @dataclass(frozen=True)
 class Variant:
@@ -243,6 +246,7 @@ def _epilogue(c: Compute, value, kinds, o: Affine, ob: int, lanes: int):
 def transformed_weights(w: torch.Tensor, v: Variant = F2) -> torch.Tensor:
     """U = G g G^T for every (k, c): [a^2][C][K] (xi = a * row + column), computed in
     float64."""
+    import torch
     g = torch.tensor(v.g, dtype=torch.float64)
     u = torch.einsum("ai,kcij,bj->abck", g, w.double(), g)  # [a][a][C][K]
     return u.reshape(v.xi, w.shape[1], w.shape[0]).float()

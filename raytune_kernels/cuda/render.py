@@ -12,9 +12,9 @@ NHWC; everything else reads and writes torch's contiguous layouts. cuda_pack / c
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from raytune_kernels.task import Compute
 from raytune_kernels.cuda.epilogue import CudaLoweringError, epilogue_reason, is_full, operand_specs
@@ -26,6 +26,9 @@ from raytune_kernels.cuda.rows import (ROW_OPS, Rows, elementwise_space, render_
 from raytune_kernels.cuda.window import (LAYOUTS, Window, is_window, render_window, window_reason,
                                          window_space)
 from raytune_kernels.space import Config, Space, UnionSpace
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CudaKernel", "CudaLoweringError", "cuda_layouts", "cuda_pack", "cuda_space_for",
            "cuda_unpack", "operand_layouts", "render_cuda", "cuda_unsupported_reason"]
@@ -216,6 +219,7 @@ def cuda_pack(compute: Compute, operands, cfg: Config) -> list[np.ndarray]:
 
 def cuda_unpack(compute: Compute, flat, cfg: Config) -> torch.Tensor:
     """The output buffer (numpy array or CPU/GPU torch tensor) in the reference's shape."""
+    import torch
     t = flat if isinstance(flat, torch.Tensor) else torch.from_numpy(np.asarray(flat).copy())
     shape = compute.output.shape
     if t.numel() != compute.output.numel:

@@ -10,10 +10,9 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
-import torch
 
 from raytune_kernels.cpu.build import LoadedKernel, aligned, build, keep
 from raytune_kernels.cpu.llvm.ir import render
@@ -24,6 +23,9 @@ from raytune_kernels.measure import MeasureOptions, cold_copies
 from raytune_kernels.tune.records import Record
 from raytune_kernels.task import Task
 from raytune_kernels.tune.timing import median, time_fn
+
+if TYPE_CHECKING:
+    import torch
 
 PLAIN = "NCHW"
 PARALLEL_FLOATS = 32 * 1024  # transforms of tensors this large run their outer loop parallel
@@ -262,6 +264,7 @@ _TIME_CHILD = "raytune_kernels.layout.costs:time_in_child"
 
 def time_in_child(job: dict, library: bytes, common: dict) -> float:
     """One transform timed where it may crash (run_jobs' child process)."""
+    import torch
     opts = MeasureOptions(**common["opts"])
     shape = tuple(job["shape"])
     src, dst = Layout.parse(job["src"]), Layout.parse(job["dst"])
@@ -307,6 +310,7 @@ def _cold_destinations(out: np.ndarray, n: int) -> list[np.ndarray]:
 
 def _time_one(shape, src: Layout, dst: Layout, kernel: LoadedKernel, x: torch.Tensor,
               opts) -> float:
+    import torch
     inp = aligned(src.pack(x))
     out = aligned(np.zeros(dst.size(shape), np.float32))
     kernel([inp.ctypes.data, out.ctypes.data], opts.threads)

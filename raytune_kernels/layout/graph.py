@@ -9,10 +9,12 @@ layout; the edge's matrix holds the transform times between layouts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from raytune_kernels.layout.problem import LayoutProblem
-from raytune_kernels.frontend.partition import Partition, TaskStep
+
+if TYPE_CHECKING:
+    from raytune_kernels.frontend.partition import Partition, TaskStep
 
 NCHW = "NCHW"
 
@@ -31,7 +33,7 @@ class Candidate:
 
 Candidates = Callable[[object], list[Candidate]]  # TaskStep or concat node -> candidates
 Transform = Callable[[tuple[int, ...], str, str], float]  # shape, from, to -> seconds
-Bordering = Callable[[TaskStep, Candidate], bool]  # writes its output into a bordered buffer
+Bordering = Callable[["TaskStep", "Candidate"], bool]  # writes its output into a bordered buffer
 IN_PLACE = "+border"  # label suffix: a producer that can write its reader's border itself
 
 
@@ -42,6 +44,8 @@ def layout_problem(part: Partition, candidates: Candidates, transform: Transform
     reader (and is no graph output) costs nothing to bring from its producer's layout to
     the same layout with a border, when that producer candidate can write into the
     bordered buffer itself (compile/cpu_plan.borders_wanted does so then)."""
+    from raytune_kernels.frontend.partition import TaskStep
+
     graph, nodes = part.graph, part.graph.node_map()
     steps: dict[int, TaskStep] = {}
     names, cands, producer = [], [], {}

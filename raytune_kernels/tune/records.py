@@ -7,11 +7,14 @@ last line from a killed writer loses only itself.
 """
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
 import math
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -25,11 +28,27 @@ SCHEMA = 1
 
 
 def versions() -> dict[str, str]:
-    import llvmlite
-    import torch
+    return dict(_versions())
 
-    return {"raytune_kernels": __version__, "llvmlite": llvmlite.__version__,
-            "torch": torch.__version__, "python": platform.python_version()}
+
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
+    import llvmlite
+
+    return (("raytune_kernels", __version__), ("llvmlite", llvmlite.__version__),
+            ("torch", _torch_version()), ("python", platform.python_version()))
+
+
+def _torch_version() -> str:
+    """PyTorch's version, read from its package metadata where this process has not
+    imported it: the processes that only write records (the scheduler) stay torch-free."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            return importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            import torch
+    return torch.__version__
 
 
 class MalformedRecord(ValueError):
