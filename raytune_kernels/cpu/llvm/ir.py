@@ -1,4 +1,4 @@
-"""Render a LoopNest to LLVM IR text with llvmlite.ir (a pure function of the nest).
+"""Render a LoopNest to LLVM IR text (a pure function of the nest; text.py writes it).
 
 Explicit <lanes x float> vectors and llvm.fma; accumulator tiles live in entry-block
 allocas that SROA promotes to registers; the epilogue runs on the accumulators before the
@@ -8,74 +8,46 @@ The kernel's C signature: void name(float *buffers..., int32 nthreads).
 """
 from __future__ import annotations
 
-import functools
-import gc
 from contextlib import contextmanager
 
-import llvmlite.ir as ir
-
 from raytune_kernels.cpu.llvm import rows as llvm_rows
-from raytune_kernels.cpu.llvm.consts import Spelled, splat
+from raytune_kernels.cpu.llvm.text import (F32, I32, I64, PTR, VOID, Builder, Function, Module,
+                                           Value, const, splat, vector)
 from raytune_kernels.cpu.llvm.math_ops import apply as apply_epilogue
 from raytune_kernels.cpu.loopnest import (ADD, BCAST_FMA, MAX, PARALLEL, UNROLL, VEC_FMA, Access,
                                           EpiStep, For, LoopNest, Split, StoreTile,
                                           UpdateTile, ZeroTile)
 
-I32, I64, F32, PTR, VOID = ir.IntType(32), ir.IntType(64), ir.FloatType(), ir.PointerType(), \
-    ir.VoidType()
 
 
-@functools.lru_cache(maxsize=4096)
-def i64(v: int) -> ir.Constant:
-    """A shared i64 constant: llvmlite caches a constant's text on the object, so reusing
-    it saves formatting it at every use (rendering is Python-bound: part of every build)."""
-    return ir.Constant(I64, v)
+def i64(v: int) -> Value:
+    return const(I64, v)
 
 
 def render(nest: LoopNest) -> str:
     """LLVM IR text of `nest` (no target triple: the builder sets it)."""
-    with _gc_paused():
-        return str(_Module(nest).module)
-
-
-@contextmanager
-def _gc_paused():
-    """Python's cycle collector off while a module is built, then one young-generation
-    pass: llvmlite's IR objects (hundreds of thousands for an unrolled kernel) set off
-    collections that walk every object of the process (torch, Ray), which took half of
-    the rendering time (ResNet-18 conv candidates: 68 -> 37 ms each)."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-        gc.collect(0)
+    return str(_Module(nest).module)
 
 
 class _Module:
     def __init__(self, nest: LoopNest):
-        self.nest, self.module = nest, ir.Module(name=nest.name)
-        self.vt = ir.VectorType(F32, nest.lanes)
-        self._decls: dict[str, ir.Function] = {}
-        # built once per module: vector constants cost a formatted element each per use
-        self.undef = Spelled(self.vt, "poison")
-        self.splat_mask = Spelled(ir.VectorType(I32, nest.lanes), "zeroinitializer",
-                                  [0] * nest.lanes)
-        self.lane0 = ir.Constant(I32, 0)
-        self._consts: dict[str, ir.Constant] = {}
+        self.nest, self.module = nest, Module(nest.name)
+        self.vt = vector(F32, nest.lanes)
+        self._decls: dict[str, Function] = {}
+        self.undef = Value(self.vt, "poison")
+        self.splat_mask = Value(vector(I32, nest.lanes), "zeroinitializer")
+        self.lane0 = const(I32, 0)
+        self._consts: dict[str, Value] = {}
         self._build_entry()
 
-    def decl(self, name: str, ret, args) -> ir.Function:
+    def decl(self, name: str, ret: str, args: list[str]) -> Function:
         if name not in self._decls:
-            self._decls[name] = ir.Function(self.module, ir.FunctionType(ret, args), name)
+            self._decls[name] = Function(self.module, ret, args, name)
         return self._decls[name]
 
     def _build_entry(self) -> None:
         n = len(self.nest.buffers)
-        fn = ir.Function(self.module, ir.FunctionType(VOID, [PTR] * n + [I32]), self.nest.name)
+        fn = Function(self.module, VOID, [PTR] * n + [I32], self.nest.name)
         em = _Emitter(self, fn, dict(zip((b.name for b in self.nest.buffers), fn.args)))
         for i, stmt in enumerate(self.nest.body):
             if isinstance(stmt, For) and stmt.kind == PARALLEL:
@@ -86,18 +58,18 @@ class _Module:
 
     def _parallel(self, em: "_Emitter", loop: For, i: int, nthreads) -> None:
         names = [b.name for b in self.nest.buffers]
-        st = ir.ArrayType(PTR, len(names))
-        body = ir.Function(self.module, ir.FunctionType(VOID, [PTR]), f"{self.nest.name}_par{i}")
+        st = f"[{len(names)} x {PTR}]"
+        body = Function(self.module, VOID, [PTR], f"{self.nest.name}_par{i}")
         body.linkage = "internal"
         data = em.alloca(st)
         for k, name in enumerate(names):
-            em.b.store(em.ptrs[name], em.b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, k)],
+            em.b.store(em.ptrs[name], em.b.gep(data, [const(I32, 0), const(I32, k)],
                                                inbounds=True, source_etype=st))
         gomp = self.decl("GOMP_parallel", VOID, [PTR, PTR, I32, I32])
-        em.b.call(gomp, [body, data, nthreads, ir.Constant(I32, 0)])
+        em.b.call(gomp, [body, data, nthreads, const(I32, 0)])
         inner = _Emitter(self, body, {})
         for k, name in enumerate(names):
-            slot = inner.b.gep(body.args[0], [ir.Constant(I32, 0), ir.Constant(I32, k)],
+            slot = inner.b.gep(body.args[0], [const(I32, 0), const(I32, k)],
                                inbounds=True, source_etype=st)
             inner.ptrs[name] = inner.b.load(slot, typ=PTR)
         inner.static_share(loop)
@@ -107,10 +79,10 @@ class _Module:
 class _Emitter:
     """Emits statements into one function, with its own accumulator allocas."""
 
-    def __init__(self, mod: _Module, fn: ir.Function, ptrs: dict):
+    def __init__(self, mod: _Module, fn: Function, ptrs: dict):
         self.mod, self.fn, self.ptrs = mod, fn, ptrs
         self.entry = fn.append_basic_block("entry")
-        self.b = ir.IRBuilder(self.entry)
+        self.b = Builder(fn, self.entry)
         self.env: dict[str, object] = {}
         self.regs: dict[str, object] = {}  # scalar registers of row statements
         # (buffer, loop terms) -> pointer, valid in the loop body that computed it (loop())
@@ -118,11 +90,9 @@ class _Emitter:
         self.accs = {t.name: [[self.alloca(mod.vt) for _ in range(t.vecs)] for _ in range(t.rows)]
                      for t in mod.nest.tiles}
 
-    def alloca(self, ty) -> ir.Instruction:
+    def alloca(self, ty: str) -> Value:
         with self.b.goto_entry_block():
-            a = self.b.alloca(ty)
-        a.type = PTR  # llvmlite types allocas as T*; with opaque pointers everything is ptr
-        return a
+            return self.b.alloca(ty)
 
     # ---- control flow ----
     @contextmanager
@@ -130,7 +100,7 @@ class _Emitter:
         """A counted loop [start, stop) with an i64 phi; guarded when the trip count may be 0."""
         pre, body = self.b.block, self.fn.append_basic_block(f"{name}.body")
         done = self.fn.append_basic_block(f"{name}.done")
-        if isinstance(start, ir.Constant) and isinstance(stop, ir.Constant) \
+        if start.constant is not None and stop.constant is not None \
                 and start.constant < stop.constant:
             self.b.branch(body)  # runs at least once: no guard to fold away
         else:
@@ -287,7 +257,7 @@ class _Emitter:
         key = repr(float(value))  # not the float: 0.0 == -0.0, and they differ here
         consts = self.mod._consts
         if key not in consts:
-            consts[key] = splat(self.mod.vt, float(value))
+            consts[key] = splat(F32, self.mod.nest.lanes, float(value))
         return consts[key]
 
     def intrinsic(self, name: str, *args):

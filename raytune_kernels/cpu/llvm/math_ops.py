@@ -7,9 +7,7 @@ Stegun 7.1.26 (absolute error below 1.5e-7).
 """
 from __future__ import annotations
 
-import llvmlite.ir as ir
-
-from raytune_kernels.cpu.llvm.consts import splat
+from raytune_kernels.cpu.llvm.text import I32, splat, vector
 from raytune_kernels.cpu.loopnest import EpiStep
 
 _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
@@ -43,8 +41,8 @@ def vexp(em, x):
     for c in _EXP_P[1:]:
         y = em.intrinsic("fma", y, r, em.const(c))
     y = em.intrinsic("fma", y, b.fmul(r, r), b.fadd(r, em.const(1.0)))
-    ivt = ir.VectorType(ir.IntType(32), lanes)
-    bits = b.shl(b.add(b.fptosi(n, ivt), splat(ivt, 127)), splat(ivt, 23))
+    bits = b.shl(b.add(b.fptosi(n, vector(I32, lanes)), splat(I32, lanes, 127)),
+                 splat(I32, lanes, 23))
     return b.fmul(y, b.bitcast(bits, em.mod.vt))
 
 

@@ -1,13 +1,10 @@
 """Rendering of row statements (Reduce, Let, Map, MapGroup) and their vector expressions."""
 from __future__ import annotations
 
-import llvmlite.ir as ir
-
 from raytune_kernels.cpu.llvm.math_ops import UNARY, vexp
+from raytune_kernels.cpu.llvm.text import F32, I32, I64, const
 from raytune_kernels.cpu.loopnest import (Bin, Ld, LdScalar, Let, Map, MapGroup, Num, Reduce,
                                           Reg, Un)
-
-F32 = ir.FloatType()
 
 
 def emit(em, s) -> None:
@@ -16,16 +13,14 @@ def emit(em, s) -> None:
     elif isinstance(s, Reduce):
         _reduce(em, s)
     elif isinstance(s, Map):
-        with em.loop(ir.Constant(ir.IntType(64), 0), ir.Constant(ir.IntType(64), s.extent),
-                     s.var) as iv:
+        with em.loop(const(I64, 0), const(I64, s.extent), s.var) as iv:
             em.env[s.var] = iv
             value = vector(em, s.expr)
             if s.scalar:
-                value = em.b.extract_element(value, ir.Constant(ir.IntType(32), 0))
+                value = em.b.extract_element(value, const(I32, 0))
             em.b.store(value, em.pointer(s.out), align=4)
     elif isinstance(s, MapGroup):
-        with em.loop(ir.Constant(ir.IntType(64), 0), ir.Constant(ir.IntType(64), s.extent),
-                     s.var) as iv:
+        with em.loop(const(I64, 0), const(I64, s.extent), s.var) as iv:
             em.env[s.var] = iv
             seen: dict = {}  # subexpression -> its value in this iteration
             for out, e in s.outs:
@@ -39,17 +34,16 @@ def _reduce(em, s: Reduce) -> None:
     accs = [em.alloca(em.mod.vt) for _ in range(s.accs)]
     for a in accs:
         b.store(em.const(start), a)
-    i64 = ir.IntType(64)
-    with em.loop(ir.Constant(i64, 0), ir.Constant(i64, s.extent // s.accs), s.var + "_o") as iv:
+    with em.loop(const(I64, 0), const(I64, s.extent // s.accs), s.var + "_o") as iv:
         for k, acc in enumerate(accs):
-            j = b.add(b.mul(iv, ir.Constant(i64, s.accs)), ir.Constant(i64, k))
+            j = b.add(b.mul(iv, const(I64, s.accs)), const(I64, k))
             em.env[s.var] = j
             x, old = vector(em, s.expr), b.load(acc, typ=em.mod.vt)
             b.store(_combine(em, s.op, old, x), acc)
     total = b.load(accs[0], typ=em.mod.vt)
     for acc in accs[1:]:
         total = _combine(em, s.op, total, b.load(acc, typ=em.mod.vt))
-    lanes = [b.extract_element(total, ir.Constant(ir.IntType(32), i))
+    lanes = [b.extract_element(total, const(I32, i))
              for i in range(em.mod.nest.lanes)]
     result = lanes[0]
     for x in lanes[1:]:
@@ -104,7 +98,7 @@ def _scalar(em, e):
     if isinstance(e, Reg):
         return em.regs[e.name]
     if isinstance(e, Num):
-        return ir.Constant(F32, float(e.value))
+        return const(F32, float(e.value))
     if isinstance(e, LdScalar):
         return em.b.load(em.pointer(e.access), typ=F32, align=4)
     if isinstance(e, Bin):
