@@ -81,6 +81,7 @@ class Block:
         self.name, self.lines, self.terminated = name, [], False
 
     @property
+
     def ref(self) -> str:
         return "%" + _quoted(self.name)
 
@@ -139,6 +140,7 @@ def _simple(name: str) -> bool:
 
 
 class Module:
+
     def __init__(self, name: str):
         self.name, self.functions = name, []
 
@@ -156,10 +158,12 @@ class Builder:
         self.fn, self.block = fn, block
 
     # ---- positions ----
+
     def position_at_end(self, block: Block) -> None:
         self.block = block
 
     @contextmanager
+
     def goto_entry_block(self):
         """Emit into the entry block, before its branch when it has one (allocas)."""
         saved, self.block = self.block, self.fn.blocks[0]
@@ -169,6 +173,7 @@ class Builder:
             self.block = saved
 
     # ---- emitting ----
+
     def _line(self, text: str) -> None:
         block = self.block
         if block.terminated:  # an alloca into the entry block: before its branch
@@ -217,14 +222,29 @@ class Builder:
         head = " ".join((op, *flags))
         return self._value(x.type, f"{head} {x.type} {x.ref}, {y.ref}")
 
-    def fadd(self, x, y): return self._binary("fadd", x, y)  # noqa: E704
-    def fsub(self, x, y): return self._binary("fsub", x, y)  # noqa: E704
-    def fmul(self, x, y): return self._binary("fmul", x, y)  # noqa: E704
-    def fdiv(self, x, y): return self._binary("fdiv", x, y)  # noqa: E704
-    def sdiv(self, x, y): return self._binary("sdiv", x, y)  # noqa: E704
-    def udiv(self, x, y): return self._binary("udiv", x, y)  # noqa: E704
-    def urem(self, x, y): return self._binary("urem", x, y)  # noqa: E704
-    def shl(self, x, y): return self._binary("shl", x, y)  # noqa: E704
+    def fadd(self, x, y) -> Value:
+        return self._binary("fadd", x, y)
+
+    def fsub(self, x, y) -> Value:
+        return self._binary("fsub", x, y)
+
+    def fmul(self, x, y) -> Value:
+        return self._binary("fmul", x, y)
+
+    def fdiv(self, x, y) -> Value:
+        return self._binary("fdiv", x, y)
+
+    def sdiv(self, x, y) -> Value:
+        return self._binary("sdiv", x, y)
+
+    def udiv(self, x, y) -> Value:
+        return self._binary("udiv", x, y)
+
+    def urem(self, x, y) -> Value:
+        return self._binary("urem", x, y)
+
+    def shl(self, x, y) -> Value:
+        return self._binary("shl", x, y)
 
     def add(self, x: Value, y: Value, flags=()) -> Value:
         return self._binary("add", x, y, flags)
@@ -238,9 +258,14 @@ class Builder:
     def _cast(self, op: str, x: Value, to: str) -> Value:
         return self._value(to, f"{op} {x.operand()} to {to}")
 
-    def sext(self, x, to): return self._cast("sext", x, to)  # noqa: E704
-    def fptosi(self, x, to): return self._cast("fptosi", x, to)  # noqa: E704
-    def bitcast(self, x, to): return self._cast("bitcast", x, to)  # noqa: E704
+    def sext(self, x, to) -> Value:
+        return self._cast("sext", x, to)
+
+    def fptosi(self, x, to) -> Value:
+        return self._cast("fptosi", x, to)
+
+    def bitcast(self, x, to) -> Value:
+        return self._cast("bitcast", x, to)
 
     def _compare(self, op: str, cond: str, x: Value, y: Value) -> Value:
         lanes = x.type[1:].split(" x ")[0] if x.type.startswith("<") else None
