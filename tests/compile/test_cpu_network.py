@@ -17,6 +17,7 @@ from raytune_kernels.measure import MeasureOptions, measure_built
 from raytune_kernels.compile.api import compile_network
 from raytune_kernels.compile.cpu_network import check_network
 from raytune_kernels.errors import CompileError
+from raytune_kernels.layout.costs import layouts_of
 from raytune_kernels.tune.records import RecordWriter, record_of
 
 QUICK = MeasureOptions(threads=1, min_repeat_ms=1, repeats=3)
@@ -41,8 +42,14 @@ class Small(torch.nn.Module):
         return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(z, 1), 1))
 
 
-def _direct_in(cfg, layout: str) -> bool:
-    return cfg.get("out_layout") == layout and cfg.get("algorithm", "direct") == "direct"
+def _direct_in(task, cfg, layout: str) -> bool:
+    """A direct config that reads and writes `layout` ("nhwc": NHWC in and out; "blocked":
+    NCHW<x>c out). An NHWC output alone is not enough: a 1x1 conv may read its input
+    blocked (cb < C) and write NHWC, and a plan of NHWC steps needs both sides."""
+    if cfg.get("out_layout") != layout or cfg.get("algorithm", "direct") != "direct":
+        return False
+    src, _ = layouts_of(task, cfg)
+    return layout != "nhwc" or src.startswith("NHWC")
 
 
 def measured_records(model, inputs, per_task=5, threads=1, skip=(), seed=0, layouts=()):
@@ -57,9 +64,9 @@ def measured_records(model, inputs, per_task=5, threads=1, skip=(), seed=0, layo
         space = space_for(task.compute, cpu)
         configs = {space.sample(rng) for _ in range(per_task)}
         for layout in layouts:
-            if not any(_direct_in(c, layout) for c in configs):
+            if not any(_direct_in(task, c, layout) for c in configs):
                 found = next((c for c in (space.sample(rng) for _ in range(400))
-                              if _direct_in(c, layout)), None)
+                              if _direct_in(task, c, layout)), None)
                 configs |= {found} - {None}
         for cfg in configs:
             built = build_for(task.compute, cfg)
