@@ -34,6 +34,7 @@ from raytune_kernels.cpu.probe import unusable_mcpu
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.rows import ROW_OPS
+from raytune_kernels.cpu.runner import Runner
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info, host_device
 from raytune_kernels.cpu.schedules import lower, no_kernel_reason, space_for, writes_bordered
@@ -71,16 +72,20 @@ class CompiledNetwork(Reporting):
         self._arrays = allocate(steps, inputs + outputs, aliases)
         self._in_views = [self.view(b) for b in inputs]
         self._out_views = [self.view(b) for b in outputs]
-        self._calls = [self._bind(s) for s in steps]
+        self._calls = [self._bind(s) for s in steps]  # one per step: profile() clocks them
+        self._segments = self._native_runs()  # what _run() calls
 
     def view(self, b: Buf) -> torch.Tensor:
         """A plain buffer as a torch tensor sharing its memory."""
         return torch.from_numpy(self._arrays[id(b)][: b.size]).view(b.shape)
 
+    def _pointers(self, s: Step) -> list[int]:
+        return [(self._arrays[id(o)] if isinstance(o, Buf) else o).ctypes.data
+                for o in s.operands]
+
     def _bind(self, s: Step) -> tuple[Callable, tuple]:
         if s.kernel is not None:
-            ptrs = [self._arrays[id(o)] if isinstance(o, Buf) else o for o in s.operands]
-            args = tuple(ctypes.c_void_p(a.ctypes.data) for a in ptrs)
+            args = tuple(ctypes.c_void_p(p) for p in self._pointers(s))
             return s.kernel.fn, args + (ctypes.c_int32(self.threads),)
         ins = [self.view(o) if isinstance(o, Buf) else o for o in s.operands]
         out, fn = self.view(s.writes[0]), s.fn
@@ -90,6 +95,29 @@ class CompiledNetwork(Reporting):
         def call() -> None:
             out.copy_(fn(*ins))
         return call, ()
+
+    def _native_runs(self) -> list[tuple[Callable, tuple]]:
+        """The steps as _run() calls them: each run of two or more consecutive native
+        steps as one call of a native Runner, PyTorch steps (and lone native ones) as
+        bound."""
+        out: list[tuple[Callable, tuple]] = []
+        run: list[int] = []
+
+        def flush() -> None:
+            if len(run) > 1:
+                calls = [(self.steps[i].kernel.fn, self._pointers(self.steps[i])) for i in run]
+                out.append((Runner(calls, self.threads), ()))
+            else:
+                out.extend(self._calls[i] for i in run)
+            run.clear()
+        for i, s in enumerate(self.steps):
+            if s.kernel is not None:
+                run.append(i)
+                continue
+            flush()
+            out.append(self._calls[i])
+        flush()
+        return out
 
     def __call__(self, *inputs: torch.Tensor):
         if len(inputs) != len(self._in):
@@ -106,7 +134,7 @@ class CompiledNetwork(Reporting):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _run(self) -> None:
-        for fn, args in self._calls:
+        for fn, args in self._segments:
             fn(*args)
 
     examples: "Sequence[torch.Tensor] | None" = None  # the inputs it was compiled with

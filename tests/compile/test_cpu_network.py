@@ -11,6 +11,7 @@ import torch
 import raytune_kernels as rk
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cpu.kernel import build_for
+from raytune_kernels.cpu.runner import Runner
 from raytune_kernels.cpu.schedules import lower, space_for
 from raytune_kernels.space import Config
 from raytune_kernels.measure import MeasureOptions, measure_built
@@ -103,6 +104,41 @@ def test_compiled_network_equals_the_model_on_new_inputs(small, net):
     kinds = {s.kind for s in net.steps}
     assert "kernel" in kinds and "torch" not in kinds
     assert "glue" not in kinds  # flatten and the padded dense output are views, not copies
+
+
+def test_the_native_steps_run_in_one_native_call_and_match_step_by_step(small, net):
+    model, _, _ = small
+    assert all(s.kernel is not None for s in net.steps)
+    assert len(net._segments) == 1 and isinstance(net._segments[0][0], Runner)
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        whole = net(x).clone()
+        net._in_views[0].copy_(x)
+        for fn, args in net._calls:  # the same steps, one ctypes call each
+            fn(*args)
+        assert torch.equal(net._out_views[0], whole)
+
+
+def test_pytorch_steps_split_the_native_runs(small):
+    """A step left to PyTorch (fallback="torch", its kernel recorded slower than PyTorch)
+    in the middle of the network: the kernels before and after it run as native runs of
+    their own, in order, and the network still matches the model."""
+    model, inputs, records = small
+    conv2 = next(t for t in rk.extract_tasks(model, inputs) if "conv2" in t.layers)
+    slow = [dataclasses.replace(r, times=(1.0, 1.0, 1.0)) if r.task_key == conv2.key else r
+            for r in records]
+    net = compile_network(model, inputs, slow, fallback="torch")
+    native = [s.kernel is not None for s in net.steps]
+    assert native.count(False) >= 1 and native[0] and native[-1]
+    order = []
+    for fn, _ in net._segments:
+        order += [True] * len(fn.kernels) if isinstance(fn, Runner) else \
+            [next(s.kernel is not None for s, c in zip(net.steps, net._calls) if c[0] is fn)]
+    assert order == native
+    assert sum(isinstance(fn, Runner) for fn, _ in net._segments) >= 2
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
 
 
 def test_buffers_are_reused_and_weights_packed_once(net):
