@@ -34,6 +34,7 @@ from raytune_kernels.cpu.probe import unusable_mcpu
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.rows import ROW_OPS
+from raytune_kernels.cpu.border import border_runs, fill_kernel
 from raytune_kernels.cpu.runner import Runner
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info, host_device
@@ -69,10 +70,13 @@ class CompiledNetwork(Reporting):
         self.value_of = value_of
         self.plan, self.estimated_s = plan, estimated_s
         self._in, self._out = inputs, outputs
-        self._arrays = allocate(steps, inputs + outputs, aliases)
+        self._arrays, refill = allocate(steps, inputs + outputs, aliases)
         self._in_views = [self.view(b) for b in inputs]
         self._out_views = [self.view(b) for b in outputs]
-        self._calls = [self._bind(s) for s in steps]  # one per step: profile() clocks them
+        self._fills = self._border_fills(refill)  # step index -> native calls before it
+        self._bound = [self._bind(s) for s in steps]
+        # one per step, its border fills included: profile() clocks them
+        self._calls = [self._with_fills(i, call) for i, call in enumerate(self._bound)]
         self._segments = self._native_runs()  # what _run() calls
 
     def view(self, b: Buf) -> torch.Tensor:
@@ -96,26 +100,57 @@ class CompiledNetwork(Reporting):
             out.copy_(fn(*ins))
         return call, ()
 
+    def _border_fills(self, refill: list[tuple[Buf, int]]
+                      ) -> dict[int, list[tuple[Callable, list[int]]]]:
+        """For each bordered buffer whose memory other values share, the native call that
+        writes its border again (where they overwrite it), placed before the step that
+        writes the buffer."""
+        writer = {}
+        for i, s in enumerate(self.steps):
+            for b in s.writes:
+                writer.setdefault(id(b), i)
+        self._runs = [border_runs(b.layout, b.shape, below) for b, below in refill]  # alive
+        fills: dict[int, list[tuple[Callable, list[int]]]] = {}
+        for (b, _), runs in zip(refill, self._runs):
+            call = (fill_kernel(b.border).fn, [self._arrays[id(b)].ctypes.data, runs.ctypes.data])
+            fills.setdefault(writer[id(b)], []).append(call)
+        return fills
+
+    def _with_fills(self, i: int, call: tuple[Callable, tuple]) -> tuple[Callable, tuple]:
+        if i not in self._fills:
+            return call
+        fills = [(fn, tuple(ctypes.c_void_p(p) for p in ptrs) + (ctypes.c_int32(1),))
+                 for fn, ptrs in self._fills[i]]
+        fn, args = call
+
+        def filled() -> None:
+            for f, a in fills:
+                f(*a)
+            fn(*args)
+        return filled, ()
+
     def _native_runs(self) -> list[tuple[Callable, tuple]]:
-        """The steps as _run() calls them: each run of two or more consecutive native
-        steps as one call of a native Runner, PyTorch steps (and lone native ones) as
-        bound."""
+        """The steps as _run() calls them: each run of two or more consecutive native calls
+        (kernels, transforms, border fills) as one call of a native Runner, PyTorch steps
+        (and lone native calls) as bound."""
         out: list[tuple[Callable, tuple]] = []
-        run: list[int] = []
+        run: list[tuple[Callable, list[int]]] = []
 
         def flush() -> None:
             if len(run) > 1:
-                calls = [(self.steps[i].kernel.fn, self._pointers(self.steps[i])) for i in run]
-                out.append((Runner(calls, self.threads), ()))
-            else:
-                out.extend(self._calls[i] for i in run)
+                out.append((Runner(run, self.threads), ()))
+            elif run:
+                fn, ptrs = run[0]
+                out.append((fn, tuple(ctypes.c_void_p(p) for p in ptrs)
+                             + (ctypes.c_int32(self.threads),)))
             run.clear()
         for i, s in enumerate(self.steps):
+            run.extend(self._fills.get(i, ()))
             if s.kernel is not None:
-                run.append(i)
+                run.append((s.kernel.fn, self._pointers(s)))
                 continue
             flush()
-            out.append(self._calls[i])
+            out.append(self._bound[i])
         flush()
         return out
 

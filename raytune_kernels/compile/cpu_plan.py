@@ -328,18 +328,22 @@ def _torch_fn(compute) -> Callable:
 # ------------------------------------------------------------------------ buffer planning
 
 def allocate(steps: list[Step], pinned: Iterable[Buf], aliases: Iterable[Buf] = ()
-             ) -> dict[int, np.ndarray]:
-    """An aligned array per buffer. A buffer goes back to a pool after its last reader (or
-    its views' last reader) and is reused by a later value: plain buffers by size (best
-    fit), bordered ones only by the same geometry and border value."""
+             ) -> tuple[dict[int, np.ndarray], list[tuple[Buf, int]]]:
+    """An aligned array per buffer, and the bordered buffers whose border must be written
+    again before their writer runs (cpu/border.py), each with how far into its memory
+    other values write (_refills). A buffer goes back to one pool after
+    its last reader (or its views' last reader) and is reused by a later value of any
+    kind, by size (best fit): a bordered buffer whose memory serves only its own geometry
+    and border value keeps the border it was made with; one whose memory also serves other
+    values gets its border refilled on every run."""
     last: dict[int, int] = {}
     for i, s in enumerate(steps):
         for b in s.reads + s.writes:
             last[id(b.root)] = i
     keep = {id(b.root) for b in pinned}
     arrays: dict[int, np.ndarray] = {}
-    free_plain: list[np.ndarray] = []
-    free_bordered: dict[tuple, list[np.ndarray]] = {}
+    holders: dict[int, list[Buf]] = {}  # array address -> the buffers it serves, in order
+    free: list[np.ndarray] = []
     for b in pinned:
         if b.alias is None:
             arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
@@ -347,27 +351,35 @@ def allocate(steps: list[Step], pinned: Iterable[Buf], aliases: Iterable[Buf] = 
         for b in s.writes:
             if id(b) in arrays:
                 continue
-            if b.bordered:
-                pool = free_bordered.setdefault(_geometry(b), [])
-                arrays[id(b)] = pool.pop() if pool else \
-                    aligned(np.full(b.size, b.border, np.float32))
+            fits = [k for k, a in enumerate(free) if a.size >= b.size]
+            if fits:
+                arrays[id(b)] = free.pop(min(fits, key=lambda k: free[k].size))
             else:
-                fits = [i for i, a in enumerate(free_plain) if a.size >= b.size]
-                if fits:
-                    best = min(fits, key=lambda i: free_plain[i].size)
-                    arrays[id(b)] = free_plain.pop(best)
-                else:
-                    arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
+                arrays[id(b)] = aligned(np.full(b.size, b.border if b.bordered else 0.0,
+                                                np.float32))
+            holders.setdefault(arrays[id(b)].ctypes.data, []).append(b)
         for b in {id(x.root): x.root for x in s.reads + s.writes}.values():
             if last[id(b)] == i and id(b) not in keep:
-                if b.bordered:
-                    free_bordered.setdefault(_geometry(b), []).append(arrays[id(b)])
-                else:
-                    free_plain.append(arrays[id(b)])
+                free.append(arrays[id(b)])
     for b in list(aliases) + list(pinned):
         arrays[id(b)] = arrays[id(b.root)]
-    return arrays
+    return arrays, _refills(holders)
+
+
+def _refills(holders: dict[int, list[Buf]]) -> list[tuple[Buf, int]]:
+    """(bordered buffer, floats of its memory that other values overwrite): values use
+    the first `size` floats of their array, so only the border within the largest
+    other-geometry holder's size is lost between one run of the buffer and the next."""
+    out = []
+    for bs in holders.values():
+        for b in bs:
+            others = [x.size for x in bs if _geometry(x) != _geometry(b)]
+            if b.bordered and others:
+                out.append((b, max(others)))
+    return out
 
 
 def _geometry(b: Buf) -> tuple:
-    return (b.layout.label, b.shape, b.border)
+    """What a buffer's memory holds outside the values written into it: plain buffers
+    nothing, bordered ones their border (where it lies, and its value)."""
+    return (b.layout.label, b.shape, b.border) if b.bordered else None

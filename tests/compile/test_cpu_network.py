@@ -130,15 +130,43 @@ def test_pytorch_steps_split_the_native_runs(small):
     net = compile_network(model, inputs, slow, fallback="torch")
     native = [s.kernel is not None for s in net.steps]
     assert native.count(False) >= 1 and native[0] and native[-1]
+    # what runs, in order: each step's border fills (native) and the step itself
+    want = [k for i, n in enumerate(native) for k in [True] * len(net._fills.get(i, ())) + [n]]
     order = []
     for fn, _ in net._segments:
         order += [True] * len(fn.kernels) if isinstance(fn, Runner) else \
-            [next(s.kernel is not None for s, c in zip(net.steps, net._calls) if c[0] is fn)]
-    assert order == native
+            [not any(fn is b[0] for b, s in zip(net._bound, net.steps) if s.kernel is None)]
+    assert order == want
     assert sum(isinstance(fn, Runner) for fn, _ in net._segments) >= 2
     x = torch.randn(1, 3, 16, 16)
     with torch.no_grad():
         assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_bordered_buffers_share_memory_and_get_their_border_written_again(small, net):
+    """A windowed kernel's bordered input shares its memory with values of other
+    geometries (one pool for all), so its border is written again before its writer runs:
+    the network matches the model call after call, and without those refills it would
+    not (another value overwrote the border)."""
+    model, _, _ = small
+    assert net._fills
+    geometry = {}
+    for s in net.steps:
+        for b in s.writes:
+            geometry.setdefault(net._arrays[id(b)].ctypes.data, set()).add(
+                (b.layout.label, b.border) if b.bordered else None)
+    assert any(len(g) > 1 and any(g) for g in geometry.values())
+    with torch.no_grad():
+        for scale in (1.0, 3.0, -2.0):
+            x = torch.randn(1, 3, 16, 16) * scale + 1
+            assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+        for _ in range(2):  # the steps alone, no refills: the borders hold other values
+            for fn, args in net._bound:
+                fn(*args)
+        net._in_views[0].copy_(x)
+        for fn, args in net._bound:
+            fn(*args)
+        assert not torch.allclose(net._out_views[0], model(x), atol=1e-4, rtol=1e-4)
 
 
 def test_buffers_are_reused_and_weights_packed_once(net):
