@@ -4,8 +4,8 @@ A windowed kernel reads its input with the padding stored around it (NCHW16c/p1x
 kernel writes that border: it is filled when the buffer is made. A buffer whose memory
 only ever holds values of that same geometry keeps its border for good. Sharing the memory
 with other values (plain ones, other geometries) instead keeps a network's activations in
-fewer distinct bytes (MobileNetV2: 22 MB in 17 arrays, as many bordered geometries as
-depthwise convs, on top of 14 MB of weights: more than a 32 MB L3 holds from one
+fewer distinct bytes (MobileNetV2: 22 MB in 17 arrays, 11 of them bordered, one per
+geometry, on top of 14 MB of weights: more than a 32 MB L3 holds from one
 inference to the next), at the price of writing the border again before each writer: a
 few runs of floats per row.
 

@@ -28,8 +28,9 @@ _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 class Layout:
     """NCHW, NHWC or NCHW{x}c for a batch-1 4-D tensor, optionally stored with a spatial
     border of `pad` (rows, columns) on each side, as conv kernels read their input. A
-    transform writes only the interior; the border is set once when the buffer is made
-    (zeros, or -inf before a max pool) and no kernel writes it afterwards."""
+    transform writes only the interior; the border is set when the buffer is made (zeros,
+    or -inf before a max pool), and written again before each writer only where the
+    buffer's memory also serves other values (cpu/border.py)."""
 
     name: str
     pad: tuple[int, int] = (0, 0)
