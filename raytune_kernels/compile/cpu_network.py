@@ -5,9 +5,9 @@
    PyTorch's own kernel at its measured time). The layout ILP picks one per step, with
    edges costed by measured transform kernels, borders of windowed inputs included.
 3. Build the chosen kernels, pack weights once, plan buffers (a buffer is reused once its
-   value is dead; a bordered input buffer is reused only by one of the same geometry, so its
-   border, written once, stays valid), and keep a flat list of native calls whose ctypes
-   arguments are made once.
+   value is dead, by any later value; a bordered buffer whose memory other values share
+   gets its border written again before its writer), and run each stretch of native calls
+   (kernels, transforms, border fills) as one call of a native runner (cpu/runner.py).
 4. Check against the model at compile time; benchmark and profile on demand.
 
 The plan itself (buffers, calls, the planner, buffer reuse) is made in compile/cpu_plan.py.
@@ -35,7 +35,7 @@ from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.rows import ROW_OPS
 from raytune_kernels.cpu.border import border_runs, fill_kernel
-from raytune_kernels.cpu.runner import Runner
+from raytune_kernels.cpu.runner import make_runner
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info, host_device
 from raytune_kernels.cpu.schedules import lower, no_kernel_reason, space_for, writes_bordered
@@ -138,7 +138,7 @@ class CompiledNetwork(Reporting):
 
         def flush() -> None:
             if len(run) > 1:
-                out.append((Runner(run, self.threads), ()))
+                out.append((make_runner(run, self.threads), ()))
             elif run:
                 fn, ptrs = run[0]
                 out.append((fn, tuple(ctypes.c_void_p(p) for p in ptrs)

@@ -14,6 +14,7 @@ which the network owns with the buffers they point to.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -48,22 +49,30 @@ def address(fn: ctypes._CFuncPtr) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
+@dataclass(eq=False)
 class Runner:
-    """Calls `calls` (each a kernel function and its pointer arguments, as addresses) in
-    order, in one native call; `threads` goes to every kernel."""
+    """Calls the kernels `table` names (each its address, then its pointer arguments)
+    in order, in one native call of `loaded`; `threads` goes to every kernel."""
 
-    def __init__(self, calls: Sequence[tuple[ctypes._CFuncPtr, Sequence[int]]],
-                 threads: int):
-        words = []
-        for fn, pointers in calls:
-            words += [address(fn), *pointers]
-        self.table = np.array(words, dtype=np.uint64)
-        self.kernels = [fn for fn, _ in calls]  # kept alive with their libraries' owners
-        built = build(runner_ir([len(p) for _, p in calls]), persist=True)
-        if built.error:
-            raise CompileError(f"the network's native runner did not build: {built.error}")
-        self._loaded = LoadedKernel(built.library, NAME, 1)
-        self._args = (ctypes.c_void_p(self.table.ctypes.data), ctypes.c_int32(threads))
+    table: np.ndarray
+    kernels: list  # the kernel functions, kept alive with their libraries' owners
+    loaded: LoadedKernel
+    threads: int
+
+    def __post_init__(self) -> None:
+        self._args = (ctypes.c_void_p(self.table.ctypes.data), ctypes.c_int32(self.threads))
 
     def __call__(self) -> None:
-        self._loaded.fn(*self._args)
+        self.loaded.fn(*self._args)
+
+
+def make_runner(calls: Sequence[tuple[ctypes._CFuncPtr, Sequence[int]]],
+                threads: int) -> Runner:
+    """The runner of `calls` (each a kernel function and its pointer arguments, as
+    addresses): its IR built (or found on disk) and loaded, its table filled."""
+    words = [w for fn, pointers in calls for w in (address(fn), *pointers)]
+    built = build(runner_ir([len(p) for _, p in calls]), persist=True)
+    if built.error:
+        raise CompileError(f"the network's native runner did not build: {built.error}")
+    return Runner(np.array(words, dtype=np.uint64), [fn for fn, _ in calls],
+                  LoadedKernel(built.library, NAME, 1), threads)

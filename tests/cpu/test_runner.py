@@ -1,10 +1,8 @@
 """The native runner: one call that runs a sequence of kernels in order."""
-import ctypes
-
 import numpy as np
 
 from raytune_kernels.cpu.build import LoadedKernel, aligned, build
-from raytune_kernels.cpu.runner import Runner, runner_ir
+from raytune_kernels.cpu.runner import make_runner, runner_ir
 
 # double(x): x[0] = 2 * x[0] + 1; addto(x, y): y[0] += x[0], y[1] = threads
 KERNELS = """
@@ -48,9 +46,8 @@ def test_a_runner_runs_real_kernels_in_order_with_the_thread_count():
     x, y = aligned(np.array([3.0], np.float32)), aligned(np.array([10.0, 0.0], np.float32))
     px, py = x.ctypes.data, y.ctypes.data
     # x = 7; y = 17; x = 15; y = 32: the order matters, every argument is its own
-    Runner([(double, [px]), (addto, [px, py]), (double, [px]), (addto, [px, py])], 3)()
+    make_runner([(double, [px]), (addto, [px, py]), (double, [px]), (addto, [px, py])], 3)()
     assert x[0] == 15.0 and y[0] == 32.0 and y[1] == 3.0
-    again = Runner([(addto, [px, py])], 1)
+    again = make_runner([(addto, [px, py])], 1)
     again()
     assert y[0] == 47.0 and y[1] == 1.0
-    assert isinstance(again._args[1], ctypes.c_int32)
