@@ -541,6 +541,29 @@ def test_depthwise_steps_in_nhwc_sit_between_nhwc_convs_without_a_layout_change(
     assert expand.writes[0].layout.label == "NHWC/p1x1"
 
 
+def test_a_task_tuned_only_before_a_knob_existed_is_named_in_a_warning():
+    """Records that all predate the out_layout knob of the depthwise task still compile
+    (as the blocked kernels they were), and one warning names that task and the knob:
+    its NHWC kernels were never tuned, so the plan could not choose them."""
+    torch.manual_seed(0)
+    model, inputs = Inverted().eval(), (torch.randn(1, 16, 12, 12),)
+    records = [r for r in measured_records(model, inputs, per_task=4, seed=1,
+                                           layouts=("blocked",))
+               if r.config.get("algorithm", "direct") == "direct"]
+    dw = next(t for t in rk.extract_tasks(model, inputs) if t.compute.attr("groups"))
+    old = [dataclasses.replace(r, config={k: v for k, v in r.config.items()
+                                          if k != "out_layout"})
+           if r.task_key == dw.key else r
+           for r in records if r.task_key != dw.key or r.config["out_layout"] == "blocked"]
+    assert any(r.task_key == dw.key for r in old)
+    with pytest.warns(UserWarning, match=rf"1 task\(s\) hold only records written before "
+                                         rf"the knob\(s\) out_layout.*task {dw.key}"):
+        net = compile_network(model, inputs, old)
+    x = torch.randn(1, 16, 12, 12)
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+
+
 def test_allocate_shares_one_pool_and_names_the_borders_to_write_again():
     """A plain value's memory, once dead, serves a bordered one: that border is written
     again on every run, up to where the other value writes; buffers of one geometry only
