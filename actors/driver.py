@@ -16,8 +16,10 @@ from raytune_kernels.backend import unsupported_on
 from raytune_kernels.errors import RaytuneError
 from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.tune.callbacks import Callback, notify, stopped
-from raytune_kernels.tune.records import RecordWriter, describe_devices, load_records
+from raytune_kernels.tune.records import (RecordWriter, describe_devices, load_records,
+                                          measured_on)
 from raytune_kernels.tune.storage import StorageError, is_store, is_uri, open_store
+from raytune_kernels.space import Config, describe_tuned_before, tuned_before_knobs
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Task
 from raytune_kernels.tune.tuner import TuneOptions, TuningResult
@@ -299,6 +301,8 @@ def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads
     cpu = cpu_info(tgt.mcpu) if tgt.kind == "llvm" else None  # a GPU describes itself
     # records name the CPU that measures them (with -mcpu=X, code for X timed on this host)
     host, isa = host_device() if cpu else (None, None)
+    if cpu is not None and history:
+        _warn_tuned_before(tasks, history, str(tgt), host, isa, threads, cpu)
     actor = TaskSchedulerActor.options(**ON_HEAD).remote(
         [t.to_json() for t in tasks], str(tgt), host, cpu, records,
         [r.to_json() for r in history], opts, num_measurers, num_builders, mopts, tgt.mcpu,
@@ -318,6 +322,25 @@ def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads
         ray.kill(actor)
     notify(callbacks, "on_end", result, stopped(len(result.rounds), result.trials, records))
     return result
+
+
+def _warn_tuned_before(tasks, history, target: str, host: str, isa, threads: int, cpu
+                       ) -> None:
+    """One warning when resumed tasks hold only records measured before a knob joined
+    their space (space.tuned_before_knobs): the search reaches what that knob adds only
+    with the trials this run adds beyond the records already there, and a `trials` no
+    larger than those adds none."""
+    from raytune_kernels.cpu.schedules import space_for
+
+    keys = {t.key for t in tasks}
+    mine = [r for r in history if r.ok and r.task_key in keys and r.target == target
+            and r.threads == threads and measured_on(r, host, isa)]
+    spaces = {t.key: space_for(t.compute, cpu) for t in tasks}
+    older = describe_tuned_before(tasks, tuned_before_knobs(
+        ((r.task_key, Config.from_json(r.config)) for r in mine), spaces))
+    if older:
+        warnings.warn(f"{older}: only the trials this run adds beyond the {len(mine)} "
+                      f"records resumed search it", stacklevel=5)
 
 
 def host_fault_error(exc: BaseException) -> TuneError | None:

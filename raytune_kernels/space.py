@@ -25,7 +25,7 @@ import itertools
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from raytune_kernels.cpu.machine import CpuInfo
 
@@ -131,8 +131,12 @@ class Space:
     def __contains__(self, cfg: Config) -> bool:
         d = dict(cfg.knobs)
         combo = tuple(d.get(n) for n in self.coupled_names)
-        return combo in self.coupled and all(d.get(n) in c for n, c in self.independent) \
+        return combo in self._coupled_set and all(d.get(n) in c for n, c in self.independent) \
             and len(d) == len(self.coupled_names) + len(self.independent)
+
+    @functools.cached_property
+    def _coupled_set(self) -> frozenset:
+        return frozenset(self.coupled)
 
 
 # Knobs added to a space after records were written, with the value that kernel had then:
@@ -145,6 +149,38 @@ def completed(cfg: Config) -> Config:
     have = dict(cfg.knobs)
     return Config(tuple(sorted({**KNOB_DEFAULTS, **have}.items()))) if \
         set(KNOB_DEFAULTS) - set(have) else cfg
+
+
+def tuned_before_knobs(configs: Iterable[tuple[str, Config]], spaces: dict
+                       ) -> dict[str, set[str]]:
+    """The tasks whose every config (task key, config) in today's space got there only by
+    completed(): each was measured before a knob of KNOB_DEFAULTS joined the space, so the
+    search never reached what that knob adds (an NHWC window, say). Task key -> the knobs
+    its configs lack. Tasks without a space in `spaces` are left out."""
+    older: dict[str, set[str]] = {}
+    current: set[str] = set()
+    for key, cfg in configs:
+        space = spaces.get(key)
+        if space is None:
+            continue
+        if cfg in space:
+            current.add(key)
+        elif completed(cfg) in space:
+            older.setdefault(key, set()).update(set(KNOB_DEFAULTS) - set(dict(cfg.knobs)))
+    return {k: v for k, v in older.items() if k not in current}
+
+
+def describe_tuned_before(tasks, older: dict[str, set[str]]) -> str | None:
+    """One sentence naming the tasks of tuned_before_knobs (tasks: Task objects, in
+    order), or None when there are none."""
+    named = [t for t in tasks if t.key in older]
+    if not named:
+        return None
+    knobs = sorted(set().union(*(older[t.key] for t in named)))
+    return (f"{len(named)} task(s) hold only records written before the knob(s) "
+            f"{', '.join(knobs)} joined their schedule space, so what those knobs add was "
+            f"never tuned for them (first: {named[0].compute.describe()}, task "
+            f"{named[0].key})")
 
 
 def _divisors(n: int, limit: int) -> tuple[int, ...]:

@@ -48,7 +48,7 @@ from raytune_kernels.layout.graph import NCHW, Candidate
 from raytune_kernels.measure import MeasureOptions, cold_copies, random_operands
 from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition,
                                                  run_glue, run_steps)
-from raytune_kernels.space import KNOB_DEFAULTS, Config, completed
+from raytune_kernels.space import Config, completed, describe_tuned_before, tuned_before_knobs
 from raytune_kernels.tune.records import (Record, best_per_task, describe_devices,
                                           describe_location, load_records, measured_on,
                                           missing_records, other_devices)
@@ -430,37 +430,29 @@ def _in_todays_spaces(recs: list[Record], tasks, cpu: CpuInfo, no_kernel: dict[s
     """The valid records whose config is a point of its task's schedule space today. A
     record of an older space (a knob since added or renamed) is skipped with one warning,
     not left to fail with a KeyError deep in the layout costs; one that lacks only a knob
-    added since with the old kernel as its default (space.KNOB_DEFAULTS) is kept. A task
-    whose every record is such an older one was never searched over what that knob adds
-    (NHWC depthwise convs and pools, say): one warning names those tasks, since the plan
-    then cannot pick what they were never tuned for."""
+    added since with the old kernel as its default (space.KNOB_DEFAULTS) is kept. Tasks
+    whose every record is such an older one were never searched over what that knob adds
+    (NHWC depthwise convs and pools, say): one warning names them, since the plan cannot
+    pick what they were never tuned for."""
     spaces = {t.key: space_for(t.compute, cpu) for t in tasks if t.key not in no_kernel}
-    kept, stale = [], []
-    older: dict[str, set[str]] = {}  # task -> knobs its older records lack
-    current: set[str] = set()  # tasks with a record of today's space
+    kept, stale, configs = [], [], []
     for r in recs:
         space = spaces.get(r.task_key)
         cfg = Config.from_json(r.config) if r.ok and space is not None else None
-        if cfg is not None and cfg not in space:
-            if completed(cfg) not in space:
-                stale.append(r)
-                continue
-            older.setdefault(r.task_key, set()).update(set(KNOB_DEFAULTS) - set(r.config))
-        elif cfg is not None:
-            current.add(r.task_key)
+        if cfg is not None and cfg not in space and completed(cfg) not in space:
+            stale.append(r)
+            continue
         kept.append(r)
+        if cfg is not None:
+            configs.append((r.task_key, cfg))
     if stale:
         warnings.warn(f"skipped {len(stale)} record(s) whose config is not in today's "
                       f"schedule space (an older version wrote them), first: task "
                       f"{stale[0].task_key} config {stale[0].config}", stacklevel=3)
-    untuned = [t for t in tasks if t.key in older and t.key not in current]
-    if untuned:
-        knobs = sorted(set().union(*(older[t.key] for t in untuned)))
-        warnings.warn(f"{len(untuned)} task(s) hold only records written before the knob(s) "
-                      f"{', '.join(knobs)} joined their schedule space, so what those knobs "
-                      f"add was never tuned for them (first: {untuned[0].compute.describe()}, "
-                      f"task {untuned[0].key}): tune them again (more trials into these "
-                      f"records, or a new records file)", stacklevel=3)
+    older = describe_tuned_before(tasks, tuned_before_knobs(configs, spaces))
+    if older:
+        warnings.warn(f"{older}: tune them again (more trials into these records, or a new "
+                      f"records file)", stacklevel=3)
     return kept
 
 

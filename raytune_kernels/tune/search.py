@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from raytune_kernels.backend import Backend
-from raytune_kernels.space import Config
+from raytune_kernels.space import Config, completed
 from raytune_kernels.tune.cost_model import CostModel
 from raytune_kernels.task import Task
 
@@ -60,7 +60,13 @@ class EvolutionarySearch:
         return cfg, self.measured[cfg]
 
     def observe(self, cfgs: list[Config], seconds: list[float]) -> None:
+        """Measured configs and their times. A resumed config written before a knob
+        joined the space is the point it was (space.completed), so that it is never
+        proposed again and mutates like any other."""
         for c, t in zip(cfgs, seconds):
+            full = completed(c)
+            if full != c and c not in self.space and full in self.space:
+                c = full
             self.measured[c] = min(t, self.measured.get(c, math.inf))
 
     def propose(self, n: int, model: CostModel) -> list[Config]:

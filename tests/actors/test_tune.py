@@ -1,6 +1,7 @@
 """tune_network end to end on a tiny model, through the real actors."""
 import collections
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -82,6 +83,41 @@ def test_records_of_another_cpu_are_kept_but_not_resumed(ray_session, tmp_path):
     after = load_records(path).records
     assert after[:4] == mine + foreign and len(after) == 6  # nothing lost, 2 new here
     assert result.trials == 4 and {r.device for r in after[4:]} == {mine[0].device}
+
+
+class Depthwise(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+
+    def forward(self, x):
+        return torch.relu(self.dw(x))
+
+
+def test_resuming_records_from_before_a_knob_names_the_task_that_never_searched_it(
+        ray_session, tmp_path):
+    """Depthwise records written before windows had the out_layout knob (read as the
+    blocked kernels they were): resuming them warns that only this run's new trials can
+    reach NHWC, and those trials are made; records of today's space warn of nothing."""
+    model, x = Depthwise().eval(), torch.randn(1, 16, 8, 8)
+    (dw,) = rk.extract_tasks(model, (x,))
+    path = str(tmp_path / "dw.jsonl")
+    rk.tune_tasks([dw], trials=2, records=path, batch=2, verbose=False)
+    today = load_records(path).records
+    old = [dataclasses.replace(r, config={k: v for k, v in r.config.items()
+                                          if k != "out_layout"}) for r in today]
+    older = str(tmp_path / "older.jsonl")
+    with RecordWriter(older) as w:
+        w.write_batch(old)
+    with pytest.warns(UserWarning, match=r"1 task\(s\) hold only records written before the "
+                                         r"knob\(s\) out_layout.*only the trials this run "
+                                         r"adds beyond the 2 records resumed search it"):
+        result = rk.tune_tasks([dw], trials=4, records=older, batch=2, verbose=False)
+    assert result.trials == 4 and all("out_layout" in r.config
+                                      for r in load_records(older).records[2:])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        rk.tune_tasks([dw], trials=3, records=path, batch=1, verbose=False)
 
 
 def test_a_relative_records_path_is_resolved_once_by_the_driver(ray_session, tmp_path,

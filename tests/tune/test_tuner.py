@@ -92,6 +92,34 @@ def test_model_guided_search_beats_random_on_the_fake(tasks):
     assert math.prod(ratios) ** (1 / len(ratios)) < 0.85, ratios
 
 
+def test_resumed_records_from_before_a_knob_evolve_and_are_not_measured_again():
+    """Depthwise records written before windows had out_layout: resumed with a trained
+    model, the search evolves from them (mutation and crossover read every knob) and
+    proposes none of the kernels they already measured."""
+    import torch
+
+    class Depthwise(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+
+        def forward(self, x):
+            return self.dw(x)
+
+    (dw,) = rk.extract_tasks(Depthwise().eval(), (torch.randn(1, 32, 14, 14),))
+    tuner, _, _ = tune([dw], 24)
+    old = [dataclasses.replace(r, config={k: v for k, v in r.config.items()
+                                          if k != "out_layout"}) for r in tuner.records]
+    assert all("out_layout" in r.config for r in tuner.records)
+    resumed, result, _ = tune([dw], 48, history=old)
+    assert result.trials == 48
+    kernels = collections.Counter(
+        (r.config_key() if "out_layout" in r.config else
+         dataclasses.replace(r, config={**r.config, "out_layout": "blocked"}).config_key())
+        for r in resumed.records)
+    assert max(kernels.values()) == 1
+
+
 def test_scheduler_favours_heavy_tasks_with_room(tasks):
     light = tasks[20]  # the 1 MFLOP dense layer
     heavy = tasks[2]   # a 3x3 conv, weight 2
