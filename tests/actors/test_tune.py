@@ -8,7 +8,7 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels.tune.records import RecordWriter, load_records
-from tests.support.nets import Tiny
+from tests.support.nets import Depthwise, Tiny, before_knob
 
 
 def test_tune_network_then_resume(ray_session, tmp_path):
@@ -85,15 +85,6 @@ def test_records_of_another_cpu_are_kept_but_not_resumed(ray_session, tmp_path):
     assert result.trials == 4 and {r.device for r in after[4:]} == {mine[0].device}
 
 
-class Depthwise(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
-
-    def forward(self, x):
-        return torch.relu(self.dw(x))
-
-
 def test_resuming_records_from_before_a_knob_names_the_task_that_never_searched_it(
         ray_session, tmp_path):
     """Depthwise records written before windows had the out_layout knob (read as the
@@ -104,8 +95,7 @@ def test_resuming_records_from_before_a_knob_names_the_task_that_never_searched_
     path = str(tmp_path / "dw.jsonl")
     rk.tune_tasks([dw], trials=2, records=path, batch=2, verbose=False)
     today = load_records(path).records
-    old = [dataclasses.replace(r, config={k: v for k, v in r.config.items()
-                                          if k != "out_layout"}) for r in today]
+    old = [before_knob(r) for r in today]
     older = str(tmp_path / "older.jsonl")
     with RecordWriter(older) as w:
         w.write_batch(old)

@@ -20,6 +20,7 @@ from raytune_kernels.compile.cpu_network import check_network
 from raytune_kernels.errors import CompileError
 from raytune_kernels.layout.costs import layouts_of
 from raytune_kernels.tune.records import RecordWriter, record_of
+from tests.support.nets import before_knob
 
 QUICK = MeasureOptions(threads=1, min_repeat_ms=1, repeats=3)
 
@@ -551,9 +552,7 @@ def test_a_task_tuned_only_before_a_knob_existed_is_named_in_a_warning():
                                            layouts=("blocked",))
                if r.config.get("algorithm", "direct") == "direct"]
     dw = next(t for t in rk.extract_tasks(model, inputs) if t.compute.attr("groups"))
-    old = [dataclasses.replace(r, config={k: v for k, v in r.config.items()
-                                          if k != "out_layout"})
-           if r.task_key == dw.key else r
+    old = [before_knob(r) if r.task_key == dw.key else r
            for r in records if r.task_key != dw.key or r.config["out_layout"] == "blocked"]
     assert any(r.task_key == dw.key for r in old)
     with pytest.warns(UserWarning, match=rf"1 task\(s\) hold only records written before "

@@ -5,12 +5,14 @@ import math
 import random
 
 import pytest
+import torch
 
 import raytune_kernels as rk
 from raytune_kernels.cpu.machine import CpuInfo, assumed_model
 from raytune_kernels.cpu.schedules import space_for
 from raytune_kernels.tune.cost_model import CostModel
 from tests.support.fake import FakeMeasurer
+from tests.support.nets import Depthwise, before_knob
 from raytune_kernels.tune.records import RecordWriter, load_records
 from raytune_kernels.tune.task_scheduler import TaskScheduler
 from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
@@ -96,20 +98,9 @@ def test_resumed_records_from_before_a_knob_evolve_and_are_not_measured_again():
     """Depthwise records written before windows had out_layout: resumed with a trained
     model, the search evolves from them (mutation and crossover read every knob) and
     proposes none of the kernels they already measured."""
-    import torch
-
-    class Depthwise(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.dw = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
-
-        def forward(self, x):
-            return self.dw(x)
-
-    (dw,) = rk.extract_tasks(Depthwise().eval(), (torch.randn(1, 32, 14, 14),))
+    (dw,) = rk.extract_tasks(Depthwise(32).eval(), (torch.randn(1, 32, 14, 14),))
     tuner, _, _ = tune([dw], 24)
-    old = [dataclasses.replace(r, config={k: v for k, v in r.config.items()
-                                          if k != "out_layout"}) for r in tuner.records]
+    old = [before_knob(r) for r in tuner.records]
     assert all("out_layout" in r.config for r in tuner.records)
     resumed, result, _ = tune([dw], 48, history=old)
     assert result.trials == 48
