@@ -20,7 +20,7 @@ from raytune_kernels.space import Config
 from raytune_kernels.tune.cost_model import CostModel, training_set
 from raytune_kernels.tune.records import Record, RecordWriter
 from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
-from raytune_kernels.target import Target, parse_target
+from raytune_kernels.target import parse_target
 from raytune_kernels.task import Task
 from raytune_kernels.tune.tuner import (RoundSummary, TuneOptions, Tuner)
 
@@ -229,4 +229,5 @@ def _gpu_pipeline(target: str, measure_opts):
     pipeline = MeasurePipeline.on_cluster(measure_opts, device="gpu",
                                           arch=parse_target(target).arch)
     arch = pipeline.gpu_arch()
-    return pipeline, str(Target("cuda", arch=arch)), pipeline.gpu_name(), gpu_info(arch)
+    target = str(dataclasses.replace(parse_target(target), arch=arch))  # the precision stays
+    return pipeline, target, pipeline.gpu_name(), gpu_info(arch)

@@ -24,11 +24,12 @@ from raytune_kernels.cpu.features import featurize, featurize_nest
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info
 from raytune_kernels.cpu.schedules import lower, no_kernel_reason, pack, space_for, unpack
 from raytune_kernels.cuda.features import featurize_cuda
-from raytune_kernels.cuda.gpu import GpuInfo, gpu_info
+from raytune_kernels.cuda.gpu import GpuInfo, arch_has_mma, gpu_info
 from raytune_kernels.cuda.render import (cuda_layouts, cuda_pack, cuda_space_for, cuda_unpack,
                                          cuda_unsupported_reason)
 from raytune_kernels.errors import UnknownTargetError
 from raytune_kernels.layout.costs import layouts_of
+from raytune_kernels.precision import DEFAULT
 from raytune_kernels.space import Config, Space, UnionSpace
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Compute, Task
@@ -65,10 +66,16 @@ def cpu_backend(cpu: CpuInfo) -> Backend:
                    functools.partial(_cpu_analyze, cpu=cpu), True, pack, unpack)
 
 
-def cuda_backend(gpu: GpuInfo) -> Backend:
-    """CUDA C rendered per config, compiled by NVRTC for `gpu`'s arch; no analytic estimate
+def cuda_backend(gpu: GpuInfo, precision: str = DEFAULT) -> Backend:
+    """CUDA C rendered per config, compiled by NVRTC for `gpu`'s arch, in `precision`
+    (tensor cores, which need sm_80 or newer, where it is not fp32); no analytic estimate
     (the search explores at random until the cost model has learnt)."""
-    return Backend("cuda", gpu, cuda_unsupported_reason, cuda_space_for, _cuda_layouts,
+    if precision != DEFAULT and not arch_has_mma(gpu.arch):
+        raise UnknownTargetError(f"precision {precision} runs on tensor cores (mma.sync "
+                                 f"with tf32, fp16 or bf16), which {gpu.arch} lacks: "
+                                 "they need sm_80 or newer")
+    return Backend("cuda", gpu, cuda_unsupported_reason,
+                   functools.partial(cuda_space_for, precision=precision), _cuda_layouts,
                    functools.partial(featurize_cuda, gpu=gpu),
                    functools.partial(_cuda_analyze, gpu=gpu), False, _cuda_pack, _cuda_unpack)
 
@@ -82,11 +89,11 @@ def backend_for(target: str | Target, device: CpuInfo | GpuInfo | None = None) -
         return cpu_backend(device if isinstance(device, CpuInfo) else cpu_info(tgt.mcpu))
     if tgt.kind == "cuda":
         if isinstance(device, GpuInfo):
-            return cuda_backend(device)
+            return cuda_backend(device, tgt.precision)
         if not tgt.arch:
             raise UnknownTargetError(f"target {str(tgt)!r} names no arch: give "
                                      "'cuda -arch=sm_XY' or the measuring GPU's figures")
-        return cuda_backend(gpu_info(tgt.arch))
+        return cuda_backend(gpu_info(tgt.arch), tgt.precision)
     raise UnknownTargetError(f"no backend for target kind {tgt.kind!r}")
 
 

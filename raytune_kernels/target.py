@@ -1,6 +1,9 @@
-"""Target strings: "llvm" (the host CPU), "llvm -mcpu=NAME", "cuda", "cuda -arch=sm_XY".
+"""Target strings: "llvm" (the host CPU), "llvm -mcpu=NAME", "cuda", "cuda -arch=sm_XY",
+and for cuda "-precision=fp32|tf32|fp16|bf16" (raytune_kernels/precision.py).
 
 A cuda target without -arch means the measuring GPU's own arch (GpuMeasurerActor.arch).
+The precision is part of the target's string, so records of one precision never serve
+another; fp32, the default, is left out of it (older records stay valid).
 """
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import shlex
 from dataclasses import dataclass
 
 from raytune_kernels.errors import UnknownTargetError
+from raytune_kernels.precision import DEFAULT, PRECISIONS
 
 KINDS = ("llvm", "cuda")
 
@@ -18,10 +22,12 @@ class Target:
     kind: str
     mcpu: str | None = None
     arch: str | None = None  # cuda only: the NVRTC arch, e.g. "sm_90"
+    precision: str = DEFAULT  # cuda only: the arithmetic the kernels may use
 
     def __str__(self) -> str:
         return (self.kind + (f" -mcpu={self.mcpu}" if self.mcpu else "")
-                + (f" -arch={self.arch}" if self.arch else ""))
+                + (f" -arch={self.arch}" if self.arch else "")
+                + (f" -precision={self.precision}" if self.precision != DEFAULT else ""))
 
 
 def parse_target(text: "str | Target") -> Target:
@@ -31,16 +37,25 @@ def parse_target(text: "str | Target") -> Target:
     parts = shlex.split(text or "")
     if not parts or parts[0] not in KINDS:
         raise UnknownTargetError(f"unknown target {text!r}: expected one of "
-                                 "'llvm', 'llvm -mcpu=NAME', 'cuda', 'cuda -arch=sm_XY'")
-    kind, mcpu, arch = parts[0], None, None
+                                 "'llvm', 'llvm -mcpu=NAME', 'cuda', 'cuda -arch=sm_XY', "
+                                 "'cuda -precision=tf32'")
+    kind, mcpu, arch, precision = parts[0], None, None, DEFAULT
     for opt in parts[1:]:
         if kind == "llvm" and opt.startswith("-mcpu=") and len(opt) > len("-mcpu="):
             mcpu = opt[len("-mcpu="):]
         elif kind == "cuda" and re.fullmatch(r"-arch=sm_[0-9]{2,3}[a-z]?", opt):
             arch = opt[len("-arch="):]
+        elif kind == "cuda" and opt.startswith("-precision="):
+            precision = opt[len("-precision="):]
+            if precision not in PRECISIONS:
+                raise UnknownTargetError(f"unknown precision {precision!r} in target "
+                                         f"{text!r}: expected one of {', '.join(PRECISIONS)}")
+        elif opt.startswith("-precision="):
+            raise UnknownTargetError(f"target {text!r}: -precision is a cuda option (the "
+                                     "CPU kernels compute in float32)")
         else:
             raise UnknownTargetError(f"unknown option {opt!r} in target {text!r}")
-    return Target(kind, mcpu, arch)
+    return Target(kind, mcpu, arch, precision)
 
 
 def target_arg(text: str) -> Target:

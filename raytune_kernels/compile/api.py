@@ -19,8 +19,9 @@ def compile_network(model: torch.nn.Module,
                     example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
                     records: "str | Iterable[Record] | None" = None, target: str = "llvm",
                     fallback: str | None = None, threads: int = 1, layout: str = "ilp",
-                    time_limit_s: float = 20.0, check: bool = True, atol: float = 1e-3,
-                    verbose: bool = False, solver: Solver = solve_ilp):
+                    time_limit_s: float = 20.0, check: bool = True,
+                    atol: float | None = None, verbose: bool = False,
+                    solver: Solver = solve_ilp, graph: bool = True):
     """Compile `model` from the best kernels in `records` for `target`.
 
     On "llvm" targets: a cpu_network.CompiledNetwork from the records measured at
@@ -38,7 +39,10 @@ def compile_network(model: torch.nn.Module,
     On "cuda" targets: a cuda_network.GpuNetwork (the same calls, run on the GPU, from
     records of its arch; a task without one runs an untuned default config chosen by
     rule, named in a warning, or PyTorch's kernel with fallback="torch"; `threads` is an
-    option of the CPU path only).
+    option of the CPU path only). The target's precision ("cuda -precision=tf32", fp16,
+    bf16; fp32 by default) picks the records of that precision and the check's default
+    tolerance (raytune_kernels/precision.py; 1e-3 of the output's scale in fp32, and on
+    the CPU). Each call replays the network as one CUDA graph, unless graph=False.
 
     `solver` solves the layout problem: PuLP/CBC in this process by default. Called as
     raytune_kernels.compile_network on a running Ray session, it is the LayoutActor's
@@ -47,9 +51,10 @@ def compile_network(model: torch.nn.Module,
     if tgt.kind == "cuda":
         return compile_network_cuda(model, example_inputs, records, tgt, fallback=fallback,
                                     check=check, atol=atol, verbose=verbose, layout=layout,
-                                    time_limit_s=time_limit_s, solver=solver)
+                                    time_limit_s=time_limit_s, solver=solver, graph=graph)
     if tgt.kind != "llvm":
         raise CompileError(f"target {target!r}: no network compiler for this target kind")
     return compile_network_cpu(model, example_inputs, records, tgt, fallback=fallback,
                                threads=threads, layout=layout, time_limit_s=time_limit_s,
-                               check=check, atol=atol, verbose=verbose, solver=solver)
+                               check=check, atol=1e-3 if atol is None else atol,
+                               verbose=verbose, solver=solver)

@@ -48,6 +48,7 @@ from raytune_kernels.tune.records import (Record, best_per_task, describe_locati
 from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
+from raytune_kernels.precision import DEFAULT, tolerance
 from raytune_kernels.tune.timing import TimingOptions, median, time_runs
 from raytune_kernels.cuda import device
 from raytune_kernels.cuda.device import torch_gpu_mode
@@ -84,6 +85,9 @@ class Device(Protocol):
 
     def timer(self, run: Callable[[], None]) -> Callable[[int], float]:
         """run(number) -> seconds for `number` calls of run, by the device's clock."""
+
+    def capture(self, run: Callable[[], None]) -> Callable[[], None]:
+        """A call that replays everything run() enqueues, as one graph of launches."""
 
 
 class CupyDevice:
@@ -135,6 +139,25 @@ class CupyDevice:
 
         return device.event_timer(run, device.cupy())
 
+    def capture(self, run: Callable[[], None]) -> Callable[[], None]:
+        """run()'s launches (cupy's kernels and torch's steps) as one CUDA graph, replayed
+        on torch's current stream. Warmed up first on a side stream, so that lazy module
+        loads and torch's first allocations happen outside the capture; inside it, cupy
+        launches on torch's capture stream and torch allocates from the graph's pool."""
+        cp = device.cupy()
+        side = torch.cuda.Stream(self.dev)
+        side.wait_stream(torch.cuda.current_stream(self.dev))
+        with torch.cuda.stream(side), cp.cuda.ExternalStream(side.cuda_stream):
+            for _ in range(3):
+                run()
+        torch.cuda.current_stream(self.dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            with cp.cuda.ExternalStream(torch.cuda.current_stream(self.dev).cuda_stream):
+                run()
+        torch.cuda.synchronize(self.dev)
+        return graph.replay
+
 
 class GpuNetwork(Reporting):
     """A network compiled for the GPU. Call it like the model: torch tensors in (on any
@@ -142,12 +165,29 @@ class GpuNetwork(Reporting):
 
     examples: "Sequence[torch.Tensor] | None" = None  # the inputs it was compiled with
 
-    def __init__(self, plan: GpuPlan, device: Device):
+    def __init__(self, plan: GpuPlan, device: Device, graph: bool = False):
         self.plan, self.part, self.steps, self.device = plan, plan.part, plan.steps, device
         self.estimated_s = plan.estimated_s
         self._in_views = [self.view(b) for b in plan.inputs]
         self._out_views = [self.view(b) for b in plan.outputs]
         self._calls = [self._bind(s) for s in plan.steps]
+        self._replay: Callable[[], None] | None = None
+        if graph:
+            self._replay = self._capture()
+
+    @property
+    def graph(self) -> bool:
+        """Whether a call replays one captured graph (else the steps launch one by one)."""
+        return self._replay is not None
+
+    def _capture(self) -> Callable[[], None]:
+        try:
+            with torch.no_grad(), torch_gpu_mode():
+                return self.device.capture(self._launch_steps)
+        except Exception as exc:
+            raise CompileError(f"capturing the network as one CUDA graph failed "
+                               f"({type(exc).__name__}: {exc}); compile with graph=False "
+                               "to launch its steps one by one") from exc
 
     def view(self, buf: GBuf) -> torch.Tensor:
         """A buffer as a tensor in its physical (stored) shape."""
@@ -180,6 +220,12 @@ class GpuNetwork(Reporting):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _run(self) -> None:
+        if self._replay is not None:
+            self._replay()
+        else:
+            self._launch_steps()
+
+    def _launch_steps(self) -> None:
         for call in self._calls:
             call()
 
@@ -270,10 +316,11 @@ def check_gpu_network(net: GpuNetwork, model, inputs, atol: float) -> None:
 
 # ------------------------------------------------------------------------ compile_network
 
-def cuda_records(records: "str | Iterable[Record] | None", arch: str, plain_ok: bool
-                 ) -> list[Record]:
-    """The records measured for `arch` ("cuda -arch=ARCH"; plain "cuda" ones too when
-    `plain_ok`: the caller's GPU is the arch they were measured on)."""
+def cuda_records(records: "str | Iterable[Record] | None", arch: str, plain_ok: bool,
+                 precision: str = DEFAULT) -> list[Record]:
+    """The records measured for `arch` in `precision` ("cuda -arch=ARCH[ -precision=P]";
+    plain "cuda" ones of that precision too when `plain_ok`: the caller's GPU is the arch
+    they were measured on). A record of another precision is never taken."""
     if records is None:
         return []
     where = "the records given"
@@ -282,12 +329,14 @@ def cuda_records(records: "str | Iterable[Record] | None", arch: str, plain_ok: 
         if problem:
             raise CompileError(problem)
         records, where = load_records(records).records, describe_location(records)
-    wanted = {f"cuda -arch={arch}"} | ({"cuda"} if plain_ok else set())
+    wanted = {str(Target("cuda", arch=arch, precision=precision))}
+    wanted |= {str(Target("cuda", precision=precision))} if plain_ok else set()
     mine = [r for r in records if r.target in wanted]
     others = sorted({r.target for r in records if r.target.startswith("cuda")} - wanted)
     if others and not mine:
-        raise CompileError(f"{where} holds no cuda record for {arch}, only for "
-                           f"{', '.join(others)}: tune on this GPU, or compile for that arch")
+        raise CompileError(f"{where} holds no cuda record for {arch} in {precision}, only "
+                           f"for {', '.join(others)}: tune this target, or compile for "
+                           "theirs")
     return mine
 
 
@@ -319,11 +368,12 @@ def compile_network_cuda(model: torch.nn.Module,
                          example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
                          records: "str | Iterable[Record] | None" = None,
                          target: "str | Target" = "cuda",
-                         fallback: str | None = None, check: bool = True, atol: float = 1e-3,
+                         fallback: str | None = None, check: bool = True,
+                         atol: float | None = None,
                          verbose: bool = False, layout: str = "ilp",
                          time_limit_s: float = 20.0,
                          device: "type[Device] | None" = None,
-                         solver: Solver = solve_ilp) -> GpuNetwork:
+                         solver: Solver = solve_ilp, graph: bool = True) -> GpuNetwork:
     """Compile `model` for a cuda target from the records for its arch.
 
     Each step runs the best record of the layout the layout ILP gives it (layout="ilp"),
@@ -334,10 +384,16 @@ def compile_network_cuda(model: torch.nn.Module,
     on the GPU tensors instead, and so does any step where torch's kernel, timed on the
     device, is faster. A task with no CUDA kernel at all is an error naming its layer,
     unless fallback="torch". With `check`,
-    the output is compared with model(x) (difference <= atol of its scale) and the first diverging
-    step named. `device` is the executor class (default: CupyDevice on the current GPU;
-    tests pass an emulator): it times transforms and torch's kernels, and runs the plan."""
+    the output is compared with model(x) (difference <= atol of its scale; by default the
+    network tolerance of the target's precision, raytune_kernels/precision.py) and the
+    first diverging step named. `device` is the executor class (default: CupyDevice on
+    the current GPU; tests pass an emulator): it times transforms and torch's kernels, and
+    runs the plan. With `graph` (and a device that can capture), every call replays the
+    whole network as one CUDA graph captured here; graph=False launches step by step (for
+    debugging and per-step profiling)."""
     tgt = parse_target(target)
+    if atol is None:
+        atol = tolerance(tgt.precision).network
     if fallback not in (None, TORCH):
         raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
     if layout not in ("ilp", "uniform"):
@@ -345,7 +401,7 @@ def compile_network_cuda(model: torch.nn.Module,
     arch = _arch(tgt)
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) \
         else tuple(example_inputs)
-    recs = cuda_records(records, arch, plain_ok=tgt.arch is None)
+    recs = cuda_records(records, arch, plain_ok=tgt.arch is None, precision=tgt.precision)
     best = best_per_task(recs)
     part = partition(capture(model, inputs))
     missing = _without_kernel(part, best)
@@ -365,7 +421,7 @@ def compile_network_cuda(model: torch.nn.Module,
     if fallback:
         torch_s = {t.key: device.torch_seconds(t.compute) for t in part.tasks}
     cands = step_candidates(part, recs, torch_s)
-    defaults = {t.key: default_config(t.compute) for t in untuned}
+    defaults = {t.key: default_config(t.compute, tgt.precision) for t in untuned}
     for step, options in zip(part.steps, cands):
         if isinstance(step, TaskStep) and step.key in defaults:
             cfg = defaults[step.key]
@@ -375,7 +431,7 @@ def compile_network_cuda(model: torch.nn.Module,
                                          time_limit_s, solver)
     plan = plan_network(part, chosen, arch, estimated_latency(part, best, torch_s),
                         layout_plan)
-    net = GpuNetwork(plan, device(plan))
+    net = GpuNetwork(plan, device(plan), graph=graph)
     net.examples = inputs
     if verbose:
         print("compiled " + plan.summary())

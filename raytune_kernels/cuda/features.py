@@ -22,7 +22,9 @@ from raytune_kernels.task import Compute
 
 FAMILIES = ("gemm", "window", "rows", "elementwise")
 OPS = GEMM_OPS + WINDOW_OPS + ROW_OPS + ("elementwise",)
-SIZE_KNOBS = ("bm", "bn", "bk", "tm", "tn", "va", "vb", "tw", "vec", "items")
+SIZE_KNOBS = ("bm", "bn", "bk", "tm", "tn", "va", "vb", "tw", "vec", "items", "wm", "wn",
+              "warps_m", "warps_n", "stages")
+MMA_PRECISIONS = ("tf32", "fp16", "bf16")
 WARP = 32
 _SHARED = re.compile(r"__shared__[^;]*?\bfloat\s+\w+((?:\[\d+\])+)\s*;")
 
@@ -73,16 +75,23 @@ def _thread_work(compute: Compute, cfg: Config, kernel: CudaKernel) -> list[floa
     launched = math.prod(kernel.grid) * kernel.threads
     tile = cfg.get("tm", 1) * cfg.get("tn", 1) * cfg.get("tw", 1) * cfg.get("items", 1)
     bm, bn = cfg.get("bm", 1), cfg.get("bn", 1)
+    if cfg.get("kernel") == "mma":  # a warp's tile, spread over its 32 lanes
+        tile = cfg["wm"] * cfg["wn"] / WARP
+        bm, bn = cfg["wm"] * cfg["warps_m"], cfg["wn"] * cfg["warps_n"]
     return [_log(compute.output.numel / launched), _log(compute.flops() / launched),
             _log(tile), bm * bn / (bm + bn)]
 
 
 def _knobs(cfg: Config) -> list[float]:
     """Every family's size knobs (log2, 0 where the family has none), interleave, unroll,
-    whether activations are NHWC, and register prefetch."""
+    whether activations are NHWC, register prefetch, whether the kernel runs on tensor
+    cores and in which precision."""
+    mma = cfg.get("kernel") == "mma"
     return ([_log(cfg.get(k, 1)) for k in SIZE_KNOBS]
             + [float(bool(cfg.get("interleave", False))), float(cfg.get("unroll", 0)),
-               float(cfg.get("layout") == "NHWC"), float(bool(cfg.get("prefetch", False)))])
+               float(cfg.get("layout") == "NHWC"), float(bool(cfg.get("prefetch", False))),
+               float(mma)]
+            + [float(mma and cfg.get("precision") == p) for p in MMA_PRECISIONS])
 
 
 def _traffic(compute: Compute, kernel: CudaKernel) -> list[float]:

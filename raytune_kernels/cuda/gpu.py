@@ -51,6 +51,13 @@ def gpu_info(arch: str) -> GpuInfo:
     return GpuInfo(arch, *ARCHS[max(known)])
 
 
+def arch_has_mma(arch: str) -> bool:
+    """Whether `arch` runs the tensor-core instructions of cuda/mma.py (mma.sync in tf32
+    and bf16, cp.async, cvt to f16x2/bf16x2: sm_80 and newer)."""
+    m = re.fullmatch(r"sm_([0-9]{2,3})[a-z]?", arch or "")
+    return bool(m) and int(m.group(1)) >= 80
+
+
 class ArchMismatchError(UnknownTargetError):
     """Cubins built for one arch cannot load on the GPU that would measure them."""
 

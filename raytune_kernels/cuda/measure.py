@@ -16,11 +16,13 @@ CuPy and the GPU are touched only inside functions, so this module imports witho
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
 from raytune_kernels.cuda.render import cuda_pack, cuda_unpack
-from raytune_kernels.cuda.render import render_cuda
+from raytune_kernels.cuda.render import config_precision, render_cuda
+from raytune_kernels.precision import tolerance
 from raytune_kernels.space import Config
 from raytune_kernels.measure import (CRASHED, RUNTIME_ERROR, MeasureOptions, MeasureResult,
                                      check_output, operands_and_reference)
@@ -37,6 +39,14 @@ def gpu_reference(compute: Compute, operands: list[torch.Tensor]) -> torch.Tenso
             return reference(compute, *operands)
         with torch_gpu_mode(benchmark=False):
             return reference(compute, *(x.cuda() for x in operands)).cpu()
+
+
+def checked_as(cfg: Config, opts: MeasureOptions) -> MeasureOptions:
+    """The options a config's output is checked with: the tolerance of its precision
+    (raytune_kernels/precision.py) where that is looser than the options' own."""
+    tol = tolerance(config_precision(cfg))
+    return replace(opts, rtol=max(opts.rtol, tol.kernel_rtol),
+                   atol=max(opts.atol, tol.kernel_atol))
 
 
 def measure_built_gpu(compute: Compute, cfg: Config, binary: bytes, opts: MeasureOptions,
@@ -66,7 +76,7 @@ def measure_built_gpu(compute: Compute, cfg: Config, binary: bytes, opts: Measur
             got = cuda_unpack(compute, launch.output(), cfg)
     except Exception as exc:  # a broken candidate is data, not a crash of the measurer
         return failed(exc)
-    verdict = check_output(got, expected, opts)
+    verdict = check_output(got, expected, checked_as(cfg, opts))
     if verdict is not None:
         return MeasureResult.error(*verdict, build_s, time.perf_counter() - start)
     try:

@@ -2,7 +2,8 @@
 per stage for every task kind on target "cuda".
 
 Families: conv2d (any stride, padding, dilation, groups), dense and matmul are tiled GEMMs
-(cuda_gemm); depthwise conv and pooling are sliding windows (cuda_window); softmax and
+(cuda/gemm.py, FFMA in float32; with a precision other than fp32 also tensor-core GEMMs,
+cuda/mma.py, under the knob `kernel`: "ffma" or "mma"); depthwise conv and pooling are sliding windows (cuda_window); softmax and
 layer norm are row reductions and elementwise tasks a flat map (cuda_rows). Convolutions
 and windows on 4-D activations have a knob `layout`: NCHW (torch's contiguous layout) or
 NHWC; everything else reads and writes torch's contiguous layouts. cuda_pack / cuda_unpack
@@ -21,6 +22,8 @@ from raytune_kernels.cuda.epilogue import CudaLoweringError, epilogue_reason, is
 from raytune_kernels.cuda.gemm import gemm_space, render_gemm
 from raytune_kernels.cuda.gemm_views import gemm_view
 from raytune_kernels.cuda.kernel import CudaKernel, buffers_of
+from raytune_kernels.cuda.mma import MMA_PRECISIONS, mma_space, render_mma
+from raytune_kernels.precision import DEFAULT, PRECISIONS
 from raytune_kernels.cuda.rows import (ROW_OPS, Rows, elementwise_space, render_elementwise,
                                        render_rows, row_reason, row_space)
 from raytune_kernels.cuda.window import (LAYOUTS, Window, is_window, render_window, window_reason,
@@ -67,12 +70,55 @@ def _anchor_reason(c: Compute) -> str | None:
     return f"no CUDA kernel for op '{c.op}'"
 
 
-def cuda_space_for(compute: Compute) -> Space | UnionSpace:
-    """The GPU schedule space of a compute (raises CudaLoweringError when unsupported)."""
+def cuda_space_for(compute: Compute, precision: str = DEFAULT) -> Space | UnionSpace:
+    """The GPU schedule space of a compute in `precision` (raises CudaLoweringError when
+    unsupported). In fp32 it holds the FFMA kernels alone; in tf32, fp16 or bf16 a GEMM's
+    space is the union of its FFMA kernels and its tensor-core kernels under the knob
+    `kernel`, every config carrying `precision`; other families are the same in every
+    precision (they compute in float32)."""
+    if precision not in PRECISIONS:
+        raise CudaLoweringError(f"unknown precision {precision!r}: expected one of "
+                                f"{PRECISIONS}")
     reason = cuda_unsupported_reason(compute)
     if reason:
         raise CudaLoweringError(reason)
+    if precision in MMA_PRECISIONS and compute.op in GEMM_OPS:
+        return _mixed_space(compute, precision)
     return _space(compute)
+
+
+def config_precision(cfg: Config) -> str:
+    """The precision a config computes in (fp32 unless it names another)."""
+    return cfg.get("precision", DEFAULT)
+
+
+@functools.lru_cache(maxsize=512)
+def _mixed_space(compute: Compute, precision: str) -> UnionSpace:
+    """FFMA and tensor-core GEMMs of one precision; a convolution's layout is a coupled
+    knob of each part (each layout has its own GEMM view, so its own tilings)."""
+    layouts = LAYOUTS if compute.op == "conv2d" else (None,)
+    ffma = [(lay, gemm_space(gemm_view(compute, lay or "NCHW"))) for lay in layouts]
+    mma = []
+    for lay in layouts:
+        try:
+            mma.append((lay, mma_space(gemm_view(compute, lay or "NCHW"), precision)))
+        except ValueError:
+            continue
+    tag = (("precision", (precision,)),)
+    parts = [("ffma", _with_layouts(ffma, tag))]
+    if mma:
+        parts.append(("mma", _with_layouts(mma, ())))
+    return UnionSpace("kernel", tuple(parts))
+
+
+def _with_layouts(parts: list[tuple[str | None, Space]], extra: tuple) -> Space:
+    """One space from a space per layout (the layout a coupled knob), or the only space
+    (layout None); `extra` independent knobs added."""
+    first = parts[0][1]
+    if parts[0][0] is None:
+        return Space(first.coupled_names, first.coupled, first.independent + extra)
+    combos = tuple((lay,) + c for lay, sp in parts for c in sp.coupled)
+    return Space(("layout",) + first.coupled_names, combos, first.independent + extra)
 
 
 @functools.lru_cache(maxsize=512)
@@ -92,13 +138,19 @@ def _space(compute: Compute) -> Space | UnionSpace:
     return gemm_space(gemm_view(compute))
 
 
-def default_config(compute: Compute) -> Config:
+def default_config(compute: Compute, precision: str = DEFAULT) -> Config:
     """The config an untuned task runs on a GPU: a middle-of-the-road point of its space,
     chosen by rule, not measured. Every point of a space obeys the space's limits
     (registers, threads, vector alignment), so any is safe; this one prefers 256 threads
     per block (128 for windows), 64x64 GEMM blocks of 4x4 per thread, K slices of 16,
-    the widest vector loads, no prefetch, an unroll of 4, and NCHW. Tuning replaces it."""
-    space = cuda_space_for(compute)
+    the widest vector loads, no prefetch, an unroll of 4, and NCHW. In a precision with
+    tensor cores a GEMM takes them: 4 warps of 32x32, K slices of 32, 3 stages, 16-byte
+    copies, NCHW. Tuning replaces it."""
+    space = cuda_space_for(compute, precision)
+    if isinstance(space, UnionSpace) and space.key == "kernel":
+        name, part = space.parts[-1]
+        best = min(part, key=_default_penalty)
+        return Config(tuple(sorted(best.knobs + ((space.key, name),))))
     if isinstance(space, UnionSpace):  # GEMM convolutions: one space per layout
         label, part = next((p for p in space.parts if p[0] == "NCHW"), space.parts[0])
         best = min(part, key=_default_penalty)
@@ -108,6 +160,11 @@ def default_config(compute: Compute) -> Config:
 
 def _default_penalty(cfg: Config) -> float:
     d, log2 = dict(cfg.knobs), np.log2
+    if "wm" in d:  # a tensor-core GEMM
+        p = abs(log2(d["wm"] / 32)) + abs(log2(d["wn"] / 32))
+        p += abs(log2(d["warps_m"] * d["warps_n"] / 4)) + 0.5 * abs(log2(d["bk"] / 32))
+        p += 0.3 * (3 - d["stages"]) - 0.25 * log2(d["va"] * d["vb"])
+        return float(p + 0.01 * (d.get("layout", "NCHW") != "NCHW"))
     if "bm" in d:  # a GEMM tile
         threads = (d["bm"] // d["tm"]) * (d["bn"] // d["tn"])
         p = abs(log2(threads / 256)) + abs(log2(d["bm"] * d["bn"] / 4096))
@@ -132,7 +189,7 @@ def cuda_layouts(compute: Compute, cfg: Config) -> tuple[str, str]:
 def render_cuda(compute: Compute, cfg: Config) -> CudaKernel:
     """CUDA C and launch geometry of one config; a config outside the compute's space
     raises CudaLoweringError naming the knobs that are wrong."""
-    space = cuda_space_for(compute)
+    space = cuda_space_for(compute, config_precision(cfg))
     problem = union_problem(space, cfg) if isinstance(space, UnionSpace) else \
         config_problem(space, cfg)
     if problem:
@@ -143,7 +200,10 @@ def render_cuda(compute: Compute, cfg: Config) -> CudaKernel:
         return render_elementwise(compute, cfg)
     if is_window(compute):
         return render_window(compute, Window.from_compute(compute), cfg)
-    return render_gemm(compute, gemm_view(compute, cfg.get("layout", "NCHW")), cfg)
+    view = gemm_view(compute, cfg.get("layout", "NCHW"))
+    if cfg.get("kernel") == "mma":
+        return render_mma(compute, view, cfg)
+    return render_gemm(compute, view, cfg)
 
 
 def union_problem(space: UnionSpace, cfg: Config) -> str | None:

@@ -15,13 +15,16 @@ import raytune_kernels as rk
 from tests.support import cuda_emulate
 from raytune_kernels.cuda.build import build_cuda, nvrtc_unavailable
 from raytune_kernels.cuda.render import cuda_space_for
+from raytune_kernels.space import Config
 from raytune_kernels.measure import MeasureResult
 from raytune_kernels.errors import CompileError
 from raytune_kernels.compile.cuda_network import (GpuNetwork, check_gpu_network,
                                                   compile_network_cuda, cuda_records)
 from raytune_kernels.compile.cuda_plan import (ALIGN, NCHW, NHWC, GBuf, GpuStep, assign_offsets,
                                                same_order, to_layout)
+from raytune_kernels.compile.report import output_error
 from raytune_kernels.frontend.partition import TaskStep
+from raytune_kernels.precision import tolerance
 from raytune_kernels.tune.records import record_of
 from raytune_kernels.tune.timing import TimingOptions
 
@@ -48,17 +51,21 @@ def tiny():
 
 
 def cuda_records_for(model, inputs, arch=ARCH, skip=(), seed=0, layout="NCHW",
-                     times=None):
+                     times=None, precision="fp32"):
     """One config per task that really builds for `arch`, in `layout` where the task has
-    layouts, recorded with a made-up time (what is checked here is the network, not the
-    speed): `times` maps an op to its seconds, 1e-5 otherwise."""
+    layouts (on tensor cores where the precision has them), recorded with a made-up time
+    (what is checked here is the network, not the speed): `times` maps an op to its
+    seconds, 1e-5 otherwise."""
     rng, out = random.Random(seed), []
+    target = str(rk.parse_target(f"cuda -arch={arch} -precision={precision}"))
     for task in rk.extract_tasks(model, inputs, target="cuda"):
         if task.compute.op in skip:
             continue
-        space = cuda_space_for(task.compute)
+        space = cuda_space_for(task.compute, precision)
+        mma = dict(getattr(space, "parts", ())).get("mma")
         for _ in range(200):
-            cfg = space.sample(rng)
+            cfg = space.sample(rng) if mma is None else \
+                Config(tuple(sorted(mma.sample(rng).knobs + (("kernel", "mma"),))))
             if cfg.get("layout", layout) != layout:
                 continue
             built = build_cuda(task.compute, cfg, arch)
@@ -67,8 +74,7 @@ def cuda_records_for(model, inputs, arch=ARCH, skip=(), seed=0, layout="NCHW",
         assert built.error is None and cfg.get("layout", layout) == layout, built.error
         t = (times or {}).get(task.compute.op, 1e-5)
         result = MeasureResult(times=(t, t * 1.1), build_s=built.seconds)
-        out.append(record_of(task.key, f"cuda -arch={arch}", "emulated", cfg.to_json(),
-                             result))
+        out.append(record_of(task.key, target, "emulated", cfg.to_json(), result))
     return out
 
 
@@ -148,9 +154,38 @@ def test_a_record_whose_config_no_longer_renders_is_named(case):
 def test_records_of_another_arch_alone_are_refused_naming_it(case):
     model, inputs, records = case
     other = [dataclasses.replace(r, target="cuda -arch=sm_80") for r in records]
-    with pytest.raises(CompileError, match="holds no cuda record for sm_90, only for "
-                                           "cuda -arch=sm_80: tune on this GPU"):
+    with pytest.raises(CompileError, match="holds no cuda record for sm_90 in fp32, only "
+                                           "for cuda -arch=sm_80: tune this target"):
         compile_network_cuda(model, inputs, other, TARGET, device=EmulatorDevice)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_a_tensor_core_network_matches_the_model_within_its_precision(precision):
+    model, inputs = tiny()
+    records = cuda_records_for(model, inputs, precision=precision)
+    assert sum(r.config.get("kernel") == "mma" for r in records) == 2  # the conv, the dense
+    target = f"{TARGET} -precision={precision}"
+    net = compile_network_cuda(model, inputs, records, target, device=EmulatorDevice)
+    assert net.graph and net.device.captures == 1  # every call replays one capture
+    err = output_error(net(*inputs), model(*inputs))
+    assert 1e-6 < err <= tolerance(precision).network
+    with pytest.raises(CompileError, match=f"holds no cuda record for sm_90 in fp32, only "
+                                           f"for cuda -arch=sm_90 -precision={precision}"):
+        compile_network_cuda(model, inputs, records, TARGET, device=EmulatorDevice)
+    # checked against the target's tolerance: the fp32 bound refuses the rounding
+    with pytest.raises(CompileError, match="differs from the model"):
+        compile_network_cuda(model, inputs, records, target, device=EmulatorDevice,
+                             atol=1e-7)
+
+
+def test_graph_off_launches_step_by_step(case):
+    model, inputs, records = case
+    net = compile_network_cuda(model, inputs, records, TARGET, device=EmulatorDevice,
+                               graph=False)
+    assert not net.graph and net.device.captures == 0
+    before = net.device.launches
+    assert output_error(net(*inputs), model(*inputs)) < 1e-4
+    assert net.device.launches - before == sum(s.kernel is not None for s in net.steps)
 
 
 def test_a_wrong_step_is_named(case, net):
@@ -173,7 +208,7 @@ def test_missing_records_run_an_untuned_default_named_in_a_warning(case):
         assert [s.kind for s in net.steps if s.kind != "transform"] == ["kernel"] * 3
         with torch.no_grad():
             assert torch.allclose(net(*inputs), model(*inputs), atol=1e-4, rtol=1e-4)
-    with pytest.raises(CompileError, match="no cuda record for sm_80, only for cuda -arch=sm_90"):
+    with pytest.raises(CompileError, match="no cuda record for sm_80 in fp32, only for cuda -arch=sm_90"):
         cuda_records(records, "sm_80", plain_ok=False)  # records are per arch
 
 

@@ -10,6 +10,16 @@ illegal memory access on a GPU) fails the run with ASan's report, and the alignm
 sanitizer fails a float4 access that a GPU would fault on as misaligned (buffers are
 256-byte aligned, as cudaMalloc's are). The output starts as NaN, so an element the kernel
 never writes cannot pass the check.
+
+Tensor cores (TENSOR_CORES, replacing the device functions of raytune_kernels/cuda/mma.py,
+whose PTX this program does not compile): mma.sync is a warp-collective model of the PTX
+ISA's fragment layouts (each lane publishes its A and B registers, every lane reads the
+elements of its accumulators back from the lanes that hold them), operands rounded as the
+conversions round (tf32 to nearest with ties away, fp16 and bf16 to nearest even) and
+accumulated in float32. cp.async is a per-thread queue of copies grouped at each commit
+and landed by the wait that covers their group; until then the destination holds NaN, so
+a fragment read before its wait, or a slice overwritten while another warp still reads
+it, shows in the output. A misaligned 16-byte copy fails the run, as it faults on a GPU.
 This is for tests: it is slow (a thread per CUDA thread), so use small shapes.
 """
 from __future__ import annotations
@@ -62,6 +72,112 @@ static inline float __shfl_xor_sync(unsigned, float v, int off) {
 }
 using std::max;
 using std::min;
+"""
+
+TENSOR_CORES = r"""
+#define RK_EMULATED 1
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+static inline unsigned rk_bits(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+static inline float rk_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline unsigned rk_tf32(float x) {  // cvt.rna: 10 mantissa bits, ties away from 0
+  const unsigned u = rk_bits(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return u;
+  return (u + 0x1000u) & 0xffffe000u;
+}
+static inline unsigned rk_half_bits(float f) {  // float -> IEEE half, to nearest even
+  const unsigned u = rk_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u;
+  if (a >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up round to infinity
+  if (a < 0x38800000u)  // below 2^-14: a multiple of 2^-24, rounded to nearest even
+    return sign | (unsigned)std::nearbyint(rk_float(a) * 16777216.0f);
+  unsigned h = (((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13);
+  const unsigned rest = a & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return sign | h;
+}
+static inline float rk_half_value(unsigned h) {
+  const unsigned sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) return (sign ? -1.0f : 1.0f) * std::ldexp((float)m, -24);
+  if (e == 31) return rk_float(sign | 0x7f800000u | (m << 13));
+  return rk_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+static inline unsigned rk_bf16_bits(float f) {  // to nearest even
+  const unsigned u = rk_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+static inline float rk_bf16_value(unsigned b) { return rk_float(b << 16); }
+static inline unsigned rk_f16x2(float lo, float hi) {
+  return rk_half_bits(lo) | (rk_half_bits(hi) << 16);
+}
+static inline unsigned rk_bf16x2(float lo, float hi) {
+  return rk_bf16_bits(lo) | (rk_bf16_bits(hi) << 16);
+}
+static unsigned rk_frag_a[32][32][4], rk_frag_b[32][32][2];
+enum rk_kind { RK_TF32, RK_FP16, RK_BF16 };
+static inline float rk_elem(unsigned reg, int half, rk_kind kind) {
+  if (kind == RK_TF32) return rk_float(reg & 0xffffe000u);  // the tensor core reads 19 bits
+  const unsigned bits = (reg >> (16 * half)) & 0xffffu;
+  return kind == RK_FP16 ? rk_half_value(bits) : rk_bf16_value(bits);
+}
+static inline float rk_a(int w, int row, int k, rk_kind kind) {  // A[16][K], row-major
+  if (kind == RK_TF32)
+    return rk_elem(rk_frag_a[w][(row & 7) * 4 + (k & 3)][(row >> 3) + 2 * (k >> 2)], 0, kind);
+  return rk_elem(rk_frag_a[w][(row & 7) * 4 + ((k & 7) >> 1)][(row >> 3) + 2 * (k >> 3)],
+                 k & 1, kind);
+}
+static inline float rk_b(int w, int k, int col, rk_kind kind) {  // B[K][8], column-major
+  if (kind == RK_TF32) return rk_elem(rk_frag_b[w][col * 4 + (k & 3)][k >> 2], 0, kind);
+  return rk_elem(rk_frag_b[w][col * 4 + ((k & 7) >> 1)][k >> 3], k & 1, kind);
+}
+static void rk_mma(float* d, const unsigned* a, const unsigned* b, rk_kind kind) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int depth = kind == RK_TF32 ? 8 : 16;
+  for (int i = 0; i < 4; ++i) rk_frag_a[w][lane][i] = a[i];
+  rk_frag_b[w][lane][0] = b[0];
+  rk_frag_b[w][lane][1] = b[1];
+  rk_warp_bar[w]->arrive_and_wait();
+  float r[4];
+  for (int q = 0; q < 4; ++q) {  // c0..c3 at (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+    const int row = g + 8 * (q >> 1), col = 2 * t + (q & 1);
+    float s = d[q];
+    for (int k = 0; k < depth; ++k) s += rk_a(w, row, k, kind) * rk_b(w, k, col, kind);
+    r[q] = s;
+  }
+  rk_warp_bar[w]->arrive_and_wait();
+  for (int q = 0; q < 4; ++q) d[q] = r[q];
+}
+static inline void rk_mma_tf32(float* d, const unsigned* a, const unsigned* b) { rk_mma(d, a, b, RK_TF32); }
+static inline void rk_mma_fp16(float* d, const unsigned* a, const unsigned* b) { rk_mma(d, a, b, RK_FP16); }
+static inline void rk_mma_bf16(float* d, const unsigned* a, const unsigned* b) { rk_mma(d, a, b, RK_BF16); }
+struct rk_copy { float* dst; const float* src; int n; bool pred; };
+static thread_local std::vector<rk_copy> rk_open;
+static thread_local std::deque<std::vector<rk_copy>> rk_groups;
+static inline void rk_cp_async(void* dst, const void* src, int bytes, bool pred) {
+  if ((reinterpret_cast<std::uintptr_t>(dst) % bytes) ||
+      (pred && reinterpret_cast<std::uintptr_t>(src) % bytes)) {
+    std::fprintf(stderr, "misaligned %d-byte cp.async\n", bytes);
+    std::abort();
+  }
+  float* d = static_cast<float*>(dst);
+  for (int i = 0; i < bytes / 4; ++i) d[i] = NAN;  // not there until its wait
+  rk_open.push_back({d, static_cast<const float*>(src), bytes / 4, pred});
+}
+static inline void rk_cp_async16(void* d, const void* s, bool p) { rk_cp_async(d, s, 16, p); }
+static inline void rk_cp_async4(void* d, const void* s, bool p) { rk_cp_async(d, s, 4, p); }
+static inline void rk_cp_async_commit() {
+  rk_groups.push_back(std::move(rk_open));
+  rk_open.clear();
+}
+template <int N> static inline void rk_cp_async_wait() {
+  while (rk_groups.size() > (size_t)N) {
+    for (const rk_copy& c : rk_groups.front())
+      for (int i = 0; i < c.n; ++i) c.dst[i] = c.pred ? c.src[i] : 0.0f;
+    rk_groups.pop_front();
+  }
+}
 """
 
 RUNTIME = r"""
@@ -171,7 +287,7 @@ def emulate_many(runs: list[tuple[CudaKernel, list[np.ndarray]]], sanitizer: str
     with tempfile.TemporaryDirectory(prefix="rk_emu_") as d:
         src, exe = os.path.join(d, "k.cpp"), os.path.join(d, "k")
         with open(src, "w") as f:
-            f.write(SHIM + RUNTIME + "".join(_unit(i, k) for i, k in enumerate(kernels))
+            f.write(SHIM + TENSOR_CORES + RUNTIME + "".join(_unit(i, k) for i, k in enumerate(kernels))
                     + _main(kernels))
         proc = subprocess.run([cxx, *FLAGS, *SANITIZERS[sanitizer], src, "-o", exe],
                               capture_output=True, text=True)

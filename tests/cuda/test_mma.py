@@ -1,0 +1,226 @@
+"""Tensor-core GEMM kernels without a GPU: the spaces of each precision, sampled configs of
+every GEMM case run on the CPU emulator's model of mma.sync and cp.async against the float32
+reference within the precision's tolerance, the emulator's model shown to catch what a
+wrong kernel gets wrong, and the kernels compiled by NVRTC for sm_80 and sm_90 without
+spills."""
+import random
+
+import pytest
+import torch
+
+from raytune_kernels.backend import backend_for
+from raytune_kernels.cuda.build import compile_cuda, nvrtc_unavailable, resource_problems
+from raytune_kernels.cuda.kernel import CudaKernel
+from raytune_kernels.cuda.measure import checked_as
+from raytune_kernels.cuda.mma import MMA_PRECISIONS
+from raytune_kernels.cuda.render import (GEMM_OPS, CudaLoweringError, cuda_pack, cuda_space_for,
+                                         cuda_unpack, default_config, render_cuda)
+from raytune_kernels.errors import UnknownTargetError
+from raytune_kernels.frontend.reference import reference
+from raytune_kernels.measure import MeasureOptions, random_operands
+from raytune_kernels.precision import tolerance
+from raytune_kernels.space import Config, UnionSpace
+from tests.support import cuda_emulate
+from tests.support.cuda_cases import CASES
+
+GEMM_CASES = sorted(n for n, c in CASES.items() if c.op in GEMM_OPS and
+                    not (c.op == "conv2d" and c.attr("groups") == c.inputs[0].shape[1]))
+needs_cxx = pytest.mark.skipif(cuda_emulate.compiler() is None,
+                               reason="no C++ compiler for the CUDA emulator")
+needs_nvrtc = pytest.mark.skipif(nvrtc_unavailable() is not None,
+                                 reason=f"NVRTC unavailable: {nvrtc_unavailable()}")
+
+
+def _mma(c, precision: str, rng: random.Random, **over) -> Config:
+    """A sampled tensor-core config of `c` in `precision`, knobs in `over` forced."""
+    part = dict(cuda_space_for(c, precision).parts)["mma"]
+    for _ in range(2000):
+        cfg = part.sample(rng)
+        if all(cfg[k] == v for k, v in over.items()):
+            return Config(tuple(sorted(cfg.knobs + (("kernel", "mma"),))))
+    raise AssertionError(f"no config with {over} in the space of {c.describe()}")
+
+
+def _run(cases_cfgs, sanitizer="address"):
+    """Emulate (case name, config) pairs; returns (name, config, got, expected)."""
+    runs, meta = [], []
+    for name, cfg in cases_cfgs:
+        c = CASES[name]
+        ops = random_operands(c, 0)
+        with torch.no_grad():
+            expected = reference(c, *ops)
+        runs.append((render_cuda(c, cfg), cuda_pack(c, ops, cfg)))
+        meta.append((name, cfg, expected))
+    outs = cuda_emulate.emulate_many(runs, sanitizer)
+    return [(n, cfg, cuda_unpack(CASES[n], out, cfg), want)
+            for (n, cfg, want), out in zip(meta, outs)]
+
+
+def _within(cfg: Config, got, want) -> bool:
+    opts = checked_as(cfg, MeasureOptions())
+    return torch.isfinite(got).all() and torch.allclose(got, want, rtol=opts.rtol,
+                                                        atol=opts.atol)
+
+
+def test_fp32_spaces_hold_no_tensor_core_kernel_and_other_precisions_add_them():
+    c = CASES["conv3x3_bias_relu"]
+    fp32 = cuda_space_for(c)
+    assert all("kernel" not in dict(cfg.knobs) for cfg in fp32)
+    for p in MMA_PRECISIONS:
+        space = cuda_space_for(c, p)
+        assert isinstance(space, UnionSpace) and space.key == "kernel"
+        parts = dict(space.parts)
+        assert set(parts) == {"ffma", "mma"}
+        assert parts["ffma"].count() == fp32.count()  # the FFMA kernels, each layout
+        for cfg in (space.sample(random.Random(s)) for s in range(20)):
+            assert cfg["precision"] == p and cfg["layout"] in ("NCHW", "NHWC")
+            assert cfg in space and render_cuda(c, cfg).source
+    # windows and rows compute in float32 whatever the precision
+    pool = CASES["maxpool3x3_s2"]
+    assert cuda_space_for(pool, "fp16") == cuda_space_for(pool)
+
+
+def test_a_config_names_its_precision_and_is_checked_against_that_space():
+    c = CASES["dense_bias_gelu"]
+    cfg = _mma(c, "tf32", random.Random(0))
+    assert "mma.sync.aligned.m16n8k8" in render_cuda(c, cfg).source
+    assert "m16n8k16.row.col.f32.bf16" in render_cuda(
+        c, Config(tuple(sorted((k, "bf16" if k == "precision" else v)
+                               for k, v in cfg.knobs)))).source
+    with pytest.raises(CudaLoweringError, match="precision"):
+        render_cuda(c, Config(tuple(sorted((k, "fp64" if k == "precision" else v)
+                                           for k, v in cfg.knobs))))
+    bad = Config(tuple(sorted((k, 7 if k == "stages" else v) for k, v in cfg.knobs)))
+    with pytest.raises(CudaLoweringError, match="not a valid combination"):
+        render_cuda(c, bad)
+
+
+def test_the_untuned_default_of_a_tensor_core_precision_uses_tensor_cores():
+    c = CASES["conv1x1_channel_mul_silu"]
+    for p in MMA_PRECISIONS:
+        cfg = default_config(c, p)
+        assert cfg["kernel"] == "mma" and cfg["precision"] == p and cfg["layout"] == "NCHW"
+    assert "kernel" not in dict(default_config(c).knobs)
+
+
+def test_precision_needs_tensor_cores_on_the_arch():
+    assert backend_for("cuda -arch=sm_80 -precision=tf32").space(CASES["dense_bias_gelu"])
+    with pytest.raises(UnknownTargetError, match="sm_80 or newer"):
+        backend_for("cuda -arch=sm_75 -precision=fp16")
+    backend_for("cuda -arch=sm_75")  # fp32 runs anywhere
+
+
+def test_the_cost_model_tells_precisions_and_kernels_apart():
+    c = CASES["dense_bias_gelu"]
+    be = backend_for("cuda -arch=sm_90 -precision=fp16")
+    mma = _mma(c, "fp16", random.Random(1))
+    ffma = next(cfg for cfg in (be.space(c).sample(random.Random(s)) for s in range(99))
+                if cfg["kernel"] == "ffma")
+    x, _ = be.analyze(c, [mma, ffma])
+    assert x.shape[0] == 2 and (x[0] != x[1]).any()
+    plain = backend_for("cuda -arch=sm_90").analyze(c, [cuda_space_for(c).sample(random.Random(0))])[0]
+    assert plain.shape[1] == x.shape[1]  # one feature length for every precision
+
+
+@needs_cxx
+@pytest.mark.parametrize("precision", MMA_PRECISIONS)
+def test_sampled_tensor_core_configs_of_every_gemm_case_match_the_reference(precision):
+    rng = random.Random(MMA_PRECISIONS.index(precision))
+    pairs = [(n, _mma(CASES[n], precision, rng, stages=1 + i % 3))
+             for i, n in enumerate(GEMM_CASES)]
+    errors = {}
+    for name, cfg, got, want in _run(pairs):
+        assert _within(cfg, got, want), (name, cfg.to_json(), (got - want).abs().max().item())
+        errors[name] = (got - want).abs().max().item()
+    # the operands really are rounded to the precision (a float32 model would pass at 1e-5)
+    assert max(errors.values()) > 1e-4
+
+
+@needs_cxx
+def test_the_emulator_catches_a_missing_wait_a_wrong_fragment_and_a_missing_barrier():
+    c = CASES["conv3x3_bias_relu"]
+    rng = random.Random(7)
+    cfgs = {"wait": _mma(c, "tf32", rng, stages=2, warps_n=2),
+            "fragment": _mma(c, "fp16", rng, stages=1),
+            "barrier": _mma(c, "bf16", rng, stages=3, warps_n=2)}
+    for name, cfg, got, want in _run([("conv3x3_bias_relu", cfg) for cfg in cfgs.values()]):
+        assert _within(cfg, got, want), name
+
+    def broken(cfg, old, new, count=1):
+        k = render_cuda(c, cfg)
+        assert old in k.source, old
+        return CudaKernel(k.name, k.source.replace(old, new, count), k.grid, k.block,
+                          k.smem_bytes, k.buffers), cfg
+    bad = [broken(cfgs["wait"], "rk_cp_async_wait<0>", "rk_cp_async_wait<1>"),
+           broken(cfgs["fragment"], "ks + 2 * t + 8 + 1", "ks + 2 * t + 8"),
+           broken(cfgs["barrier"], "rk_cp_async_wait<1>();\n    __syncthreads();",
+                  "rk_cp_async_wait<1>();")]
+    ops = random_operands(c, 0)
+    want = reference(c, *ops)
+    outs = cuda_emulate.emulate_many([(k, cuda_pack(c, ops, cfg)) for k, cfg in bad])
+    for (k, cfg), out in zip(bad, outs):
+        assert not _within(cfg, cuda_unpack(c, out, cfg), want)
+
+
+@needs_cxx
+def test_a_misaligned_16_byte_copy_fails_the_run():
+    c = CASES["dense_bias_gelu"]
+    cfg = _mma(c, "tf32", random.Random(2), va=4)
+    k = render_cuda(c, cfg)
+    shifted = k.source.replace("rk_cp_async16(&As[dst][xx][kk], in0 + (x) * 24 + k",
+                               "rk_cp_async16(&As[dst][xx][kk], in0 + (x) * 24 + k + 1")
+    assert shifted != k.source
+    bad = CudaKernel(k.name, shifted, k.grid, k.block, k.smem_bytes, k.buffers)
+    with pytest.raises(cuda_emulate.EmulationError, match="misaligned"):
+        cuda_emulate.emulate(bad, cuda_pack(c, random_operands(c), cfg))
+
+
+@needs_cxx
+def test_tensor_core_pipelines_are_free_of_data_races():
+    rng = random.Random(11)
+    pairs = [("conv_batch2_s2_residual", _mma(CASES["conv_batch2_s2_residual"], p, rng,
+                                              stages=s, warps_n=2))
+             for p, s in (("tf32", 1), ("fp16", 2), ("bf16", 3))]
+    for name, cfg, got, want in _run(pairs, sanitizer="thread"):
+        assert _within(cfg, got, want), name
+
+
+def test_tolerances_grow_as_the_format_narrows():
+    assert tolerance("fp32").kernel_atol < tolerance("tf32").kernel_atol \
+        <= tolerance("bf16").kernel_atol
+    assert tolerance("fp16") == tolerance("tf32")
+    assert checked_as(Config.of(bm=16), MeasureOptions()).atol == MeasureOptions().atol
+    with pytest.raises(ValueError, match="precision"):
+        tolerance("fp8")
+
+
+def _compile_checked(c, cfg, arch):
+    kernel = render_cuda(c, cfg)
+    result = compile_cuda(kernel.source, arch, f"{kernel.name}.cu")
+    where = (c.describe(), cfg.to_json(), arch)
+    assert result.error is None, (where, result.error)
+    assert resource_problems(result, kernel.threads) == [], where
+    assert result.stack_bytes == 0, (where, "spills", result.log)
+    assert b"mma.sync" in result.ptx and b"cp.async" in result.ptx
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+def test_every_gemm_case_compiles_on_tensor_cores_without_spills(arch):
+    rng = random.Random(arch == "sm_90")
+    for i, name in enumerate(GEMM_CASES):
+        c = CASES[name]
+        _compile_checked(c, _mma(c, MMA_PRECISIONS[i % 3], rng), arch)
+
+
+@needs_nvrtc
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+def test_zoo_gemm_tasks_compile_on_tensor_cores_without_spills(zoo_tasks, arch):
+    rng = random.Random(5)
+    gemms = [t.compute for t in zoo_tasks if t.compute.op in GEMM_OPS and
+             isinstance(cuda_space_for(t.compute, "tf32"), UnionSpace)]
+    assert len(gemms) > 50
+    for i, c in enumerate(gemms):
+        _compile_checked(c, _mma(c, MMA_PRECISIONS[i % 3], rng), arch)
+        _compile_checked(c, default_config(c, MMA_PRECISIONS[i % 3]), arch)
