@@ -196,18 +196,22 @@ class Planner:
         cfg = cand.config
         kernel, binary = self._build(step, compute, cfg)
         out_layout = cuda_layouts(compute, cfg)[1]
-        if len(step.args) != len(kernel.buffers) - 1:
+        inputs = [b for b in kernel.buffers if b.role == "in"]
+        if len(step.args) != len(inputs):
             raise CompileError(f"{step.layer}: {len(step.args)} operands for the "
-                               f"{len(kernel.buffers) - 1} input buffers of task "
-                               f"{step.key}'s kernel")
+                               f"{len(inputs)} input buffers of task {step.key}'s kernel")
         ops = []
-        for arg, kb, lay in zip(step.args, kernel.buffers, operand_layouts(compute, cfg)):
+        for arg, kb, lay in zip(step.args, inputs, operand_layouts(compute, cfg)):
             op = self.operand(arg, lay)
             size = self.consts[op.index].size if isinstance(op, Const) else op.size
             if size != kb.size:
                 raise CompileError(f"{step.layer}: operand {arg} holds {size} floats, kernel "
                                    f"buffer {kb.name} of task {step.key} reads {kb.size}")
             ops.append(op)
+        for kb in kernel.buffers:  # zeroed once; the kernel leaves them as it found them
+            if kb.role == "scratch":
+                self.consts.append(np.zeros(kb.size, np.float32))
+                ops.append(Const(len(self.consts) - 1))
         out = GBuf(compute.output.numel, compute.output.shape, out_layout)
         self._add(GpuStep(step.layer, "kernel", (step.layer,), ops, out, cand.seconds,
                           step.key, kernel, binary), step.output)

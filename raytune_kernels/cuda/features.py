@@ -23,7 +23,7 @@ from raytune_kernels.task import Compute
 FAMILIES = ("gemm", "window", "rows", "elementwise")
 OPS = GEMM_OPS + WINDOW_OPS + ROW_OPS + ("elementwise",)
 SIZE_KNOBS = ("bm", "bn", "bk", "tm", "tn", "va", "vb", "tw", "vec", "items", "wm", "wn",
-              "warps_m", "warps_n", "stages")
+              "warps_m", "warps_n", "stages", "split")
 MMA_PRECISIONS = ("tf32", "fp16", "bf16")
 WARP = 32
 _SHARED = re.compile(r"__shared__[^;]*?\bfloat\s+\w+((?:\[\d+\])+)\s*;")

@@ -16,9 +16,17 @@ freely. An operand whose contiguous axis is k is stored [x][bk + 4]: the 8 rows 
 a fragment read fall in 32 distinct banks; one contiguous along x is stored [k][bx + 8],
 where 4 k x 8 columns do. Rows stay 16-byte aligned for cp.async's 16-byte copies.
 
+Split-K (`split` > 1): a batch-1 network's late layers are GEMMs of a few tiles and a
+long reduction, a grid that leaves most SMs idle. The reduction is then cut into `split`
+ranges of whole slices, one block each (grid z = batch x split); each block stores its
+partial tile to a scratch workspace, and the last block of a tile to arrive (a counter
+per tile, atomicAdd after a fence) adds the partials in split order, so the sum does not
+depend on which block came last, applies the epilogue, stores the tile and resets its
+counter for the next launch.
+
 Knobs: the warp tile (wm, wn), the warps (warps_m, warps_n), the reduction slice bk, the
-pipeline depth `stages`, and each operand's copy width (va, vb: 4-byte or 16-byte
-cp.async, where the view allows 16). The precision is a knob of one value, so a config
+pipeline depth `stages`, each operand's copy width (va, vb: 4-byte or 16-byte cp.async,
+where the view allows 16), and split. The precision is a knob of one value, so a config
 names its arithmetic and renders alone.
 
 The tensor-core instructions live in small device functions (PRELUDE); the CPU emulator
@@ -38,7 +46,7 @@ from raytune_kernels.space import Config, Space
 from raytune_kernels.task import Compute
 
 MMA_PRECISIONS = ("tf32", "fp16", "bf16")
-MMA_KNOBS = ("wm", "wn", "warps_m", "warps_n", "bk", "stages", "va", "vb")
+MMA_KNOBS = ("wm", "wn", "warps_m", "warps_n", "bk", "stages", "va", "vb", "split")
 K_STEP = {"tf32": 8, "fp16": 16, "bf16": 16}
 MAX_ACC_TILES = 16  # 16x8 tiles a warp accumulates: 64 float registers a thread
 # cp.async copies a thread issues per operand and slice: each unrolled copy of a gathered
@@ -46,6 +54,7 @@ MAX_ACC_TILES = 16  # 16x8 tiles a warp accumulates: 64 float registers a thread
 # warp, 4-byte copies) took ptxas to 254 registers and spills on sm_90
 MAX_COPIES = 8
 MAX_GATHERED_COPIES = 4
+MAX_WORKSPACE = 1 << 22  # floats of split-K partial sums (16 MiB)
 
 PRELUDE = r"""#ifndef RK_EMULATED
 __device__ __forceinline__ unsigned rk_tf32(float x) {
@@ -134,10 +143,33 @@ def mma_space(view, precision: str) -> Space:
                         continue
                     for stages in (1, 2, 3):
                         if smem_bytes(view, bm, bn, bk, stages) <= MAX_SMEM_STATIC:
-                            combos.append((wm, wn, warps_m, warps_n, bk, stages, va, vb))
+                            combos += [(wm, wn, warps_m, warps_n, bk, stages, va, vb, sp)
+                                       for sp in _splits(view, bm, bn, bk)]
     if not combos:
         raise ValueError(f"no tensor-core tiling fits M={view.m} N={view.n} K={view.k}")
     return Space(MMA_KNOBS, tuple(combos), (("precision", (precision,)),))
+
+
+def _tiles(view, bm: int, bn: int) -> int:
+    """Output tiles of a block tile, over the batch."""
+    return view.batch * math.ceil(view.m / bm) * math.ceil(view.n / bn)
+
+
+def _splits(view, bm: int, bn: int, bk: int) -> tuple[int, ...]:
+    """Split-K factors: each range at least two slices, the workspace within bounds."""
+    slices = math.ceil(view.k / bk)
+    return (1,) + tuple(s for s in (2, 4, 8) if slices >= 2 * s and
+                        _tiles(view, bm, bn) * s * bm * bn <= MAX_WORKSPACE)
+
+
+def scratch_buffers(view, cfg: Config) -> tuple[tuple[str, int], ...]:
+    """(name, floats) of a config's scratch buffers: split-K's partial tiles and its
+    per-tile counters; none without split-K."""
+    if cfg["split"] == 1:
+        return ()
+    bm, bn = cfg["wm"] * cfg["warps_m"], cfg["wn"] * cfg["warps_n"]
+    tiles = _tiles(view, bm, bn)
+    return (("ws", tiles * cfg["split"] * bm * bn), ("cnt", tiles))
 
 
 def _warp_tiles(view):
@@ -234,7 +266,7 @@ def _store(compute: Compute, view, mt: int, nt: int, bm: int, bn: int) -> list[s
 
 def render_mma(compute: Compute, view, cfg: Config) -> CudaKernel:
     wm, wn, warps_m, warps_n, bk, stages = (cfg[k] for k in MMA_KNOBS[:6])
-    precision = cfg["precision"]
+    precision, split = cfg["precision"], cfg["split"]
     bm, bn, threads = wm * warps_m, wn * warps_n, 32 * warps_m * warps_n
     mt, nt = wm // 16, wn // 8
     ka, kb = ((bm, bk + 4) if view.a_contig == "k" else (bk, bm + 8)), \
@@ -246,7 +278,14 @@ def render_mma(compute: Compute, view, cfg: Config) -> CudaKernel:
             f"const int wr = warp / {warps_n} * {wm}, wc = warp % {warps_n} * {wn};",
             f"const int i0 = blockIdx.y * {bm}, j0 = blockIdx.x * {bn};"]
     prologue = view.prologue()
-    body += ["const int z = blockIdx.z;"] * uses("z", prologue) + prologue
+    tiles = -(-view.k // bk)
+    if split == 1:
+        body += ["const int z = blockIdx.z;"] * uses("z", prologue) + prologue
+        body.append(f"const int kbeg = 0, nk = {tiles};")
+    else:  # whole slices, every range non-empty (tiles >= split)
+        body += [f"const int z = blockIdx.z / {split}, sk = blockIdx.z % {split};", *prologue,
+                 f"const int kbeg = sk * {tiles} / {split}, "
+                 f"nk = (sk + 1) * {tiles} / {split} - kbeg;"]
     body += [f"float acc[{mt}][{nt}][4];", "#pragma unroll",
              f"for (int i = 0; i < {mt}; ++i)", "#pragma unroll",
              f"for (int j = 0; j < {nt}; ++j)", "#pragma unroll",
@@ -255,36 +294,59 @@ def render_mma(compute: Compute, view, cfg: Config) -> CudaKernel:
                         view.k, view.m, threads)
             + _copy_slice("Bs", view.b("k", "x"), view.b_contig, cfg["vb"], bk, bn, "j0",
                           view.k, view.n, threads))
-    tiles = -(-view.k // bk)
-    body += _pipeline(copy, stages, bk, tiles)
+    body += _pipeline(copy, stages, bk)
     body += ["#pragma unroll", f"for (int ks = 0; ks < {bk}; ks += {K_STEP[precision]}) {{"]
     body += _fragments(view, precision, mt, nt) + ["}", "}"]
+    if split > 1:
+        body += _reduce_split(split, bm * bn, mt, nt)
     body += _store(compute, view, mt, nt, bm, bn)
-    source = kernel_source(compute, threads, body, PRELUDE)
-    grid = check_grid((math.ceil(view.n / bn), math.ceil(view.m / bm), view.batch),
+    buffers = buffers_of(compute, scratch_buffers(view, cfg))
+    source = kernel_source(compute, threads, body, PRELUDE, buffers)
+    grid = check_grid((math.ceil(view.n / bn), math.ceil(view.m / bm), view.batch * split),
                       compute.describe())
-    return CudaKernel(kernel_name(compute), source, grid, (threads, 1, 1), 0,
-                      buffers_of(compute))
+    return CudaKernel(kernel_name(compute), source, grid, (threads, 1, 1), 0, buffers)
 
 
-def _pipeline(copy: list[str], stages: int, bk: int, tiles: int) -> list[str]:
-    """The reduction loop up to the multiplication of ring slot `slot`. With S stages the
-    first S-1 slices are in flight before the loop; iteration kt waits until at most S-2
-    groups are outstanding (slice kt has landed), synchronises the block (so every warp is
-    done with slot (kt-1) % S), then starts the copy of slice kt+S-1 into that slot. Every
-    iteration commits one group, empty past the last slice, so the count stays exact."""
+def _reduce_split(split: int, tile: int, mt: int, nt: int) -> list[str]:
+    """Split-K's meeting point (module docstring): this block's partial tile to the
+    workspace, then only the last block of the tile goes on, with the sum of all."""
+    at = f"ws + (tile * {split} + p) * {tile} + tid * {mt * nt * 4} + (i * {nt} + j) * 4 + q"
+    loops = ["#pragma unroll", f"for (int i = 0; i < {mt}; ++i)", "#pragma unroll",
+             f"for (int j = 0; j < {nt}; ++j)", "#pragma unroll",
+             "for (int q = 0; q < 4; ++q)"]
+    return (["__shared__ unsigned last;",
+             f"const int tile = (blockIdx.z / {split} * gridDim.y + blockIdx.y) * gridDim.x "
+             "+ blockIdx.x;", "{", "const int p = sk;", *loops, "{",
+             f"*({at}) = acc[i][j][q];", "}", "}",
+             "__threadfence();", "__syncthreads();",
+             "unsigned* counter = reinterpret_cast<unsigned*>(cnt) + tile;",
+             f"if (tid == 0) last = atomicAdd(counter, 1u) == {split - 1}u;",
+             "__syncthreads();", "if (!last) return;", "if (tid == 0) *counter = 0u;",
+             "__threadfence();"] + loops +
+            ["{", "float s = 0.0f;", f"for (int p = 0; p < {split}; ++p)",
+             f"s += p == sk ? acc[i][j][q] : __ldcg({at});", "acc[i][j][q] = s;", "}"])
+
+
+def _pipeline(copy: list[str], stages: int, bk: int) -> list[str]:
+    """The loop over this block's nk slices (from slice kbeg), up to the multiplication of
+    ring slot `slot`. With S stages the first S-1 slices are in flight before the loop;
+    iteration kt waits until at most S-2 groups are outstanding (slice kt has landed),
+    synchronises the block (so every warp is done with slot (kt-1) % S), then starts the
+    copy of slice kt+S-1 into that slot. Every iteration commits one group, empty past the
+    last slice, so the count stays exact."""
     def issue(kt: str) -> list[str]:
-        return ["{", f"const int k0 = ({kt}) * {bk}, dst = ({kt}) % {stages};", *copy, "}"]
+        return ["{", f"const int k0 = (kbeg + {kt}) * {bk}, dst = ({kt}) % {stages};",
+                *copy, "}"]
     if stages == 1:
-        return [f"for (int kt = 0; kt < {tiles}; ++kt) {{", "const int slot = 0;",
+        return ["for (int kt = 0; kt < nk; ++kt) {", "const int slot = 0;",
                 "__syncthreads();", *issue("kt"), "rk_cp_async_commit();",
                 "rk_cp_async_wait<0>();", "__syncthreads();"]
     lines = []
     for s in range(stages - 1):
-        lines += ([f"if ({s} < {tiles}) {{", *issue(str(s)), "}"] if s else issue("0"))
+        lines += ([f"if ({s} < nk) {{", *issue(str(s)), "}"] if s else issue("0"))
         lines.append("rk_cp_async_commit();")
-    return lines + [f"for (int kt = 0; kt < {tiles}; ++kt) {{",
+    return lines + ["for (int kt = 0; kt < nk; ++kt) {",
                     f"const int slot = kt % {stages};",
                     f"rk_cp_async_wait<{stages - 2}>();", "__syncthreads();",
-                    f"if (kt + {stages - 1} < {tiles}) {{", *issue(f"kt + {stages - 1}"), "}",
+                    f"if (kt + {stages - 1} < nk) {{", *issue(f"kt + {stages - 1}"), "}",
                     "rk_cp_async_commit();"]

@@ -22,7 +22,7 @@ from raytune_kernels.cuda.epilogue import CudaLoweringError, epilogue_reason, is
 from raytune_kernels.cuda.gemm import gemm_space, render_gemm
 from raytune_kernels.cuda.gemm_views import gemm_view
 from raytune_kernels.cuda.kernel import CudaKernel, buffers_of
-from raytune_kernels.cuda.mma import MMA_PRECISIONS, mma_space, render_mma
+from raytune_kernels.cuda.mma import MMA_PRECISIONS, mma_space, render_mma, scratch_buffers
 from raytune_kernels.precision import DEFAULT, PRECISIONS
 from raytune_kernels.cuda.rows import (ROW_OPS, Rows, elementwise_space, render_elementwise,
                                        render_rows, row_reason, row_space)
@@ -256,9 +256,18 @@ def to_buffer_layout(x: torch.Tensor, layout: str, shape: tuple[int, ...]) -> to
     return x.permute(0, 2, 3, 1).contiguous() if layout == "NHWC" else x.contiguous()
 
 
+def scratch_sizes(compute: Compute, cfg: Config) -> list[int]:
+    """Floats of each scratch buffer a config's kernel takes (between its operands and
+    out, zeroed once: kernel.py); none for most."""
+    if cfg.get("kernel") != "mma":
+        return []
+    view = gemm_view(compute, cfg.get("layout", "NCHW"))
+    return [size for _, size in scratch_buffers(view, cfg)]
+
+
 def cuda_pack(compute: Compute, operands, cfg: Config) -> list[np.ndarray]:
     """Reference-order torch operands -> flat float32 arrays in buffer order and in the
-    config's layouts (out zeroed)."""
+    config's layouts (scratch and out zeroed)."""
     specs = list(compute.inputs) + [s for _, s in operand_specs(compute)]
     if len(operands) != len(specs):
         raise ValueError(f"{compute.describe()} takes {len(specs)} operands, "
@@ -273,6 +282,7 @@ def cuda_pack(compute: Compute, operands, cfg: Config) -> list[np.ndarray]:
             else spec.shape
         t = to_buffer_layout(x.detach().cpu().float(), lay, shape)
         flat.append(np.ascontiguousarray(t.numpy(), np.float32).ravel())
+    flat += [np.zeros(n, np.float32) for n in scratch_sizes(compute, cfg)]
     flat.append(np.zeros(compute.output.numel, np.float32))
     return flat
 

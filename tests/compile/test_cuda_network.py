@@ -178,6 +178,27 @@ def test_a_tensor_core_network_matches_the_model_within_its_precision(precision)
                              atol=1e-7)
 
 
+def test_a_split_k_kernel_gets_its_scratch_buffers_from_the_plan():
+    model, inputs = tiny()
+    records = cuda_records_for(model, inputs, precision="fp16")
+    conv = next(r for r in records if r.config.get("layout") is not None)
+    task = next(t for t in rk.extract_tasks(model, inputs) if t.key == conv.task_key)
+    part = dict(cuda_space_for(task.compute, "fp16").parts)["mma"]
+    at = part.coupled_names.index("split")
+    combo = next(c for c in part.coupled if c[at] == 2 and c[0] == "NCHW")
+    split = dataclasses.replace(conv, config={**dict(zip(part.coupled_names, combo)),
+                                              "kernel": "mma", "precision": "fp16"})
+    records = [split if r is conv else r for r in records]
+    net = compile_network_cuda(model, inputs, records, f"{TARGET} -precision=fp16",
+                               device=EmulatorDevice)
+    step = next(s for s in net.steps if s.key == conv.task_key)
+    roles = [b.role for b in step.kernel.buffers]
+    assert roles.count("scratch") == 2 and len(step.operands) == len(roles) - 1
+    assert not net.plan.consts[step.operands[-1].index].any()  # the counters start at 0
+    for _ in range(2):
+        assert output_error(net(*inputs), model(*inputs)) <= tolerance("fp16").network
+
+
 def test_graph_off_launches_step_by_step(case):
     model, inputs, records = case
     net = compile_network_cuda(model, inputs, records, TARGET, device=EmulatorDevice,

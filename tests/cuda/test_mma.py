@@ -224,3 +224,51 @@ def test_zoo_gemm_tasks_compile_on_tensor_cores_without_spills(zoo_tasks, arch):
     for i, c in enumerate(gemms):
         _compile_checked(c, _mma(c, MMA_PRECISIONS[i % 3], rng), arch)
         _compile_checked(c, default_config(c, MMA_PRECISIONS[i % 3]), arch)
+
+
+@needs_cxx
+def test_split_k_sums_the_partials_once_and_leaves_its_counters_at_zero():
+    """Split-K configs launched twice on the same buffers (as a network replays them):
+    right both times, the workspace and counters are scratch buffers before out, and a
+    kernel that forgot to reset its counter would leave the second output unwritten."""
+    rng = random.Random(12)
+    pairs = []
+    for i, name in enumerate(GEMM_CASES):
+        precision = MMA_PRECISIONS[i % 3]
+        part = dict(cuda_space_for(CASES[name], precision).parts)["mma"]
+        at = part.coupled_names.index("split")
+        factors = sorted({c[at] for c in part.coupled} - {1})
+        if factors:  # the largest factor each case allows
+            want = factors[-1]
+            knobs = dict(zip(part.coupled_names,
+                             rng.choice([c for c in part.coupled if c[at] == want])))
+            pairs.append((name, Config.of(**knobs, kernel="mma", precision=precision)))
+    assert len(pairs) >= 5 and {cfg["split"] for _, cfg in pairs} >= {2, 4}  # the stem: 4
+    runs, wants = [], []
+    for name, cfg in pairs:
+        c = CASES[name]
+        k, ops = render_cuda(c, cfg), random_operands(c, 0)
+        assert [b.role for b in k.buffers][-3:] == ["scratch", "scratch", "out"]
+        assert k.grid[2] % cfg["split"] == 0 and "atomicAdd" in k.source
+        runs.append((k, cuda_pack(c, ops, cfg)))
+        wants.append(reference(c, *ops))
+    for (name, cfg), (k, _), out, want in zip(pairs, runs,
+                                              cuda_emulate.emulate_many(runs, launches=2),
+                                              wants):
+        assert _within(cfg, cuda_unpack(CASES[name], out, cfg), want), (name, cfg.to_json())
+    k, arrays = runs[0]
+    stuck = CudaKernel(k.name, k.source.replace("if (tid == 0) *counter = 0u;", ""), k.grid,
+                       k.block, k.smem_bytes, k.buffers)
+    once, twice = (cuda_emulate.emulate(stuck, arrays) if n == 1 else
+                   cuda_emulate.emulate_many([(stuck, arrays)], launches=2)[0]
+                   for n in (1, 2))
+    assert torch.isfinite(torch.from_numpy(once)).all()
+    assert not torch.isfinite(torch.from_numpy(twice)).all()
+
+
+@needs_cxx
+def test_split_k_is_free_of_data_races():
+    c = CASES["conv7x7_stem"]
+    cfg = _mma(c, "tf32", random.Random(3), split=2, stages=2)
+    for name, cfg, got, want in _run([("conv7x7_stem", cfg)], sanitizer="thread"):
+        assert _within(cfg, got, want)

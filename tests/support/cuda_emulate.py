@@ -62,6 +62,9 @@ static inline float2 make_float2(float a, float b) { return {a, b}; }
 static inline void __syncthreads() { rk_block_bar->arrive_and_wait(); }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }  // a CUDA math function
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline float __ldcg(const float* p) { return *p; }
 static inline float __shfl_xor_sync(unsigned, float v, int off) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   rk_shfl[w][lane] = v;
@@ -206,7 +209,7 @@ static void rk_launch(rk_dim3 grid, unsigned threads, F kernel) {
 }
 
 static bool rk_run(FILE* in, FILE* out, const std::vector<long>& sizes, rk_dim3 grid,
-                   unsigned threads, void (*call)(float**)) {
+                   unsigned threads, void (*call)(float**), int launches) {
   std::vector<float*> b(sizes.size());
   bool ok = true;
   for (size_t i = 0; i < sizes.size(); ++i) {  // exact sizes (ASan guards the ends),
@@ -214,7 +217,10 @@ static bool rk_run(FILE* in, FILE* out, const std::vector<long>& sizes, rk_dim3 
     b[i] = static_cast<float*>(::operator new[](sizes[i] * 4, std::align_val_t(256)));
     ok = ok && std::fread(b[i], 4, sizes[i], in) == (size_t)sizes[i];
   }
-  if (ok) rk_launch(grid, threads, [&] { call(b.data()); });
+  for (int n = 0; ok && n < launches; ++n) {  // the same buffers, the output unwritten
+    std::fill(b.back(), b.back() + sizes.back(), NAN);
+    rk_launch(grid, threads, [&] { call(b.data()); });
+  }
   std::fwrite(b.back(), 4, sizes.back(), out);
   for (auto* p : b) ::operator delete[](p, std::align_val_t(256));
   return ok;
@@ -246,12 +252,12 @@ def _unit(i: int, kernel: CudaKernel) -> str:
             f"static void call(float** b) {{ {name}({args}); }}\n}}\n")
 
 
-def _main(kernels: list[CudaKernel]) -> str:
+def _main(kernels: list[CudaKernel], launches: int) -> str:
     runs = []
     for i, k in enumerate(kernels):
         sizes = ", ".join(str(b.size) for b in k.buffers)
         runs.append(f"ok = rk_run(in, out, {{{sizes}}}, {{{k.grid[0]}u, {k.grid[1]}u, "
-                    f"{k.grid[2]}u}}, {k.threads}u, rk_k{i}::call) && ok;")
+                    f"{k.grid[2]}u}}, {k.threads}u, rk_k{i}::call, {launches}) && ok;")
     return ("int main(int argc, char** argv) {\n"
             "  FILE* in = std::fopen(argv[1], \"rb\"); FILE* out = std::fopen(argv[2], \"wb\");\n"
             "  bool ok = in && out;\n  " + "\n  ".join(runs) +
@@ -266,11 +272,13 @@ def emulate(kernel: CudaKernel, arrays: list[np.ndarray], sanitizer: str = "addr
 
 
 def emulate_many(runs: list[tuple[CudaKernel, list[np.ndarray]]], sanitizer: str = "address",
-                 timeout_s: float = 300.0) -> list[np.ndarray]:
+                 timeout_s: float = 300.0, launches: int = 1) -> list[np.ndarray]:
     """Run several kernels from one compiled program (the C++ headers cost most of a
     build, so tests batch their kernels); returns each kernel's output buffer.
     sanitizer "address" checks bounds and alignment; "thread" reports a data race, such
-    as shared memory read and written by two threads with no barrier between them."""
+    as shared memory read and written by two threads with no barrier between them.
+    `launches` > 1 launches each kernel again on the same buffers (its output refilled
+    with NaN first), as a network does: scratch state must be left as it was found."""
     if sanitizer not in SANITIZERS:
         raise ValueError(f"sanitizer {sanitizer!r}: expected one of {sorted(SANITIZERS)}")
     cxx = compiler()
@@ -288,7 +296,7 @@ def emulate_many(runs: list[tuple[CudaKernel, list[np.ndarray]]], sanitizer: str
         src, exe = os.path.join(d, "k.cpp"), os.path.join(d, "k")
         with open(src, "w") as f:
             f.write(SHIM + TENSOR_CORES + RUNTIME + "".join(_unit(i, k) for i, k in enumerate(kernels))
-                    + _main(kernels))
+                    + _main(kernels, launches))
         proc = subprocess.run([cxx, *FLAGS, *SANITIZERS[sanitizer], src, "-o", exe],
                               capture_output=True, text=True)
         if proc.returncode:

@@ -88,3 +88,24 @@ def test_a_resumed_cuda_run_skips_other_targets_records(cuda_tasks, tmp_path):
                   load_records(path).records, TuneOptions(trials=4, batch=4))
     tuner.run()
     assert len(measure.builds) == 4 and {r.target for r in tuner.records} == {TARGET}
+
+
+def test_tuning_in_tf32_searches_both_kernel_families_and_records_the_precision(cuda_tasks,
+                                                                                 tmp_path):
+    """The dense of cuda_tasks gets FFMA and tensor-core candidates (each built by NVRTC);
+    every record names the precision in its target, so an fp32 run never resumes them."""
+    path, target = str(tmp_path / "tf32.jsonl"), f"{TARGET} -precision=tf32"
+    measure = NvrtcThenFake()
+    pool = LocalSearchPool(cuda_tasks, cuda_backend(gpu_info(ARCH), "tf32"), seed=0,
+                           opts=SearchOptions(population=48, generations=2))
+    with RecordWriter(path) as writer:
+        Tuner(cuda_tasks, target, "fake H100", measure, pool, writer,
+              opts=TuneOptions(trials=40, batch=8)).run()
+    assert [b.error for b in measure.builds if b.error] == []
+    records = load_records(path).records
+    assert {r.target for r in records} == {"cuda -arch=sm_90 -precision=tf32"}
+    dense = [r for r in records if r.task_key == cuda_tasks[0].key]
+    kinds = {r.config.get("kernel") for r in dense}
+    assert kinds == {"ffma", "mma"}, kinds
+    assert all(r.config["precision"] == "tf32" for r in dense)
+    assert all("kernel" not in r.config for r in records if r not in dense)  # windows, rows
