@@ -5,6 +5,7 @@ the same run.
     python bench/kernels.py [--trials 64] [--threads 2] [--model resnet18]
     python bench/kernels.py --target cuda [--trials 64] [--limit N] [--records FILE]
     python bench/kernels.py --target "cuda -arch=sm_90" ...
+    python bench/kernels.py --target cuda --precision fp16 ...   # or "cuda -precision=fp16"
 
 Ours: the best of `trials` random configs (each timed briefly), re-timed with the full
 protocol. Torch: the task's reference (conv/linear, then its epilogue ops as eager torch
@@ -13,17 +14,21 @@ ops) in NCHW and in channels_last, the faster one. Packing into our layouts is e
 
 With a cuda target the same tasks (those with a CUDA kernel) are tuned by the tuner itself
 (tune_tasks: GPU measurers and NVRTC builders through Ray, `trials` per task on average,
-the cost model guiding), then ours (the best record's kernel, rebuilt and re-checked) and
-torch (on the GPU, TF32 off, cudnn.benchmark on) are timed alike in this process: warm-up,
-CUDA events, the L2 flushed before each repeat, the median of repeats, interleaved round
-by round (raytune_kernels.cuda.torch_timing). Without a visible CUDA GPU: exit status 2.
-Last line of stdout: one JSON object (naming the device and the target).
+the cost model guiding) in the target's precision (--precision or the target's
+-precision=; fp32 by default), then ours (the best record's kernel, rebuilt and re-checked)
+and torch in the same precision (on the GPU, cudnn.benchmark on; fp32 with TF32 off, tf32
+with it on, fp16 and bf16 on operands cast to that type) are timed alike in this process:
+warm-up, CUDA events, the L2 flushed before each repeat, the median of repeats,
+interleaved round by round (raytune_kernels.cuda.torch_timing). Without a visible CUDA
+GPU: exit status 2. Last line of stdout: one JSON object (naming the device, the target
+and the precision).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -38,8 +43,12 @@ from raytune_kernels.cpu.peak import measure_peak
 from raytune_kernels.cpu.schedules import space_for, unpack, unsupported_reason
 from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.frontend.reference import reference
+from raytune_kernels.precision import PRECISIONS
 from raytune_kernels.target import target_arg
 from raytune_kernels.tune.timing import TimingOptions, median, time_fn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from network import with_precision  # noqa: E402  (bench/ is no package)
 
 QUICK = TimingOptions(warmup=1, min_repeat_ms=5, repeats=3)
 FULL = TimingOptions(warmup=3, min_repeat_ms=40, repeats=7)
@@ -118,14 +127,26 @@ def cuda_tasks(model_name: str, target, limit: int) -> list:
     return tasks[:limit] if limit else tasks
 
 
-def torch_gpu_fns(compute, seed: int) -> dict:
-    """The task in PyTorch on the GPU, NCHW and channels_last, on the operands our kernel
-    is measured with (random_operands with the same seed)."""
-    ops = [x.cuda() for x in random_operands(compute, seed)]
-    return dict(zip(("NCHW", "channels_last"), torch_fns(compute, ops)))
+# how PyTorch is run for each precision of ours, in words for the table's header
+TORCH_MODES = {"fp32": "fp32 with TF32 off", "tf32": "fp32 with TF32 on",
+               "fp16": "float16 operands", "bf16": "bfloat16 operands"}
 
 
-def bench_task_cuda(task, record, rounds: int) -> dict:
+def torch_gpu_fns(compute, seed: int, precision: str = "fp32", device: str = "cuda") -> dict:
+    """The task in PyTorch on the GPU in `precision`, NCHW and channels_last, on the
+    operands our kernel is measured with (random_operands with the same seed), cast to
+    that precision's type (fp16, bf16); keys name the layout and the precision. Time them
+    inside precision_mode(precision) (TF32 on for tf32)."""
+    from raytune_kernels.cuda.torch_timing import DTYPES
+
+    dtype = DTYPES[precision]
+    ops = [x.to(device, dtype) if x.is_floating_point() else x.to(device)
+           for x in random_operands(compute, seed)]
+    names = (f"NCHW {precision}", f"channels_last {precision}")
+    return dict(zip(names, torch_fns(compute, ops)))
+
+
+def bench_task_cuda(task, record, rounds: int, precision: str) -> dict:
     from raytune_kernels.cuda.build import build_cuda
     from raytune_kernels.space import Config
     from raytune_kernels.cuda.measure import measure_built_gpu
@@ -139,7 +160,7 @@ def bench_task_cuda(task, record, rounds: int) -> dict:
     built = build_cuda(task.compute, cfg, parse_target(record.target).arch)
     if built.error:
         return {**row, "error": f"rebuild failed: {built.error}"[:300]}
-    fns = torch_gpu_fns(task.compute, GPU_FULL.seed)
+    fns = torch_gpu_fns(task.compute, GPU_FULL.seed, precision)
     ours, theirs = [], {k: [] for k in fns}
     for _ in range(rounds):  # alternated, so that drift falls on both alike
         res = measure_built_gpu(task.compute, cfg, built.cubin or built.ptx, GPU_FULL)
@@ -147,7 +168,11 @@ def bench_task_cuda(task, record, rounds: int) -> dict:
             return {**row, "error": f"{res.error_kind}: {res.error_msg}"[:300]}
         ours.append(res.median)
         for k, fn in fns.items():
-            theirs[k].append(median(time_torch_gpu(fn, GPU_FULL.timing(), flush_cache=True)))
+            try:
+                theirs[k].append(median(time_torch_gpu(fn, GPU_FULL.timing(), True,
+                                                       precision=precision)))
+            except Exception as exc:  # PyTorch without this op in this type: the row says so
+                return {**row, "error": f"torch {k}: {type(exc).__name__}: {exc}"[:300]}
     ours_s = median(ours)
     best_layout = min(theirs, key=lambda k: median(theirs[k]))
     torch_s = median(theirs[best_layout])
@@ -182,7 +207,7 @@ def main_cuda(args) -> int:
 def bench_cuda(args, gpu: str) -> int:
     import ray
 
-    target = str(args.target)
+    target, precision = str(args.target), args.target.precision
     tasks = cuda_tasks(args.model, args.target, args.limit)
     print(f"tuning {len(tasks)} {args.model} conv/dense tasks for target {target!r} on {gpu}: "
           f"{args.trials * len(tasks)} trials", file=sys.stderr, flush=True)
@@ -194,20 +219,21 @@ def bench_cuda(args, gpu: str) -> int:
     rec_targets = sorted({r.target for r in tuned.best.values()})
     print(f"{args.model} kernels on {gpu}, target {target!r} (records: "
           f"{', '.join(rec_targets) or 'none'}), tuned {tuned.trials} trials in {tune_s:.0f} s; "
-          "torch fp32 with TF32 off, cudnn.benchmark on; CUDA events, L2 flushed per repeat",
+          f"torch in {TORCH_MODES[precision]}, cudnn.benchmark on; CUDA events, L2 flushed "
+          "per repeat",
           file=sys.stderr, flush=True)
     rows = []
     for task in tasks:
-        rows.append(bench_task_cuda(task, tuned.best.get(task.key), args.rounds))
+        rows.append(bench_task_cuda(task, tuned.best.get(task.key), args.rounds, precision))
         print_row_cuda(rows[-1])
     ok = [r for r in rows if "ratio" in r]
     geo = math.exp(sum(math.log(r["ratio"]) for r in ok) / len(ok)) if ok else None
-    print(json.dumps({"model": args.model, "target": target, "record_targets": rec_targets,
-                      "device": gpu, "tasks": rows,
+    print(json.dumps({"model": args.model, "target": target, "precision": precision,
+                      "record_targets": rec_targets, "device": gpu, "tasks": rows,
                       "geomean_ratio": round(geo, 3) if geo else None,
                       "failed": len(rows) - len(ok), "trials": tuned.trials,
                       "trials_per_task": args.trials, "tune_s": round(tune_s, 1),
-                      "tf32": False, "cudnn_benchmark": True,
+                      "cudnn_benchmark": True,
                       "torch": torch.__version__, "torch_cuda": torch.version.cuda}))
     return 0
 
@@ -228,7 +254,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="cuda only: a records file, resumed (default: none kept)")
     p.add_argument("--rounds", type=int, default=3,
                    help="cuda only: interleaved timing rounds per task")
-    return p.parse_args(argv)
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="cuda only: the kernels' arithmetic, PyTorch's too (default: the "
+                        "target's -precision, else fp32)")
+    args = p.parse_args(argv)
+    try:
+        args.target = with_precision(args.target, args.precision)
+    except ValueError as exc:
+        p.error(str(exc))  # a usage error: exit status 2
+    return args
 
 
 def main() -> None:

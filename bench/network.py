@@ -15,21 +15,30 @@ installed (`pip install -e '.[compare]'`), each checked against eager first. Pri
 per-layer profile and the fidelity report.
 
     python bench/network.py resnet18 --target cuda [--trials 1000] [--records FILE]
-    python bench/network.py resnet18 --target "cuda -arch=sm_90" ...
+    python bench/network.py resnet18 --target "cuda -arch=sm_90 -precision=tf32" ...
+    python bench/network.py hf/BertModel --target cuda --precision fp16 ...
 
 With a cuda target: tunes on the GPU (GPU measurers, NVRTC builders; records default
-bench/results/GPU/network_MODEL_cuda.jsonl, GPU as gpu_folder() names it, resumed), compiles
-a GpuNetwork, and times it against PyTorch on the same GPU, interleaved round by round:
-eager fp32 (TF32 off, cudnn.benchmark on), channels_last and torch.compile (each baseline
-that fails is reported and left out), all by CUDA events after warm-up, the median of the
-repeats (raytune_kernels.cuda.torch_timing). Without a visible CUDA GPU: exit status 2. Last
-line of stdout: one JSON object (with a cuda target, naming the device and target).
+bench/results/GPU/network_MODEL_cuda[_PRECISION].jsonl, GPU as gpu_folder() names it, fp32
+left out of the name, resumed) in the target's precision (--precision or the target's
+-precision=; fp32 by default), compiles a GpuNetwork (one CUDA graph), and times it against
+what users run in PyTorch on the same GPU, in the same process, interleaved round by round
+by CUDA events (raytune_kernels.cuda.torch_timing): eager, eager captured in one CUDA
+graph, torch.compile and its mode="reduce-overhead", each in fp32 (TF32 off), tf32 (TF32
+on), fp16 and bf16 (model cast, images channels_last). A variant that fails to build is
+reported and left out. Every output's error, of the output's scale, is taken against fp64
+eager on the CPU. The JSON compares ours with the fastest variant of our precision and
+with the fastest of any (one whose output is not finite does not count), by the medians
+and by per-round ratios (median, min, max). Without a visible CUDA GPU: exit status 2.
+Last line of stdout: one JSON object (with a cuda target, naming the device and target).
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -41,11 +50,13 @@ import torch
 from raytune_kernels import tune_network, zoo
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.compile.api import compile_network
-from raytune_kernels.target import target_arg
+from raytune_kernels.precision import DEFAULT, PRECISIONS
+from raytune_kernels.target import Target, target_arg
 from raytune_kernels.tune.timing import TimingOptions, median, time_fn
 
 FULL = TimingOptions(warmup=3, min_repeat_ms=200, repeats=5)
 GPU_FULL = TimingOptions(warmup=10, min_repeat_ms=100, repeats=7)  # GpuNetwork.benchmark's
+GPU_QUICK = TimingOptions(warmup=3, min_repeat_ms=10, repeats=3)  # --quick: a check only
 
 
 def torch_variants(model, x, use_compile: bool) -> dict:
@@ -153,6 +164,13 @@ def engine_variants(model, inputs, threads: int, workdir: str) -> tuple[dict, di
     return fns, versions, missing
 
 
+def rotated(names: list, r: int) -> list:
+    """Round r's order: one place further along each round, so that no variant always
+    runs right after the same one."""
+    shift = r % len(names) if names else 0
+    return names[shift:] + names[:shift]
+
+
 def interleaved(fns: dict, rounds: int, per_round: dict | None = None) -> dict:
     """Median over rounds of each fn's median time. Each round starts one place further
     along the list: whoever runs right after ONNX Runtime or OpenVINO meets their thread
@@ -162,8 +180,7 @@ def interleaved(fns: dict, rounds: int, per_round: dict | None = None) -> dict:
     names = list(times)
     with torch.no_grad():
         for r in range(rounds):
-            shift = r % len(names)
-            for k in names[shift:] + names[:shift]:
+            for k in rotated(names, r):
                 times[k].append(median(time_fn(fns[k], FULL)))
     if per_round is not None:
         per_round.update(times)
@@ -172,59 +189,116 @@ def interleaved(fns: dict, rounds: int, per_round: dict | None = None) -> dict:
 
 # ------------------------------------------------------------------------------ cuda
 
-def torch_gpu_variants(model, inputs, use_compile: bool) -> tuple[dict, dict]:
-    """name -> zero-argument callable on the GPU, and name -> why a variant could not be
-    built (each baseline fails alone)."""
-    from raytune_kernels.cuda.torch_timing import on_gpu, torch_gpu_mode
-
-    fns, failed = {}, {}
-
-    def add(name, make):
-        try:
-            with torch.no_grad(), torch_gpu_mode():
-                fn = make()
-                fn()  # built and run once here: a failure is this baseline's, reported
-            fns[name] = fn
-        except Exception as exc:
-            failed[name] = f"{type(exc).__name__}: {exc}"[:300]
-            print(f"PyTorch {name} on the GPU failed: {failed[name]}", file=sys.stderr)
-
-    def eager():
-        m, xs = on_gpu(model, inputs)
-        return lambda: m(*xs)
-
-    def channels_last():
-        m, xs = on_gpu(model, inputs, channels_last=True)
-        return lambda: m(*xs)
-
-    def compiled():
-        import torch._inductor.config as inductor
-
-        inductor.freezing = True
-        m, xs = on_gpu(model, inputs)
-        c = torch.compile(m)
-        return lambda: c(*xs)
-
-    add("eager", eager)
-    add("channels_last", channels_last)
-    if use_compile:
-        add("compile", compiled)
-    return fns, failed
+def with_precision(target: Target, precision: str | None) -> Target:
+    """`target` at --precision: the target string's own -precision where the flag is not
+    given; a flag that names another precision than the string does is an error."""
+    if precision is None or precision == target.precision:
+        return target
+    if target.kind != "cuda":
+        raise ValueError(f"--precision {precision}: a cuda option (the CPU kernels compute "
+                         "in float32)")
+    if target.precision != DEFAULT:
+        raise ValueError(f"--precision {precision} contradicts the target's "
+                         f"-precision={target.precision}")
+    return dataclasses.replace(target, precision=precision)
 
 
-def interleaved_gpu(nets: dict, fns: dict, rounds: int) -> dict:
-    """Median seconds of our networks (GpuNetwork.benchmark: random inputs) and of each
-    torch callable (time_torch_gpu), the same protocol and options, alternated round by
-    round."""
+def default_records(gpu: str, model: str, precision: str) -> str:
+    """bench/results/<GPU>/network_MODEL_cuda[_PRECISION].jsonl: fp32 is left out of the
+    name as it is left out of target strings, so fp32 records keep their file."""
+    suffix = "" if precision == DEFAULT else f"_{precision}"
+    return os.path.join(os.path.dirname(__file__), "results", gpu_folder(gpu),
+                        f"network_{model.replace('/', '_')}_cuda{suffix}.jsonl")
+
+
+def reference_output(model, inputs) -> tuple[object, str]:
+    """The model's output in float64 eager on the CPU, the yardstick of every variant's
+    error (float32 eager where the model refuses float64), and which of the two it is."""
+    try:
+        m = copy.deepcopy(model).double()
+        xs = [x.double() if x.is_floating_point() else x for x in inputs]
+        with torch.no_grad():
+            return m(*xs), "fp64 eager on the CPU"
+    except Exception as exc:
+        print(f"fp64 reference failed ({type(exc).__name__}: {exc}"[:300] + "); fp32 instead",
+              file=sys.stderr)
+        with torch.no_grad():
+            return model(*inputs), "fp32 eager on the CPU"
+
+
+def output_error_of(out, want) -> float:
+    """A variant's output (any pytree of tensors, any dtype or device) against `want`, of
+    the output's scale (NaN where they do not line up or one is not finite)."""
+    from torch.utils import _pytree as pytree
+
+    from raytune_kernels.compile.report import output_error
+
+    return output_error(tuple(pytree.tree_leaves(out)), want)
+
+
+def interleaved_gpu(timers: dict, rounds: int) -> dict[str, list[float]]:
+    """Each timer's seconds (a zero-argument callable) in every round, alternated round by
+    round, so that drift falls on every variant alike."""
+    times: dict[str, list[float]] = {k: [] for k in timers}
+    for r in range(rounds):
+        for k in rotated(list(timers), r):
+            times[k].append(timers[k]())
+    return times
+
+
+def gpu_timers(nets: dict, fns: dict, precisions: dict, opts: TimingOptions) -> dict:
+    """Our networks (GpuNetwork.benchmark: random inputs on the device) and each torch
+    callable (time_torch_gpu in its own precision's mode), the same protocol and options."""
     from raytune_kernels.cuda.torch_timing import time_torch_gpu
 
-    times: dict[str, list[float]] = {**{k: [] for k in nets}, **{k: [] for k in fns}}
-    for _ in range(rounds):
-        for k, net in nets.items():
-            times[k].append(net.benchmark(GPU_FULL))
-        for k, fn in fns.items():
-            times[k].append(median(time_torch_gpu(fn, GPU_FULL)))
-    return {k: median(v) for k, v in times.items()}
+    timers = {k: (lambda n=net: n.benchmark(opts)) for k, net in nets.items()}
+    timers.update({k: (lambda f=fn, p=precisions[k]: median(time_torch_gpu(f, opts,
+                                                                            precision=p)))
+                   for k, fn in fns.items()})
+    return timers
+
+
+def by_precision(precisions: dict[str, str]) -> dict[str, list[str]]:
+    """Variant names grouped by their precision, in the order given."""
+    groups: dict[str, list[str]] = {}
+    for name, p in precisions.items():
+        groups.setdefault(p, []).append(name)
+    return groups
+
+
+def fastest(ms: dict[str, float], names) -> str | None:
+    """The name among `names` with the lowest finite time in `ms`; None if none has one."""
+    timed = [n for n in names if math.isfinite(ms.get(n, math.nan))]
+    return min(timed, key=ms.__getitem__, default=None)
+
+
+def spread(ratios: list[float]) -> dict[str, float]:
+    """Median, min and max of per-round ratios: a figure is only as good as its spread."""
+    return {"median": round(median(ratios), 3), "min": round(min(ratios), 3),
+            "max": round(max(ratios), 3)}
+
+
+def speedups(rounds_s: dict[str, list[float]], precisions: dict[str, str], precision: str,
+             ours: str = "ours") -> dict:
+    """The JSON's comparison: the best variant (lowest median) of our precision and of any
+    precision among `precisions`, our speedup over each (their median / ours), and the
+    spread of the per-round ratios (their round r / our round r)."""
+    ms = {k: median(v) for k, v in rounds_s.items() if k in precisions}
+    out = {}
+    for key, names in (("same_precision", by_precision(precisions).get(precision, [])),
+                       ("any", list(precisions))):
+        best = fastest(ms, names)
+        ratios = [t / o for t, o in zip(rounds_s[best], rounds_s[ours])] if best else []
+        out[f"best_{key}"] = best
+        out[f"speedup_vs_best_{key}"] = (round(ms[best] / median(rounds_s[ours]), 3)
+                                         if best else None)
+        out[f"speedup_vs_best_{key}_rounds"] = spread(ratios) if best else None
+    return out
+
+
+def finite3(x: float) -> float | None:
+    """Three significant digits for the JSON; None for NaN or infinity (not JSON)."""
+    return float(f"{x:.3g}") if math.isfinite(x) else None
 
 
 def main_cuda(args) -> int:
@@ -247,55 +321,83 @@ def gpu_folder(name: str) -> str:
     return "-".join(w for w in words if w != "nvidia") or "gpu"
 
 
-def bench_cuda(args, gpu: str) -> int:
+def tune_and_compile_gpu(args, model, inputs, records: str, gpu: str):
+    """Tune (resuming `records`), then compile the network (and, unless --quick, the
+    one-layout network it must beat): the tuning result and name -> GpuNetwork."""
     target = str(args.target)
-    name = args.model.replace("/", "_")
-    records = args.records or os.path.join(
-        os.path.dirname(__file__), "results", gpu_folder(gpu),
-        f"network_{name}_cuda.jsonl")
-    model, inputs = load_model(args.model)  # random inputs (zoo: seeded randn)
-
     start = time.perf_counter()
     tuned = tune_network(model, inputs, target=target, trials=args.trials, records=records,
                          verbose=False)
-    tune_s = time.perf_counter() - start
     import ray
     ray.shutdown()  # nothing of Ray's on the GPU while we time
-    print(f"tuned {tuned.trials} trials for target {target!r} on {gpu} ({tune_s:.0f} s this "
-          f"run), estimated {tuned.estimated_latency_s * 1e3:.3f} ms")
-
+    print(f"tuned {tuned.trials} trials for target {target!r} on {gpu} "
+          f"({time.perf_counter() - start:.0f} s this run), estimated "
+          f"{tuned.estimated_latency_s * 1e3:.3f} ms")
     start = time.perf_counter()
-    net = compile_network(model, inputs, records, target=target, fallback=args.fallback,
-                          verbose=True)
-    uniform = compile_network(model, inputs, records, target=target,
-                              fallback=args.fallback, layout="uniform", verbose=True)
+    layouts = ("ilp",) if args.quick else ("ilp", "uniform")
+    nets = {name: compile_network(model, inputs, records, target=target,
+                                  fallback=args.fallback, layout=layout, verbose=True)
+            for name, layout in zip(("ours", "ours_uniform"), layouts)}
     print(f"compiled and checked in {time.perf_counter() - start:.0f} s")
+    return tuned, nets
 
-    fns, failed = torch_gpu_variants(model, inputs, not args.no_compile)
-    ms = {k: v * 1e3 for k, v in
-          interleaved_gpu({"ours": net, "ours_uniform": uniform}, fns, args.rounds).items()}
-    print(f"{args.model} on {gpu}, target {target!r}: ours {ms['ours']:.3f} ms (layout ILP), "
-          f"{ms['ours_uniform']:.3f} ms (one layout); PyTorch "
-          + ", ".join(f"{k} {ms[k]:.3f} ms" if k in ms else f"{k} failed"
-                      for k in ("eager", "channels_last", "compile"))
-          + " (fp32, TF32 off, cudnn.benchmark on; CUDA events, median of repeats)")
-    prof = net.profile(png=args.png)
-    print(net.fidelity(ms["ours"] / 1e3, prof))
-    torch_ms = {k: (round(ms[k], 3) if k in ms else None)
-                for k in ("eager", "channels_last", "compile")}
-    timed = [v for v in torch_ms.values() if v is not None]
-    result = {"model": args.model, "target": target,
-              "record_targets": sorted({r.target for r in tuned.best.values()}),
-              "device": gpu, "trials": tuned.trials, "ours_ms": round(ms["ours"], 3),
-              "ours_uniform_ms": round(ms["ours_uniform"], 3),
-              "layouts": net.plan.summary(),
-              "estimated_ms": round(net.estimated_s * 1e3, 3), "torch_ms": torch_ms,
-              "torch_failed": failed,
-              "speedup_vs_best_torch": round(min(timed) / ms["ours"], 3) if timed else None,
-              "tf32": False, "cudnn_benchmark": True, "torch": torch.__version__,
-              "torch_cuda": torch.version.cuda}
-    print(json.dumps(result))
+
+def print_gpu_table(ms: dict, precisions: dict, errors: dict) -> None:
+    """One line per variant: its precision, median ms, its time over ours, its error."""
+    for k, t in ms.items():
+        err = f"{errors[k]:.2g}" if k in errors else "-"
+        print(f"  {k:<20} {precisions.get(k, '-'):<5} {t:8.3f} ms  (ours x{t / ms['ours']:.2f} "
+              f"faster)  error {err}")
+
+
+def bench_cuda(args, gpu: str) -> int:
+    from raytune_kernels.cuda.torch_timing import build_variants, gpu_variants
+
+    precision = args.target.precision
+    records = args.records or default_records(gpu, args.model, precision)
+    model, inputs = load_model(args.model)  # random inputs (zoo: seeded randn)
+    tuned, nets = tune_and_compile_gpu(args, model, inputs, records, gpu)
+    want, yardstick = reference_output(model, inputs)
+    variants = gpu_variants(not args.no_compile)
+    fns, failed, errors = build_variants(model, inputs, variants,
+                                         lambda out: output_error_of(out, want))
+    errors = {"ours": output_error_of(nets["ours"](*inputs), want), **errors}
+    precisions = {v.name: v.precision for v in variants if v.name in fns}
+    opts = GPU_QUICK if args.quick else GPU_FULL
+    rounds = interleaved_gpu(gpu_timers(nets, fns, precisions, opts), args.rounds)
+    ms = {k: median(v) * 1e3 for k, v in rounds.items()}
+    print(f"{args.model} on {gpu}, target {str(args.target)!r}; errors against {yardstick}, "
+          "of the output's scale; CUDA events, median of repeats, median over rounds:")
+    print_gpu_table(ms, {k: precision for k in nets} | precisions, errors)
+    if not args.quick:
+        print(nets["ours"].fidelity(ms["ours"] / 1e3, nets["ours"].profile(png=args.png)))
+    # a variant whose output is not finite (or does not line up) is no baseline to beat
+    comparable = {k: p for k, p in precisions.items() if finite3(errors[k]) is not None}
+    print(json.dumps({**run_fields(args, gpu, tuned, nets["ours"]),
+                      **timing_fields(rounds, precisions), "torch_failed": failed,
+                      "errors": {k: finite3(e) for k, e in errors.items()},
+                      "error_reference": yardstick, **speedups(rounds, comparable, precision)}))
     return 0
+
+
+def run_fields(args, gpu: str, tuned, net) -> dict:
+    """What ran where: the JSON's keys that are not timings."""
+    return {"model": args.model, "target": str(args.target),
+            "precision": args.target.precision,
+            "record_targets": sorted({r.target for r in tuned.best.values()}),
+            "device": gpu, "trials": tuned.trials, "graph": net.graph,
+            "layouts": net.plan.summary(), "estimated_ms": round(net.estimated_s * 1e3, 3),
+            "quick": args.quick, "cudnn_benchmark": True, "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda}
+
+
+def timing_fields(rounds_s: dict[str, list[float]], precisions: dict[str, str]) -> dict:
+    """The JSON's timings in ms: ours (and ours_uniform where timed), each PyTorch variant
+    with its precision, and every round of every one (the figures are their medians)."""
+    ms = {k: round(median(v) * 1e3, 3) for k, v in rounds_s.items()}
+    return {"ours_ms": ms["ours"], "ours_uniform_ms": ms.get("ours_uniform"),
+            "torch_ms": {k: {"precision": p, "ms": ms[k]} for k, p in precisions.items()},
+            "rounds_ms": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds_s.items()}}
 
 
 # ------------------------------------------------------------------------------- main
@@ -318,19 +420,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
     ap.add_argument("--target", type=target_arg, default="llvm",
-                    help="llvm (default: this CPU), cuda (this machine's GPU) or "
-                         "'cuda -arch=sm_XY'")
+                    help="llvm (default: this CPU), cuda (this machine's GPU), "
+                         "'cuda -arch=sm_XY' or 'cuda -precision=tf32'")
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=2, help="CPU only")
     ap.add_argument("--records", default=None, help="default bench/results/CPU/network_MODEL_"
-                                                    "<threads>threads.jsonl (cuda: "
-                                                    "GPU/network_MODEL_cuda.jsonl)")
+                                                    "<threads>threads.jsonl (cuda: GPU/"
+                                                    "network_MODEL_cuda[_PRECISION].jsonl)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--precision", choices=PRECISIONS, default=None,
+                    help="cuda only: our kernels' arithmetic (default: the target's "
+                         "-precision, else fp32); PyTorch is timed in every precision")
+    ap.add_argument("--quick", action="store_true",
+                    help="cuda only: a check, not a figure: short timing, no one-layout "
+                         "network, no per-layer profile")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--fallback", choices=["torch"], default=None,
                     help="cuda only: run PyTorch's kernel for tasks without a record")
     ap.add_argument("--png", default=None, help="save the per-layer chart here")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    try:
+        args.target = with_precision(args.target, args.precision)
+    except ValueError as exc:
+        ap.error(str(exc))  # a usage error: exit status 2
+    return args
 
 
 def main() -> None:

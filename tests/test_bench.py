@@ -3,13 +3,16 @@ GPU a one-line error and exit status 2 before any work (run here as subprocesses
 user would); on a machine with a GPU, each bench end to end at a small budget."""
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from raytune_kernels import Target
+import raytune_kernels as rk
+from raytune_kernels import Target, zoo
 from raytune_kernels.cuda import torch_timing as torch_gpu
 from raytune_kernels.cuda.build import nvrtc_unavailable
 
@@ -72,12 +75,14 @@ def test_kernels_bench_on_the_gpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     gpu = torch_gpu.gpu_name()
-    assert out["device"] == gpu and out["target"] == "cuda" and out["tf32"] is False
+    assert out["device"] == gpu and out["target"] == "cuda" and out["precision"] == "fp32"
     assert out["record_targets"] and all(t.startswith("cuda -arch=sm_")
                                          for t in out["record_targets"])
     assert len(out["tasks"]) == 2 and out["failed"] == 0
     assert all(r["ours_us"] > 0 and r["torch_us"] > 0 for r in out["tasks"])
+    assert all(r["torch_layout"].endswith(" fp32") for r in out["tasks"])
     assert f"kernels on {gpu}, target 'cuda'" in proc.stderr  # the table's header
+    assert "torch in fp32 with TF32 off" in proc.stderr
 
 
 @gpu_only
@@ -85,15 +90,27 @@ def test_network_bench_on_the_gpu(tmp_path):
     factory = tmp_path / "tiny.py"
     factory.write_text(TINY_GPU)
     proc = _run("bench/network.py", f"{factory}:make", "--target", "cuda", "--trials", "8",
-                "--rounds", "1", "--records", str(tmp_path / "n.jsonl"), "--fallback",
+                "--rounds", "2", "--records", str(tmp_path / "n.jsonl"), "--fallback",
                 "torch", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["device"] == torch_gpu.gpu_name() and out["target"] == "cuda"
-    assert out["ours_ms"] > 0 and out["torch_ms"]["eager"] > 0
-    assert set(out["torch_ms"]) == {"eager", "channels_last", "compile"}
+    assert out["precision"] == "fp32" and out["graph"] is True
+    assert out["ours_ms"] > 0 and out["torch_ms"]["eager_fp32"]["ms"] > 0
+    names = {v.name for v in torch_gpu.gpu_variants()}
     # a baseline is timed or its failure reported, never both, never neither
-    assert all((v is None) == (k in out["torch_failed"]) for k, v in out["torch_ms"].items())
+    assert set(out["torch_ms"]) | set(out["torch_failed"]) == names
+    assert not set(out["torch_ms"]) & set(out["torch_failed"])
+    assert all(v["precision"] == k.rsplit("_", 1)[1] for k, v in out["torch_ms"].items())
+    assert set(out["errors"]) == set(out["torch_ms"]) | {"ours"}
+    assert out["errors"]["ours"] < 1e-3 and out["errors"]["eager_fp32"] < 1e-4
+    assert out["best_same_precision"] in out["torch_ms"]
+    assert out["torch_ms"][out["best_same_precision"]]["precision"] == "fp32"
+    for key in ("same_precision", "any"):
+        spread = out[f"speedup_vs_best_{key}_rounds"]
+        assert out[f"speedup_vs_best_{key}"] > 0 and spread["min"] <= spread["median"] <= \
+            spread["max"]
+    assert len(out["rounds_ms"]["ours"]) == 2
 
 
 def test_coverage_summary_counts_what_each_model_gave():
@@ -186,3 +203,177 @@ def test_interleaved_rounds_rotate_and_report_every_round(monkeypatch):
     for k in ("a", "b"):
         assert got[k] == sorted(per_round[k])[1]
     assert got["a"] < got["b"]
+
+
+# ------------------------------------------------ GPU baselines: the pure parts, on the CPU
+
+@pytest.mark.parametrize("name, lead", [("kernels", []), ("network", ["resnet18"])])
+def test_precision_comes_from_the_flag_or_the_target_string(name, lead, capsys):
+    parse = _bench(name).parse_args
+    tf32 = Target("cuda", precision="tf32")
+    assert parse(lead + ["--target", "cuda", "--precision", "tf32"]).target == tf32
+    assert parse(lead + ["--target", "cuda -precision=tf32"]).target == tf32
+    assert parse(lead + ["--target", "cuda -precision=tf32", "--precision", "tf32"]).target \
+        == tf32
+    assert parse(lead + ["--target", "cuda -arch=sm_90", "--precision", "bf16"]).target == \
+        Target("cuda", arch="sm_90", precision="bf16")
+    assert parse(lead + ["--target", "cuda"]).target.precision == "fp32"
+    for argv, why in ((["--target", "cuda -precision=tf32", "--precision", "fp16"],
+                       "--precision fp16 contradicts the target's -precision=tf32"),
+                      (["--precision", "fp16"], "--precision fp16: a cuda option"),
+                      (["--target", "cuda", "--precision", "int8"], "invalid choice: 'int8'")):
+        with pytest.raises(SystemExit) as info:
+            parse(lead + argv)
+        assert info.value.code == 2 and why in capsys.readouterr().err
+
+
+def test_records_default_per_gpu_with_the_precision_in_the_name():
+    network = _bench("network")
+    folder = os.path.join(ROOT, "bench", "results", "h100-80gb-hbm3")
+    gpu = "NVIDIA H100 80GB HBM3"
+    # fp32 keeps the name it had before precisions, as target strings leave fp32 out
+    assert network.default_records(gpu, "resnet18", "fp32") == \
+        os.path.join(folder, "network_resnet18_cuda.jsonl")
+    assert network.default_records(gpu, "hf/BertModel", "bf16") == \
+        os.path.join(folder, "network_hf_BertModel_cuda_bf16.jsonl")
+
+
+def test_every_baseline_how_in_every_precision():
+    variants = torch_gpu.gpu_variants()
+    assert [v.name for v in variants[:4]] == ["eager_fp32", "eager_tf32", "eager_fp16",
+                                              "eager_bf16"]
+    assert {v.how for v in variants} == {"eager", "graph", "compile", "compile_ro"}
+    assert len({v.name for v in variants}) == 16
+    assert {v.how for v in torch_gpu.gpu_variants(use_compile=False)} == {"eager", "graph"}
+    assert [v.precision for v in variants if v.channels_last] == ["fp16", "bf16"] * 4
+
+
+# made-up per-round seconds: ours and five PyTorch variants in three precisions
+ROUNDS = {"ours": [1.0, 1.1, 0.9], "eager_fp32": [2.0, 2.0, 2.0],
+          "compile_fp32": [1.5, 1.8, 1.2], "graph_tf32": [0.8, 0.9, 0.7],
+          "eager_fp16": [0.5, 0.6, 0.4], "broken_fp16": [0.1, 0.1, 0.1]}
+PRECISIONS = {"eager_fp32": "fp32", "compile_fp32": "fp32", "graph_tf32": "tf32",
+              "eager_fp16": "fp16"}  # broken_fp16 left out: its output was not finite
+
+
+def test_variants_grouped_by_precision_and_the_fastest_picked():
+    network = _bench("network")
+    assert network.by_precision(PRECISIONS) == {"fp32": ["eager_fp32", "compile_fp32"],
+                                                "tf32": ["graph_tf32"], "fp16": ["eager_fp16"]}
+    ms = {"a": 2.0, "b": 1.0, "c": float("nan")}
+    assert network.fastest(ms, ["a", "b", "c"]) == "b"
+    assert network.fastest(ms, ["a", "c", "missing"]) == "a"
+    assert network.fastest(ms, ["c"]) is None and network.fastest(ms, []) is None
+
+
+def test_speedups_against_the_best_of_our_precision_and_of_any():
+    """Ratios of medians, and the median and spread of per-round ratios (their round r
+    over our round r); a variant missing from the precisions never counts."""
+    got = _bench("network").speedups(ROUNDS, PRECISIONS, "fp32")
+    assert got["best_same_precision"] == "compile_fp32"
+    assert got["speedup_vs_best_same_precision"] == 1.5  # 1.5 / 1.0
+    assert got["speedup_vs_best_same_precision_rounds"] == \
+        {"median": 1.5, "min": 1.333, "max": 1.636}  # 1.5/1.0, 1.8/1.1, 1.2/0.9
+    assert got["best_any"] == "eager_fp16" and got["speedup_vs_best_any"] == 0.5
+    assert got["speedup_vs_best_any_rounds"] == {"median": 0.5, "min": 0.444, "max": 0.545}
+
+
+@pytest.mark.parametrize("precision, best, speedup", [("tf32", "graph_tf32", 0.8),
+                                                      ("fp16", "eager_fp16", 0.5),
+                                                      ("bf16", None, None)])
+def test_each_precision_meets_its_own_variants(precision, best, speedup):
+    got = _bench("network").speedups(ROUNDS, PRECISIONS, precision)
+    assert got["best_same_precision"] == best
+    assert got["speedup_vs_best_same_precision"] == speedup
+    assert (got["speedup_vs_best_same_precision_rounds"] is None) == (best is None)
+    assert got["best_any"] == "eager_fp16"
+
+
+def test_timing_fields_give_each_variant_its_precision_and_every_round():
+    got = _bench("network").timing_fields(ROUNDS, PRECISIONS)
+    assert got["ours_ms"] == 1000.0 and got["ours_uniform_ms"] is None
+    assert got["torch_ms"] == {"eager_fp32": {"precision": "fp32", "ms": 2000.0},
+                               "compile_fp32": {"precision": "fp32", "ms": 1500.0},
+                               "graph_tf32": {"precision": "tf32", "ms": 800.0},
+                               "eager_fp16": {"precision": "fp16", "ms": 500.0}}
+    assert got["rounds_ms"]["compile_fp32"] == [1500.0, 1800.0, 1200.0]
+    assert set(got["rounds_ms"]) == set(ROUNDS)
+
+
+def test_gpu_timing_is_interleaved_round_by_round():
+    network = _bench("network")
+    order: list[str] = []
+
+    def timer(name: str, seconds: float):
+        return lambda: order.append(name) or seconds
+    got = network.interleaved_gpu({"ours": timer("ours", 1.0), "a": timer("a", 2.0),
+                                   "b": timer("b", 3.0)}, 3)
+    assert order == ["ours", "a", "b", "a", "b", "ours", "b", "ours", "a"]
+    assert got == {"ours": [1.0] * 3, "a": [2.0] * 3, "b": [3.0] * 3}
+
+
+def test_precision_mode_turns_tf32_on_only_for_tf32_then_restores():
+    b = torch.backends
+    old = b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark
+    for precision, tf32 in (("tf32", True), ("fp32", False), ("fp16", False)):
+        with torch_gpu.precision_mode(precision):
+            assert (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark) == \
+                (tf32, tf32, True)
+        assert (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark) == old
+    with pytest.raises(KeyError), torch_gpu.precision_mode("tf32"):
+        raise KeyError  # restored on the way out of an error too
+    assert (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark) == old
+
+
+def test_half_precision_copies_cast_the_model_and_images_not_token_ids():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    x, ids = torch.randn(1, 3, 8, 8), torch.arange(6).reshape(1, 6)
+    moved, (mx, mids) = torch_gpu.on_gpu(model, (x, ids), channels_last=True, device="cpu",
+                                         dtype=torch.float16)
+    assert {p.dtype for p in moved.parameters()} == {torch.float16}
+    assert moved[1].running_mean.dtype == torch.float16
+    assert mx.dtype == torch.float16 and mx.is_contiguous(memory_format=torch.channels_last)
+    assert mids.dtype == torch.int64 and torch.equal(mids, ids)
+    assert next(model.parameters()).dtype == torch.float32  # the caller's model untouched
+
+
+def test_baselines_are_built_alone_checked_against_fp64_and_failures_reported(capsys):
+    """build_variants on the CPU: eager in fp32 and bf16 build and are checked against
+    the fp64 reference at once; a CUDA graph cannot be captured here, so it is reported
+    and left out while the others stay."""
+    network = _bench("network")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4)).eval()
+    inputs = (torch.randn(1, 3, 8, 8),)
+    want, yardstick = network.reference_output(model, inputs)
+    assert want.dtype == torch.float64 and yardstick == "fp64 eager on the CPU"
+    variants = [torch_gpu.GpuVariant("eager", "fp32"), torch_gpu.GpuVariant("eager", "bf16"),
+                torch_gpu.GpuVariant("graph", "fp32")]
+    fns, failed, errors = torch_gpu.build_variants(
+        model, inputs, variants, lambda out: network.output_error_of(out, want), device="cpu")
+    assert set(fns) == {"eager_fp32", "eager_bf16"} and set(failed) == {"graph_fp32"}
+    assert f"PyTorch graph_fp32 failed: {failed['graph_fp32']}" in capsys.readouterr().err
+    assert set(errors) == set(fns)
+    assert errors["eager_fp32"] < 1e-5 < errors["eager_bf16"] < 5e-2
+    assert fns["eager_bf16"]().dtype == torch.bfloat16
+
+
+def test_output_errors_line_up_tuples_and_refuse_mismatches():
+    network = _bench("network")
+    want = (torch.ones(2, dtype=torch.float64), torch.full((3,), 2.0, dtype=torch.float64))
+    got = (torch.ones(2, dtype=torch.float16), torch.full((3,), 2.5))
+    assert network.output_error_of(got, want) == 0.25  # 0.5 of a scale of 2
+    assert math.isnan(network.output_error_of(got[:1], want))
+    assert network.finite3(math.nan) is None and network.finite3(0.123456) == 0.123
+
+
+def test_kernel_baseline_runs_in_the_precision_asked():
+    kernels = _bench("kernels")
+    model, inputs = zoo.load("resnet18")
+    task = next(t for t in rk.extract_tasks(model, inputs) if t.compute.op == "conv2d")
+    fns = kernels.torch_gpu_fns(task.compute, 0, "bf16", device="cpu")
+    assert list(fns) == ["NCHW bf16", "channels_last bf16"]
+    assert all(fn().dtype == torch.bfloat16 for fn in fns.values())
+    assert all(fn().dtype == torch.float32 for fn in
+               kernels.torch_gpu_fns(task.compute, 0, "tf32", device="cpu").values())

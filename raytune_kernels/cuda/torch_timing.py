@@ -3,7 +3,9 @@ bench/network.py and `raytune-kernels compile --target cuda` compare against it)
 
 - TF32 off (cuBLAS and cuDNN would otherwise round float32 inputs to TF32 in matmuls and
   convolutions; our kernels are true float32) and cudnn.benchmark on (cuDNN picks its
-  fastest algorithm per shape: torch at its best), both only inside `torch_gpu_mode()`.
+  fastest algorithm per shape: torch at its best), both only inside `torch_gpu_mode()`;
+  `precision_mode(p)` is the same with TF32 on where p is "tf32", so each precision of
+  ours (raytune_kernels/precision.py) meets PyTorch in the same precision.
 - The timing protocol of cuda/measure.py: warm-up, CUDA events (cuda/device.event_timer)
   around `number` calls grown until one repeat lasts min_repeat_ms, several repeats, and
   with flush_cache the L2 flushed before each repeat (cuda/device.l2_flusher).
@@ -12,11 +14,18 @@ The events are recorded on cupy's current stream and torch launches on its own c
 stream; both are the legacy default stream unless someone changes them, so the events
 bracket torch's kernels (compile/cuda_network.CupyDevice relies on the same). Nothing here touches
 CUDA at import: the module imports on machines without a GPU, cupy or torch CUDA.
+
+The baselines a GPU benchmark meets (build_variants): eager, eager captured in one CUDA
+graph, torch.compile and its mode="reduce-overhead", each in fp32 (TF32 off), tf32, fp16
+and bf16, each built alone so that one that fails is reported and left out.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import sys
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -24,9 +33,13 @@ import torch
 from raytune_kernels.errors import RaytuneError
 from raytune_kernels.cuda import device
 from raytune_kernels.cuda.device import torch_gpu_mode
+from raytune_kernels.precision import DEFAULT, PRECISIONS
 from raytune_kernels.tune.timing import TimingOptions, time_runs
 
 NO_GPU = "no CUDA GPU is visible"
+# the dtype PyTorch holds a model in at each precision (tf32 is float32 in memory)
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
+          "bf16": torch.bfloat16}
 
 
 class NoGpuError(RaytuneError):
@@ -66,14 +79,27 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name(torch.cuda.current_device())
 
 
+@contextlib.contextmanager
+def precision_mode(precision: str = DEFAULT):
+    """torch_gpu_mode() (TF32 off, cudnn.benchmark on), with TF32 on in cuBLAS and cuDNN
+    where `precision` is "tf32" (as a user turns it on); the old settings come back on
+    exit. A CUDA graph or torch.compile built in one mode must also run in it: cuDNN's
+    algorithm is fixed at capture, and dynamo guards on the TF32 flag."""
+    b = torch.backends
+    with torch_gpu_mode():
+        b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = precision == "tf32"
+        yield
+
+
 def time_torch_gpu(fn: Callable[[], object], opts: TimingOptions,
-                   flush_cache: bool = False, cp=None) -> list[float]:
+                   flush_cache: bool = False, cp=None, precision: str = DEFAULT
+                   ) -> list[float]:
     """Seconds per call of `fn` (torch work on the GPU), one per repeat: inside
-    torch_gpu_mode and no_grad, `opts.warmup` calls (cuDNN's autotuning happens there),
-    then cuda/measure.py's protocol by CUDA events, the L2 flushed before each repeat with
-    `flush_cache`. `cp` is cupy (tests pass a fake)."""
+    precision_mode(precision) and no_grad, `opts.warmup` calls (cuDNN's autotuning
+    happens there), then cuda/measure.py's protocol by CUDA events, the L2 flushed before
+    each repeat with `flush_cache`. `cp` is cupy (tests pass a fake)."""
     cp = cp if cp is not None else device.cupy()
-    with torch.no_grad(), torch_gpu_mode():
+    with torch.no_grad(), precision_mode(precision):
         for _ in range(opts.warmup):
             fn()
         flush = device.l2_flusher(cp) if flush_cache else None
@@ -81,14 +107,120 @@ def time_torch_gpu(fn: Callable[[], object], opts: TimingOptions,
 
 
 def on_gpu(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
-           channels_last: bool = False, device: str = "cuda"
+           channels_last: bool = False, device: str = "cuda",
+           dtype: torch.dtype = torch.float32
            ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """A copy of `model` in eval mode and copies of `inputs` on `device` (the caller's
-    model stays where it is), optionally in channels_last (4-D tensors only)."""
+    model stays where it is), optionally in channels_last (4-D tensors only). With a
+    `dtype` other than float32, the model's floating parameters and buffers and the
+    floating inputs are cast to it; integer inputs (token ids) stay as they are."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     moved = copy.deepcopy(model).eval().to(device)
+    if dtype != torch.float32:
+        moved = moved.to(dtype)
     if channels_last:
         moved = moved.to(memory_format=fmt)
-    xs = tuple(x.to(device).contiguous(memory_format=fmt) if x.dim() == 4 else x.to(device)
-               for x in inputs)
-    return moved, xs
+    return moved, tuple(_moved(x, device, dtype, fmt) for x in inputs)
+
+
+def _moved(x: torch.Tensor, device: str, dtype: torch.dtype, fmt) -> torch.Tensor:
+    x = x.to(device)
+    if x.is_floating_point() and dtype != torch.float32:
+        x = x.to(dtype)
+    return x.contiguous(memory_format=fmt) if x.dim() == 4 else x
+
+
+def cuda_graphed(fn: Callable[[], object], warmup: int = 3) -> Callable[[], object]:
+    """`fn`'s GPU work captured in one CUDA graph, as PyTorch's docs do it (warm-up on a
+    side stream, so that lazy initialisation and cuDNN's autotuning stay out of the
+    capture): a zero-argument callable that replays it and returns what `fn` returned at
+    capture, the graph's static outputs, which each replay rewrites. `fn` must read only
+    tensors that stay in place (static inputs). Build and run it in the same
+    precision_mode."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+
+    def replay() -> object:
+        graph.replay()
+        return out
+    return replay
+
+
+# ------------------------------------------------------------------- the baselines to beat
+
+HOWS = ("eager", "graph", "compile", "compile_ro")
+
+
+@dataclass(frozen=True)
+class GpuVariant:
+    """A way users run a model in PyTorch on a GPU: `how` (eager; graph: eager captured in
+    one CUDA graph; compile: torch.compile; compile_ro: its mode="reduce-overhead") in
+    `precision` (fp32 with TF32 off, tf32 with it on, fp16 and bf16 with the model cast and
+    images in channels_last, the layout tensor cores want)."""
+    how: str
+    precision: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.how}_{self.precision}"
+
+    @property
+    def channels_last(self) -> bool:
+        return self.precision in ("fp16", "bf16")
+
+
+def gpu_variants(use_compile: bool = True) -> list[GpuVariant]:
+    """Every how in every precision (without torch.compile: eager and graph only)."""
+    hows = HOWS if use_compile else HOWS[:2]
+    return [GpuVariant(h, p) for h in hows for p in PRECISIONS]
+
+
+def build_variant(model: torch.nn.Module, inputs: Sequence[torch.Tensor], v: GpuVariant,
+                  device: str = "cuda") -> Callable[[], object]:
+    """`v` as a zero-argument callable on copies of `model` and `inputs`; build and call
+    it inside no_grad and precision_mode(v.precision)."""
+    m, xs = on_gpu(model, inputs, channels_last=v.channels_last, device=device,
+                   dtype=DTYPES[v.precision])
+    if v.how == "graph":
+        return cuda_graphed(lambda: m(*xs))
+    if v.how in ("compile", "compile_ro"):
+        _compile_setup()
+        m = torch.compile(m, mode="reduce-overhead" if v.how == "compile_ro" else None)
+    return lambda: m(*xs)
+
+
+def _compile_setup() -> None:
+    """inductor's freezing (weights folded in, as for inference), and room in dynamo's
+    cache: every compiled variant compiles the same forward code, one entry per precision
+    and mode, and past its limit (8) dynamo would run eager without a word."""
+    import torch._dynamo.config as dynamo
+    import torch._inductor.config as inductor
+
+    inductor.freezing = True
+    dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
+
+
+def build_variants(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
+                   variants: Sequence[GpuVariant], check: Callable[[object], float],
+                   device: str = "cuda") -> tuple[dict, dict, dict]:
+    """name -> zero-argument callable, name -> why it could not be built (printed on
+    stderr and left out: each baseline fails alone), and name -> check(its output), taken
+    at once (a graph's outputs are rewritten by its next replay)."""
+    fns, failed, checked = {}, {}, {}
+    for v in variants:
+        try:
+            with torch.no_grad(), precision_mode(v.precision):
+                fn = build_variant(model, inputs, v, device)
+                checked[v.name] = check(fn())
+            fns[v.name] = fn
+        except Exception as exc:  # this baseline's failure, not the run's
+            failed[v.name] = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"PyTorch {v.name} failed: {failed[v.name]}", file=sys.stderr)
+    return fns, failed, checked
