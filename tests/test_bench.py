@@ -377,3 +377,100 @@ def test_kernel_baseline_runs_in_the_precision_asked():
     assert all(fn().dtype == torch.bfloat16 for fn in fns.values())
     assert all(fn().dtype == torch.float32 for fn in
                kernels.torch_gpu_fns(task.compute, 0, "tf32", device="cpu").values())
+
+
+# --------------------------------------------------------------- bench/gpu_check.sh
+
+GPU_CHECK = os.path.join(ROOT, "bench", "gpu_check.sh")
+CHECK_TESTS = ["tests/cuda", "tests/compile/test_cuda_network.py",
+               "tests/actors/test_tune_cuda.py"]
+
+
+def _check(*argv: str, env: dict | None = None, script: str = GPU_CHECK):
+    return subprocess.run(["bash", script, *argv], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_gpu_check_dry_run_plans_every_step_within_8_minutes(tmp_path):
+    proc = _check("--dry-run", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    steps = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("$ ")]
+    assert all(s[:2] == ["timeout", "-k"] for s in steps)
+    assert steps[0][4:] == ["python", "-m", "pytest", "-q", "-x", *CHECK_TESTS]
+    assert all(os.path.exists(os.path.join(ROOT, p)) for p in CHECK_TESTS)
+    runs = {(s[6], s[s.index("--precision") + 1]) for s in steps[1:]}
+    assert len(steps) == 13 and runs == {(m, p) for m in ("resnet18", "mobilenet_v2",
+                                                          "hf/BertModel")
+                                         for p in ("fp32", "tf32", "fp16", "bf16")}
+    assert all(s[4:6] == ["python", "bench/network.py"] and "--quick" in s
+               for s in steps[1:])
+    # each step's limit plus the grace of its kill, all together, within 480 s
+    assert sum(int(s[2]) + int(s[3]) for s in steps) <= 480
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_gpu_check_writes_to_OUT_by_default():
+    proc = _check("--dry-run", env={"OUT": "/somewhere/out"})
+    assert proc.stdout.splitlines()[0] == \
+        "GPU: <gpu>; results in /somewhere/out (records: bench/results/<gpu>)"
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+case "$1" in
+  -) cat > /dev/null; printf 'NVIDIA Fake GPU\\tfake-gpu\\n' ;;
+  -c) exit 0 ;;
+  -m) echo "3 passed in 0.1s" ;;
+  bench/network.py)
+    case "$2" in
+      resnet18) echo '{}' > "bench/results/fake-gpu/network_resnet18_cuda_$6.jsonl"
+                echo "tuned"; echo "{\\"model\\": \\"resnet18\\", \\"precision\\": \\"$6\\"}" ;;
+      mobilenet_v2) echo "boom in $6" >&2; exit 1 ;;
+      *) exit 124 ;;
+    esac ;;
+esac
+"""
+
+
+def test_gpu_check_goes_on_past_failures_and_keeps_to_three_files(tmp_path):
+    """The script's own logic with a fake python and nvidia-smi: one JSON line per model
+    and precision (a run's own, or its failure), everything in one log, the records the
+    runs wrote packed, nothing else in the output folder."""
+    repo, bin_ = tmp_path / "repo", tmp_path / "bin"
+    for p in CHECK_TESTS:
+        (repo / p).parent.mkdir(parents=True, exist_ok=True)
+        (repo / p).touch()
+    (repo / "bench").mkdir()
+    (repo / "bench" / "gpu_check.sh").write_text(open(GPU_CHECK).read())
+    bin_.mkdir()
+    (bin_ / "python").write_text(FAKE_PYTHON)
+    (bin_ / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA Fake GPU'\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    out = tmp_path / "out"
+    proc = _check(str(out), env={"PATH": f"{bin_}:{os.environ['PATH']}"},
+                  script=str(repo / "bench" / "gpu_check.sh"))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(out)) == ["gpu_check.jsonl", "gpu_check.log", "records.tar.gz"]
+    lines = [json.loads(line) for line in (out / "gpu_check.jsonl").read_text().splitlines()]
+    assert len(lines) == 12
+    by_model = {m: [x for x in lines if x["model"] == m]
+                for m in ("resnet18", "mobilenet_v2", "hf/BertModel")}
+    assert [x["precision"] for x in by_model["resnet18"]] == ["fp32", "tf32", "fp16", "bf16"]
+    assert all("error" not in x for x in by_model["resnet18"])
+    assert all(x["error"] == "exit status 1" for x in by_model["mobilenet_v2"])
+    assert all(x["error"].startswith("timed out after ") for x in by_model["hf/BertModel"])
+    log = (out / "gpu_check.log").read_text()
+    assert "3 passed" in log and "boom in bf16" in log and "GPU: NVIDIA Fake GPU" in log
+    import tarfile
+    with tarfile.open(out / "records.tar.gz") as tar:
+        assert sorted(os.path.basename(n) for n in tar.getnames()) == sorted(
+            f"network_resnet18_cuda_{p}.jsonl" for p in ("fp32", "tf32", "fp16", "bf16"))
+
+
+@no_gpu_only
+def test_gpu_check_without_a_gpu_says_so_and_writes_nothing(tmp_path):
+    proc = _check(str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1].startswith("bench/gpu_check.sh: no GPU to check")
+    assert torch_gpu.gpu_problem() in proc.stderr
+    assert not (tmp_path / "out").exists()

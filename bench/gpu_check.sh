@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# A GPU check in minutes, on a bare GPU machine: the GPU tests, then ResNet-18, MobileNetV2
+# and BERT-base tuned, compiled and timed against PyTorch at each precision, all in at most
+# 8 minutes.
+#
+#   bench/gpu_check.sh [--dry-run] [OUTDIR]
+#
+# OUTDIR (default: $OUT where set, else bench/results/<gpu>/) receives at most three files:
+# gpu_check.log (everything every step printed), gpu_check.jsonl (one JSON line per model
+# and precision: the run's own last line, or what became of it) and, where OUTDIR is not
+# bench/results/<gpu>/, records.tar.gz (the records the runs wrote there, to unpack into
+# that folder). A step that fails or runs out of time is logged and the next one runs.
+# --dry-run prints each command with the seconds it would be given, and runs nothing.
+#
+# Where no package registry is, Ray, PuLP, XGBoost and jsonschema come from the bundle that
+# ../shared/gpu/make_bundle.sh makes (docs/gpu.md, "Checking on a GPU machine"):
+#   mkdir -p .gpu/site && tar -xJf .gpu/site.tar.xz -C .gpu/site && export PYTHONPATH=$PWD/.gpu/site:$PWD
+#
+# Time. 480 s in all: up to 10 s to name the GPU and pack the records, the GPU tests at most
+# 150 s, and the rest (at least 320 s) shared by the 12 runs in proportion to their weights
+# (ResNet-18 10, MobileNetV2 11, BERT-base 13: about 24, 26 and 31 s a run when the tests
+# take all of theirs). A step that ends early leaves its time to the ones after it. Each
+# runs under `timeout` for its share less KILL_S, the grace its kill may take, so the
+# whole never passes 480 s. Within a run (estimates for an H100 host, not measured): about
+# 10 s to start Python, CUDA and Ray; 5-8 s for compile_network's capture and NVRTC builds;
+# about 4 s to build and time the eight PyTorch baselines (--quick --rounds 2
+# --no-compile: torch.compile alone would take minutes); and the trials, one per task
+# rounded up to the tuner's batch of 8 (ResNet-18 21 tasks -> 24, MobileNetV2 32 -> 32,
+# BERT-base about 10 -> 16), at the ~6 trials/s an H100 tuned MobileNetV2 with (300 in
+# 52 s): 3-6 s. Records already in bench/results/<gpu>/ count toward the trials (resumed).
+set -uo pipefail
+
+TOTAL_S=480
+RESERVE_S=10
+TESTS_S=150
+KILL_S=3
+MODELS=(resnet18 mobilenet_v2 hf/BertModel)
+declare -A TRIALS=([resnet18]=24 [mobilenet_v2]=32 [hf/BertModel]=16)
+declare -A WEIGHT=([resnet18]=10 [mobilenet_v2]=11 [hf/BertModel]=13)
+PRECISIONS=(fp32 tf32 fp16 bf16)
+TESTS=(tests/cuda tests/compile/test_cuda_network.py tests/actors/test_tune_cuda.py)
+
+DRY=0
+if [[ "${1:-}" == "--dry-run" ]]; then DRY=1; shift; fi
+cd "$(dirname "$0")/.." || exit 2
+START=$SECONDS
+
+say() { echo "$*"; [[ $DRY == 1 ]] || echo "$*" >> "$LOG"; }
+
+# seconds for the next step: its weight's share of what is left (less the reserve), capped
+share() {  # weight, weights of the steps still to run (this one included), cap
+  local left=$((START + TOTAL_S - RESERVE_S - SECONDS))
+  [[ $DRY == 1 ]] && left=$((TOTAL_S - RESERVE_S - SPENT))
+  local s=$((left * $1 / $2))
+  ((s > $3)) && s=$3
+  echo $((s > 0 ? s : 0))
+}
+
+step() {  # seconds, command...: run it under timeout, its output to $STEP
+  local s=$1; shift
+  local t=$((s - KILL_S))
+  say "\$ timeout -k $KILL_S $t $*"
+  SPENT=$((SPENT + s))
+  [[ $DRY == 1 ]] && return 0
+  if ((t < 1)); then echo "no time left" > "$STEP"; return 124; fi
+  timeout -k "$KILL_S" "$t" "$@" > "$STEP" 2>&1
+}
+
+gpu_line() {  # "NAME<TAB>FOLDER" of torch's GPU; nothing, and why on stderr, without one
+  python - <<'EOF'
+import sys
+sys.path.insert(0, "bench")
+from network import gpu_folder
+from raytune_kernels.cuda.torch_timing import gpu_name, gpu_problem
+problem = gpu_problem()
+print(f"{gpu_name()}\t{gpu_folder(gpu_name())}" if problem is None else problem,
+      file=sys.stdout if problem is None else sys.stderr)
+EOF
+}
+
+if [[ $DRY == 1 ]]; then
+  GPU="<gpu>"; RESULTS="bench/results/<gpu>"
+else
+  nvidia-smi -L 2>&1 || true
+  IFS=$'\t' read -r GPU FOLDER <<< "$(gpu_line)"
+  if [[ -z "${GPU:-}" ]]; then
+    echo "bench/gpu_check.sh: no GPU to check (torch and cupy see none, or the project does" \
+      "not import: PYTHONPATH?)" >&2
+    exit 2
+  fi
+  RESULTS="bench/results/$FOLDER"
+fi
+OUTDIR=${1:-${OUT:-$RESULTS}}
+LOG="$OUTDIR/gpu_check.log"
+JSONL="$OUTDIR/gpu_check.jsonl"
+SPENT=0
+if [[ $DRY == 0 ]]; then
+  mkdir -p "$OUTDIR" "$RESULTS"
+  : > "$LOG"; : > "$JSONL"
+  STAMP=$(mktemp); STEP=$(mktemp); trap 'rm -f "$STAMP" "$STEP"' EXIT
+fi
+say "GPU: $GPU; results in $OUTDIR (records: $RESULTS)"
+if [[ $DRY == 0 ]] && ! python -c "import ray, pulp, xgboost" 2>/dev/null; then
+  say "Ray, PuLP or XGBoost missing: unpack ../shared/gpu/make_bundle.sh's bundle (docs/gpu.md)"
+fi
+
+for t in "${TESTS[@]}"; do [[ -e $t ]] || say "missing test path: $t"; done
+step "$(share 1 1 "$TESTS_S")" python -m pytest -q -x "${TESTS[@]}"
+rc=$?
+[[ $DRY == 1 ]] || { cat "$STEP" >> "$LOG"; tail -n 1 "$STEP"; say "GPU tests: exit status $rc"; }
+
+# precision by precision, so that if time runs short the last precision loses its runs
+# rather than one model all of its own
+weights_left=0
+for m in "${MODELS[@]}"; do weights_left=$((weights_left + ${#PRECISIONS[@]} * WEIGHT[$m])); done
+for p in "${PRECISIONS[@]}"; do
+  for m in "${MODELS[@]}"; do
+    s=$(share "${WEIGHT[$m]}" "$weights_left" 1000)
+    weights_left=$((weights_left - WEIGHT[$m]))
+    step "$s" python bench/network.py "$m" --target cuda --precision "$p" \
+      --trials "${TRIALS[$m]}" --rounds 2 --quick --no-compile
+    rc=$?
+    [[ $DRY == 1 ]] && continue
+    cat "$STEP" >> "$LOG"
+    last=$(tail -n 1 "$STEP")
+    why="ok"
+    if [[ $rc == 0 && $last == "{"* ]]; then
+      echo "$last" >> "$JSONL"
+    else
+      why="exit status $rc"
+      [[ $rc == 124 || $rc == 137 ]] && why="timed out after $((s - KILL_S)) s"
+      printf '{"model": "%s", "precision": "%s", "device": "%s", "error": "%s"}\n' \
+        "$m" "$p" "$GPU" "$why" >> "$JSONL"
+    fi
+    say "$m $p: $why"
+  done
+done
+
+if [[ $DRY == 0 && "$(realpath "$OUTDIR")" != "$(realpath "$RESULTS")" ]]; then
+  mapfile -t new < <(cd "$RESULTS" && find . -maxdepth 1 -name 'network_*_cuda*.jsonl' \
+                     -newer "$STAMP")
+  ((${#new[@]})) && tar -czf "$OUTDIR/records.tar.gz" -C "$RESULTS" "${new[@]}"
+fi
+if [[ $DRY == 1 ]]; then
+  say "planned: at most $SPENT s of steps, $TOTAL_S s in all"
+else
+  say "done in $((SECONDS - START)) s"
+fi
