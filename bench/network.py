@@ -346,8 +346,8 @@ def print_gpu_table(ms: dict, precisions: dict, errors: dict) -> None:
     """One line per variant: its precision, median ms, its time over ours, its error."""
     for k, t in ms.items():
         err = f"{errors[k]:.2g}" if k in errors else "-"
-        print(f"  {k:<20} {precisions.get(k, '-'):<5} {t:8.3f} ms  (ours x{t / ms['ours']:.2f} "
-              f"faster)  error {err}")
+        print(f"  {k:<20} {precisions.get(k, '-'):<5} {t:8.3f} ms  ours {t / ms['ours']:.2f}x as "
+              f"fast  error {err}")
 
 
 def bench_cuda(args, gpu: str) -> int:

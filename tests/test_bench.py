@@ -474,3 +474,57 @@ def test_gpu_check_without_a_gpu_says_so_and_writes_nothing(tmp_path):
     assert proc.stderr.splitlines()[-1].startswith("bench/gpu_check.sh: no GPU to check")
     assert torch_gpu.gpu_problem() in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys):
+    """bench_cuda end to end with the GPU parts faked: tuning and compiling (a fake network
+    that runs the model), the baselines built on the CPU (CUDA graphs fail here and are
+    reported), and a clock that gives each precision its own time. The JSON holds every
+    key the issue asks for, computed from those times."""
+    network = _bench("network")
+    factory = tmp_path / "tiny.py"
+    factory.write_text("import torch\n\ndef make():\n    torch.manual_seed(0)\n"
+                       "    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())\n"
+                       "    return m.eval(), (torch.randn(1, 3, 8, 8),)\n")
+
+    class FakeNet:
+        graph, estimated_s = True, 1e-3
+        plan = type("Plan", (), {"summary": lambda self: "2 steps"})()
+
+        def __init__(self, model):
+            self.model = model
+
+        def __call__(self, *xs):
+            return self.model(*xs)
+
+        def benchmark(self, opts):
+            return 1.2e-3
+
+    tuned = type("Tuned", (), {"trials": 8, "estimated_latency_s": 1e-3, "best": {}})()
+    monkeypatch.setattr(network, "tune_network", lambda *a, **k: tuned)
+    monkeypatch.setattr(network, "compile_network", lambda model, *a, **k: FakeNet(model))
+    real_build = torch_gpu.build_variants
+    monkeypatch.setattr(torch_gpu, "build_variants",
+                        lambda *a, **k: real_build(*a, **k, device="cpu"))
+    clock = {"fp32": 3e-3, "tf32": 2e-3, "fp16": 1e-3, "bf16": 1.5e-3}
+    monkeypatch.setattr(torch_gpu, "time_torch_gpu",
+                        lambda fn, opts, precision: [clock[precision]])
+    args = network.parse_args([f"{factory}:make", "--target", "cuda", "--precision", "bf16",
+                               "--quick", "--no-compile", "--records",
+                               str(tmp_path / "r.jsonl")])
+    assert network.bench_cuda(args, "NVIDIA Fake GPU") == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (out["target"], out["precision"], out["device"]) == \
+        ("cuda -precision=bf16", "bf16", "NVIDIA Fake GPU")
+    assert set(out["torch_failed"]) == {f"graph_{p}" for p in clock}  # no CUDA graphs here
+    assert out["torch_ms"] == {f"eager_{p}": {"precision": p, "ms": t * 1e3}
+                               for p, t in clock.items()}
+    assert out["ours_ms"] == 1.2 and out["ours_uniform_ms"] is None
+    assert out["best_same_precision"] == "eager_bf16"
+    assert out["speedup_vs_best_same_precision"] == 1.25
+    assert out["best_any"] == "eager_fp16" and out["speedup_vs_best_any"] == 0.833
+    assert out["speedup_vs_best_any_rounds"] == {"median": 0.833, "min": 0.833, "max": 0.833}
+    assert out["errors"]["ours"] < 1e-6
+    assert out["errors"]["eager_fp32"] < 1e-5 < out["errors"]["eager_bf16"] < 5e-2
+    assert out["error_reference"] == "fp64 eager on the CPU" and out["quick"] is True
+    assert len(out["rounds_ms"]["ours"]) == 3
