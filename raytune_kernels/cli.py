@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="zoo name or path/to/file.py:factory")
     p.add_argument("--target", default="llvm",
                    help="llvm, 'llvm -mcpu=NAME', cuda (the GPU's own arch) or "
-                        "'cuda -arch=sm_XY'")
+                        "'cuda -arch=sm_XY', with -precision=tf32|fp16|bf16 for tensor "
+                        "cores (default fp32)")
     p.add_argument("--trials", type=int, default=200, help="measurement budget (all tasks)")
     p.add_argument("--records", default=None, help=f"{RECORDS}, resumed")
     p.add_argument("--no-resume", action="store_true", help="ignore what --records holds")
@@ -161,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--records", required=True, help=RECORDS)
     p.add_argument("--target", default="llvm",
                    help="llvm, 'llvm -mcpu=NAME', cuda (this machine's GPU) or "
-                        "'cuda -arch=sm_XY'; a cuda network runs and is timed on the GPU")
+                        "'cuda -arch=sm_XY', with -precision=tf32|fp16|bf16 as tuned; "
+                        "a cuda network runs and is timed on the GPU")
     p.add_argument("--threads", type=int, default=1,
                    help="threads, as the records were measured with (default 1; CPU only)")
     p.add_argument("--fallback", choices=["torch"], default=None,

@@ -60,6 +60,17 @@ def test_target_parsing():
             rk.parse_target(bad)
 
 
+def test_a_cuda_target_carries_its_precision_and_fp32_stays_the_old_string():
+    t = rk.parse_target("cuda -precision=bf16 -arch=sm_90")
+    assert (t.arch, t.precision) == ("sm_90", "bf16")
+    assert str(t) == "cuda -arch=sm_90 -precision=bf16" and rk.parse_target(str(t)) == t
+    assert str(rk.parse_target("cuda -arch=sm_80 -precision=fp32")) == "cuda -arch=sm_80"
+    with pytest.raises(rk.UnknownTargetError, match="unknown precision 'fp8'"):
+        rk.parse_target("cuda -precision=fp8")
+    with pytest.raises(rk.UnknownTargetError, match="-precision is a cuda option"):
+        rk.parse_target("llvm -precision=tf32")
+
+
 def test_every_layer_implements_exactly_the_op_vocabulary():
     """One list of epilogue op names (task.UNARY_OPS / BINARY_OPS): the graph, the
     reference, the loop-nest interpreter, the LLVM math and the CUDA epilogue each

@@ -82,7 +82,7 @@ def cuda_space_for(compute: Compute, precision: str = DEFAULT) -> Space | UnionS
     reason = cuda_unsupported_reason(compute)
     if reason:
         raise CudaLoweringError(reason)
-    if precision in MMA_PRECISIONS and compute.op in GEMM_OPS:
+    if precision in MMA_PRECISIONS and compute.op in GEMM_OPS and not is_window(compute):
         return _mixed_space(compute, precision)
     return _space(compute)
 

@@ -22,6 +22,7 @@ from raytune_kernels.precision import tolerance
 from raytune_kernels.space import Config, UnionSpace
 from tests.support import cuda_emulate
 from tests.support.cuda_cases import CASES
+from tests.cuda.test_render import zoo_tasks  # noqa: F401  (a fixture)
 
 GEMM_CASES = sorted(n for n, c in CASES.items() if c.op in GEMM_OPS and
                     not (c.op == "conv2d" and c.attr("groups") == c.inputs[0].shape[1]))
@@ -126,8 +127,11 @@ def test_the_cost_model_tells_precisions_and_kernels_apart():
 @pytest.mark.parametrize("precision", MMA_PRECISIONS)
 def test_sampled_tensor_core_configs_of_every_gemm_case_match_the_reference(precision):
     rng = random.Random(MMA_PRECISIONS.index(precision))
-    pairs = [(n, _mma(CASES[n], precision, rng, stages=1 + i % 3))
-             for i, n in enumerate(GEMM_CASES)]
+    pairs = []
+    for i, n in enumerate(GEMM_CASES):  # the pipeline depths in turn, where the case has them
+        part = dict(cuda_space_for(CASES[n], precision).parts)["mma"]
+        depths = sorted({c[part.coupled_names.index("stages")] for c in part.coupled})
+        pairs.append((n, _mma(CASES[n], precision, rng, stages=depths[i % len(depths)])))
     errors = {}
     for name, cfg, got, want in _run(pairs):
         assert _within(cfg, got, want), (name, cfg.to_json(), (got - want).abs().max().item())
