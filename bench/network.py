@@ -355,6 +355,7 @@ def bench_cuda(args, gpu: str) -> int:
 
     precision = args.target.precision
     records = args.records or default_records(gpu, args.model, precision)
+    os.makedirs(os.path.dirname(os.path.abspath(records)), exist_ok=True)  # a GPU new here
     model, inputs = load_model(args.model)  # random inputs (zoo: seeded randn)
     tuned, nets = tune_and_compile_gpu(args, model, inputs, records, gpu)
     want, yardstick = reference_output(model, inputs)
