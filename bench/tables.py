@@ -119,6 +119,8 @@ def ms(value: float) -> str:
 def best_other(data: dict) -> tuple[str, float] | None:
     """The fastest of PyTorch's variants and the other engines in a network run."""
     times = {**(data.get("torch_ms") or {}), **(data.get("engines_ms") or {})}
+    # a GPU run names each variant's precision: {"precision": ..., "ms": ...}
+    times = {k: v["ms"] if isinstance(v, dict) else v for k, v in times.items()}
     times = {k: v for k, v in times.items() if isinstance(v, (int, float)) and math.isfinite(v)}
     if not times:
         return None

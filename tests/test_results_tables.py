@@ -56,6 +56,12 @@ def test_a_gpu_run_names_its_target_and_no_threads():
         "-", "torch.compile 1.295", "1.73x")
 
 
+def test_a_gpu_run_in_a_precision_reads_each_variants_milliseconds():
+    data = {"torch_ms": {"eager fp16": {"precision": "fp16", "ms": 0.41},
+                         "compile reduce-overhead tf32": {"precision": "tf32", "ms": 0.31}}}
+    assert tables.best_other(data) == ("compile reduce-overhead tf32", 0.31)
+
+
 def test_a_json_file_without_json_is_counted_and_its_log_read_instead():
     runs, unreadable = tables.read_runs(RESULTS, {})
     assert "znver3/network_resnet18_2threads_800_stop31.json" in unreadable
