@@ -53,7 +53,7 @@ def measure_one(name: str, threads: int, max_gflops: float) -> dict:
     from raytune_kernels.compile.report import scaled_error, worst
     from raytune_kernels.frontend.island import ISLAND
     from raytune_kernels.frontend.partition import run_steps
-    from raytune_kernels.tune.timing import TimingOptions, median, time_fn
+    from raytune_kernels.timing import TimingOptions, median, time_fn
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.set_num_threads(threads)

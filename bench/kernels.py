@@ -45,7 +45,7 @@ from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.precision import PRECISIONS
 from raytune_kernels.target import target_arg
-from raytune_kernels.tune.timing import TimingOptions, median, time_fn
+from raytune_kernels.timing import TimingOptions, median, time_fn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from network import with_precision  # noqa: E402  (bench/ is no package)

@@ -52,7 +52,7 @@ from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.compile.api import compile_network
 from raytune_kernels.precision import DEFAULT, PRECISIONS
 from raytune_kernels.target import Target, target_arg
-from raytune_kernels.tune.timing import TimingOptions, median, time_fn
+from raytune_kernels.timing import TimingOptions, median, time_fn
 
 FULL = TimingOptions(warmup=3, min_repeat_ms=200, repeats=5)
 GPU_FULL = TimingOptions(warmup=10, min_repeat_ms=100, repeats=7)  # GpuNetwork.benchmark's

@@ -62,7 +62,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from raytune_kernels import parse_target, zoo
     from raytune_kernels.compile.api import compile_network
     from raytune_kernels.tune.records import missing_records
-    from raytune_kernels.tune.timing import TimingOptions, median, time_fn
+    from raytune_kernels.timing import TimingOptions, median, time_fn
 
     tgt = parse_target(args.target)
     if args.threads < 1:

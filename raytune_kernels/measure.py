@@ -21,7 +21,7 @@ from raytune_kernels.cpu.kernel import prepare
 from raytune_kernels.cpu.schedules import lower, unpack
 from raytune_kernels.space import Config
 from raytune_kernels.task import Compute
-from raytune_kernels.tune.timing import TimingOptions, time_fn
+from raytune_kernels.timing import TimingOptions, time_fn
 
 if TYPE_CHECKING:
     import torch

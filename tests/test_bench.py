@@ -183,7 +183,7 @@ def test_interleaved_rounds_rotate_and_report_every_round(monkeypatch):
     median."""
     import time
 
-    from raytune_kernels.tune.timing import TimingOptions
+    from raytune_kernels.timing import TimingOptions
 
     network = _bench("network")
     monkeypatch.setattr(network, "FULL", TimingOptions(warmup=0, min_repeat_ms=0, repeats=1))

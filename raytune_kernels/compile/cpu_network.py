@@ -54,7 +54,7 @@ from raytune_kernels.tune.records import (Record, best_per_task, describe_device
                                           missing_records, other_devices)
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
-from raytune_kernels.tune.timing import TimingOptions, median, time_fn
+from raytune_kernels.timing import TimingOptions, median, time_fn
 
 
 # -------------------------------------------------------------------------- the network

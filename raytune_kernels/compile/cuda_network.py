@@ -49,7 +49,7 @@ from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.precision import DEFAULT, tolerance
-from raytune_kernels.tune.timing import TimingOptions, median, time_runs
+from raytune_kernels.timing import TimingOptions, median, time_runs
 from raytune_kernels.cuda import device
 from raytune_kernels.cuda.device import torch_gpu_mode
 from raytune_kernels.cuda.torch_timing import time_torch_gpu

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from raytune_kernels.tune.timing import TimingOptions, median, time_fn
+from raytune_kernels.timing import TimingOptions, median, time_fn
 from raytune_kernels.cpu.build import LoadedKernel, aligned, build
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.loopnest import (PARALLEL, SERIAL, Access, Affine, Buffer, UpdateTile,

@@ -28,7 +28,7 @@ from raytune_kernels.measure import (CRASHED, RUNTIME_ERROR, MeasureOptions, Mea
                                      check_output, operands_and_reference)
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.task import Compute
-from raytune_kernels.tune.timing import time_runs
+from raytune_kernels.timing import time_runs
 from raytune_kernels.cuda import device as cuda_device
 from raytune_kernels.cuda.device import POISONED, Launch, LoadedCudaKernel, torch_gpu_mode
 

@@ -34,7 +34,7 @@ from raytune_kernels.errors import RaytuneError
 from raytune_kernels.cuda import device
 from raytune_kernels.cuda.device import torch_gpu_mode
 from raytune_kernels.precision import DEFAULT, PRECISIONS
-from raytune_kernels.tune.timing import TimingOptions, time_runs
+from raytune_kernels.timing import TimingOptions, time_runs
 
 NO_GPU = "no CUDA GPU is visible"
 # the dtype PyTorch holds a model in at each precision (tf32 is float32 in memory)

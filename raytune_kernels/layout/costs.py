@@ -22,7 +22,7 @@ from raytune_kernels.layout.graph import Candidate
 from raytune_kernels.measure import MeasureOptions, cold_copies
 from raytune_kernels.tune.records import Record
 from raytune_kernels.task import Task
-from raytune_kernels.tune.timing import median, time_fn
+from raytune_kernels.timing import median, time_fn
 
 if TYPE_CHECKING:
     import torch

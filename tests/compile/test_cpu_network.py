@@ -485,7 +485,7 @@ class Embed(torch.nn.Module):
 def test_token_id_inputs_are_timed_on_valid_ids():
     """benchmark() and profile() time on random inputs: random ids would index outside
     the table, so integer inputs are the example's own ids, shuffled."""
-    from raytune_kernels.tune.timing import TimingOptions
+    from raytune_kernels.timing import TimingOptions
     ids = torch.randint(0, 50, (1, 12), generator=torch.Generator().manual_seed(0))
     with pytest.warns(UserWarning, match="untuned"):
         net = compile_network(Embed().eval(), (ids,))

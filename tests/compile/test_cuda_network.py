@@ -26,7 +26,7 @@ from raytune_kernels.compile.report import output_error
 from raytune_kernels.frontend.partition import TaskStep
 from raytune_kernels.precision import tolerance
 from raytune_kernels.tune.records import record_of
-from raytune_kernels.tune.timing import TimingOptions
+from raytune_kernels.timing import TimingOptions
 
 from tests.support.gpu_emulator import EmulatorDevice
 from tests.cuda.test_measure import _has_gpu

@@ -22,7 +22,7 @@ from raytune_kernels.cuda.kernel import CudaBuffer, CudaKernel
 from raytune_kernels.cuda.render import cuda_space_for, render_cuda
 from raytune_kernels.measure import (CRASHED, RUNTIME_ERROR, WRONG_OUTPUT, MeasureOptions,
                                      MeasureResult)
-from raytune_kernels.tune.timing import TimingOptions, time_runs
+from raytune_kernels.timing import TimingOptions, time_runs
 
 QUICK = MeasureOptions(warmup=2, min_repeat_ms=2, repeats=3, flush_cache=True)
 

@@ -10,7 +10,7 @@ import torch
 from raytune_kernels.cuda import device
 from raytune_kernels.cuda import torch_timing as torch_gpu
 from raytune_kernels.errors import RaytuneError
-from raytune_kernels.tune.timing import TimingOptions
+from raytune_kernels.timing import TimingOptions
 
 HAS_GPU = torch_gpu.gpu_problem() is None
 

@@ -1,6 +1,6 @@
 import time
 
-from raytune_kernels.tune.timing import TimingOptions, median, time_fn
+from raytune_kernels.timing import TimingOptions, median, time_fn
 
 
 def test_number_grows_until_a_repeat_lasts_min_repeat_ms():
