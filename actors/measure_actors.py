@@ -9,7 +9,8 @@ from raytune_kernels.cpu.build import BuildResult, sweep_stale_dirs
 from raytune_kernels.cpu.faults import maybe_inject
 from raytune_kernels.cpu.kernel import build_for
 from raytune_kernels.space import Config
-from raytune_kernels.measure import MeasureOptions, measure_built
+from raytune_kernels.cpu.measure import measure_built
+from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.task import Compute
 
 

@@ -31,7 +31,8 @@ from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cpu.kernel import build_for
 from raytune_kernels.cpu.schedules import lower, space_for
 from raytune_kernels.cpu.estimate import cycles
-from raytune_kernels.measure import MeasureOptions, measure_built
+from raytune_kernels.cpu.measure import measure_built
+from raytune_kernels.measure import MeasureOptions
 
 PICKS = 8
 

@@ -25,7 +25,8 @@ import raytune_kernels as rk
 from raytune_kernels import zoo
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cpu.kernel import build_for
-from raytune_kernels.measure import MeasureOptions, MeasureResult, measure_built
+from raytune_kernels.cpu.measure import measure_built
+from raytune_kernels.measure import MeasureOptions, MeasureResult
 from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
 from raytune_kernels.backend import cpu_backend
 

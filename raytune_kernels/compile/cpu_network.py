@@ -45,7 +45,8 @@ from raytune_kernels.frontend.capture import capture
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
 from raytune_kernels.layout.costs import candidates_from_records, layouts_of, measure_transforms
 from raytune_kernels.layout.graph import NCHW, Candidate
-from raytune_kernels.measure import MeasureOptions, cold_copies, random_operands
+from raytune_kernels.cpu.measure import cold_copies
+from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition,
                                                  run_glue, run_steps)
 from raytune_kernels.space import Config, completed, describe_tuned_before, tuned_before_knobs

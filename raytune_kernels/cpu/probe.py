@@ -120,7 +120,8 @@ def _run_child(target: str, jobs: list[dict], libraries: list[bytes], common: di
 def check_in_child(job: dict, library: bytes, common: dict) -> str | None:
     """One built kernel checked against its reference (run_jobs' child): None, or the
     error kind and message."""
-    from raytune_kernels.measure import MeasureOptions, measure_built
+    from raytune_kernels.cpu.measure import measure_built
+    from raytune_kernels.measure import MeasureOptions
 
     opts = MeasureOptions(threads=common["threads"], warmup=0, min_repeat_ms=0, repeats=1)
     r = measure_built(Compute.from_json(job["compute"]), Config.from_json(job["config"]),

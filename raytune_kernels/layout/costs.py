@@ -19,7 +19,8 @@ from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.space import Config
 from raytune_kernels.cpu.transform import Layout, blocks, transform_nest, transform_space
 from raytune_kernels.layout.graph import Candidate
-from raytune_kernels.measure import MeasureOptions, cold_copies
+from raytune_kernels.cpu.measure import cold_copies
+from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.tune.records import Record
 from raytune_kernels.task import Task
 from raytune_kernels.timing import median, time_fn

@@ -129,7 +129,8 @@ def _standalone(task, cfg, cores) -> float:
         from raytune_kernels.task import Task
         from raytune_kernels.space import Config
         from raytune_kernels.cpu.kernel import build_for
-        from raytune_kernels.measure import MeasureOptions, measure_built
+        from raytune_kernels.cpu.measure import measure_built
+        from raytune_kernels.measure import MeasureOptions
         os.sched_setaffinity(0, {tuple(cores)!r})
         torch.set_num_threads(1)
         task = Task.from_json(json.loads({json.dumps(json.dumps(task.to_json()))}))

@@ -14,7 +14,8 @@ from raytune_kernels.cpu.kernel import build_for
 from raytune_kernels.cpu.runner import Runner
 from raytune_kernels.cpu.schedules import lower, space_for
 from raytune_kernels.space import Config
-from raytune_kernels.measure import MeasureOptions, measure_built
+from raytune_kernels.cpu.measure import measure_built
+from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.compile.api import compile_network
 from raytune_kernels.compile.cpu_network import check_network
 from raytune_kernels.errors import CompileError

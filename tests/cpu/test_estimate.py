@@ -15,7 +15,8 @@ from raytune_kernels.cpu.schedules import lower, space_for
 from raytune_kernels.space import Config
 from raytune_kernels.tune.cost_model import CostModel
 from raytune_kernels.cpu.estimate import cycles
-from raytune_kernels.measure import MeasureOptions, measure_built
+from raytune_kernels.cpu.measure import measure_built
+from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.tune.search import EvolutionarySearch
 from raytune_kernels.backend import cpu_backend
 
