@@ -7,7 +7,8 @@ import pytest
 import raytune_kernels as rk
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.machine import CpuInfo, VectorUnit, assumed_model
-from raytune_kernels.space import Config, contraction_space
+from raytune_kernels.cpu.contraction_space import contraction_space
+from raytune_kernels.space import Config
 
 AVX512 = CpuInfo("test", (16, 8), 32, assumed_model("test", (16, 8)))  # 2 pipes x latency 4
 AVX2 = CpuInfo("test", (8,), 16, assumed_model("test", (8,)))
