@@ -8,6 +8,8 @@ from typing import Callable
 from raytune_kernels.frontend.partition import GlueStep, Partition
 from raytune_kernels.layout.graph import NCHW, Bordering, Candidate, layout_problem
 from raytune_kernels.layout.problem import LayoutPlan, LayoutProblem, solve_ilp
+from raytune_kernels.space import Config
+from raytune_kernels.task import Task
 from raytune_kernels.tune.records import Record
 
 TORCH = "torch"  # the config of a candidate that runs PyTorch's kernel
@@ -17,6 +19,22 @@ SLACK = 1.3
 # solves a layout problem within a time limit: solve_ilp in this process, or the
 # LayoutActor's on a Ray session (actors/layout_actor.py)
 Solver = Callable[[LayoutProblem, float], LayoutPlan]
+
+
+def candidates_from_records(task: Task, records: list[Record],
+                            layouts: Callable[[Task, Config], tuple[str, str]],
+                            threads: int | None = None) -> list[Candidate]:
+    """The best measured kernel of `task` for each (input, output) layout pair (among the
+    records at `threads` threads, when given); each candidate carries its config.
+    `layouts` says what a config reads and writes (the backend's)."""
+    best: dict[tuple[str, str], tuple[float, dict]] = {}
+    for r in records:
+        if r.task_key == task.key and r.ok and (threads is None or r.threads == threads):
+            pair = layouts(task, Config.from_json(r.config))
+            if pair not in best or r.median < best[pair][0]:
+                best[pair] = (r.median, r.config)
+    return [Candidate(a, b, t, Config.from_json(cfg))
+            for (a, b), (t, cfg) in sorted(best.items())]
 
 
 def estimated_latency(part: Partition, best: dict[str, Record],

@@ -24,8 +24,9 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from raytune_kernels.compile.choose import (TORCH, Solver, choose, estimated_latency, step_problem,
-                                            layout_family, prune)
+from raytune_kernels.compile.choose import (TORCH, Solver, candidates_from_records, choose,
+                                            estimated_latency, layout_family, prune,
+                                            step_problem)
 from raytune_kernels.compile.cpu_plan import (Buf, Planner, Step, allocate, borders_wanted,
                                               transform_cost, transforms_asked)
 from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
@@ -43,7 +44,7 @@ from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.capture import capture
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
-from raytune_kernels.layout.costs import candidates_from_records, layouts_of, measure_transforms
+from raytune_kernels.layout.costs import layouts_of, measure_transforms
 from raytune_kernels.layout.graph import NCHW, Candidate
 from raytune_kernels.cpu.measure import cold_copies
 from raytune_kernels.measure import MeasureOptions, random_operands
@@ -499,7 +500,7 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
             islands[step.key] = f"{task.compute.describe()} ({no_kernel[step.key]})"
             out.append([Candidate(NCHW, NCHW, tseconds[step.key], TORCH)])
             continue
-        tuned = [c for c in candidates_from_records(task, recs, threads)
+        tuned = [c for c in candidates_from_records(task, recs, layouts_of, threads)
                  if _bindable(part, step, c)]
         if tuned:
             tuned = prune(tuned, family_of)

@@ -18,9 +18,8 @@ from raytune_kernels.cuda.render import (cuda_layouts, operand_layouts, render_c
                                          to_buffer_layout)
 from raytune_kernels.space import Config
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
-from raytune_kernels.layout.costs import candidates_from_records
 from raytune_kernels.layout.graph import Candidate
-from raytune_kernels.compile.choose import TORCH, Solver, choose
+from raytune_kernels.compile.choose import TORCH, Solver, candidates_from_records, choose
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep, run_glue
 from raytune_kernels.tune.records import Record
@@ -321,7 +320,7 @@ def step_candidates(part: Partition, records: list[Record],
     NCHW."""
     def layouts(task, cfg):  # a stale config is named when planned, if it is chosen
         return cuda_layouts(task.compute, cfg)
-    tuned = {t.key: candidates_from_records(t, records, layouts=layouts) for t in part.tasks}
+    tuned = {t.key: candidates_from_records(t, records, layouts) for t in part.tasks}
     out = []
     for step in part.steps:
         if isinstance(step, GlueStep):

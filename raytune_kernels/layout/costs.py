@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
@@ -18,10 +18,8 @@ from raytune_kernels.cpu.build import LoadedKernel, aligned, build, keep
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.space import Config
 from raytune_kernels.cpu.transform import Layout, blocks, transform_nest, transform_space
-from raytune_kernels.layout.graph import Candidate
 from raytune_kernels.cpu.measure import cold_copies
 from raytune_kernels.measure import MeasureOptions
-from raytune_kernels.tune.records import Record
 from raytune_kernels.task import Task
 from raytune_kernels.timing import median, time_fn
 
@@ -48,22 +46,6 @@ def layouts_of(task: Task, cfg: Config) -> tuple[str, str]:
     src = PLAIN if cb == 1 else "NHWC" if cb == channels else f"NCHW{cb}c"
     dst = "NHWC" if cfg.get("out_layout") == "nhwc" else f"NCHW{ob}c"
     return Layout(src, pad).label, dst
-
-
-def candidates_from_records(task: Task, records: list[Record], threads: int | None = None,
-                            layouts: Callable[[Task, Config], tuple[str, str]] = layouts_of
-                            ) -> list[Candidate]:
-    """The best measured kernel of `task` for each (input, output) layout pair (among the
-    records at `threads` threads, when given); each candidate carries its config.
-    `layouts` says what a config reads and writes (the CPU's by default)."""
-    best: dict[tuple[str, str], tuple[float, dict]] = {}
-    for r in records:
-        if r.task_key == task.key and r.ok and (threads is None or r.threads == threads):
-            pair = layouts(task, Config.from_json(r.config))
-            if pair not in best or r.median < best[pair][0]:
-                best[pair] = (r.median, r.config)
-    return [Candidate(a, b, t, Config.from_json(cfg))
-            for (a, b), (t, cfg) in sorted(best.items())]
 
 
 def transform_seconds(shape: tuple[int, ...], src: str, dst: str,

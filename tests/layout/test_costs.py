@@ -4,9 +4,8 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels.space import Config
-from raytune_kernels.layout.costs import candidates_from_records, layouts_of, transform_seconds
+from raytune_kernels.layout.costs import layouts_of, transform_seconds
 from raytune_kernels.measure import MeasureOptions
-from raytune_kernels.tune.records import Record
 
 QUICK = MeasureOptions(threads=1, min_repeat_ms=2, repeats=3)
 
@@ -27,19 +26,6 @@ def test_layouts_follow_the_config():
     assert layouts_of(task, direct(1, 32)) == ("NCHW/p1x1", "NCHW32c")
     assert layouts_of(task, direct(32, 16, "nhwc")) == ("NHWC/p1x1", "NHWC")
     assert layouts_of(task, direct(8, 64)) == ("NCHW8c/p1x1", "NCHW64c")
-
-
-def test_candidates_keep_the_best_record_per_layout_pair():
-    task = conv_task()
-    recs = [Record(task.key, "llvm", "cpu", direct(8, 32).to_json(), (3.0,)),
-            Record(task.key, "llvm", "cpu", direct(8, 32).to_json(), (2.0,)),
-            Record(task.key, "llvm", "cpu", direct(32, 16, "nhwc").to_json(), (5.0,)),
-            Record(task.key, "llvm", "cpu", direct(1, 32).to_json(), (), "crashed")]
-    cands = candidates_from_records(task, recs)
-    assert [(c.in_layout, c.out_layout, c.seconds) for c in cands] == \
-        [("NCHW8c/p1x1", "NCHW32c", 2.0), ("NHWC/p1x1", "NHWC", 5.0)]
-    assert cands[0].config == direct(8, 32)
-    assert candidates_from_records(task, recs, threads=2) == []
 
 
 def test_transform_costs_are_measured_and_checked():
