@@ -1,18 +1,25 @@
-"""compile_network(), the public entry point: one call for every target, handed to the
+"""compile_network(), the public entry point: one call for every target. The records are
+resolved here, once, for either network (cpu_records, cuda_records), then handed to the
 target's network compiler (cpu_network for llvm, cuda_network for cuda)."""
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import dataclasses
+import warnings
+from typing import Callable, Iterable, Sequence
 
 import torch
 
 from raytune_kernels.compile.choose import Solver
 from raytune_kernels.compile.cpu_network import compile_network_cpu
-from raytune_kernels.compile.cuda_network import compile_network_cuda
+from raytune_kernels.compile.cuda_network import compile_network_cuda, target_arch
+from raytune_kernels.cpu.machine import host_device
 from raytune_kernels.errors import CompileError
 from raytune_kernels.layout.problem import solve_ilp
-from raytune_kernels.target import parse_target
-from raytune_kernels.tune.records import Record
+from raytune_kernels.precision import DEFAULT
+from raytune_kernels.target import Target, parse_target
+from raytune_kernels.tune.records import (Record, describe_devices, describe_location,
+                                          load_records, measured_on, missing_records,
+                                          other_devices)
 
 
 def compile_network(model: torch.nn.Module,
@@ -49,12 +56,78 @@ def compile_network(model: torch.nn.Module,
     (actors/layout_actor.py)."""
     tgt = parse_target(target)
     if tgt.kind == "cuda":
-        return compile_network_cuda(model, example_inputs, records, tgt, fallback=fallback,
+        arch = target_arch(tgt)
+        recs = cuda_records(records, arch, plain_ok=tgt.arch is None, precision=tgt.precision)
+        return compile_network_cuda(model, example_inputs, recs,
+                                    dataclasses.replace(tgt, arch=arch), fallback=fallback,
                                     check=check, atol=atol, verbose=verbose, layout=layout,
                                     time_limit_s=time_limit_s, solver=solver, graph=graph)
     if tgt.kind != "llvm":
         raise CompileError(f"target {target!r}: no network compiler for this target kind")
-    return compile_network_cpu(model, example_inputs, records, tgt, fallback=fallback,
-                               threads=threads, layout=layout, time_limit_s=time_limit_s,
-                               check=check, atol=1e-3 if atol is None else atol,
-                               verbose=verbose, solver=solver)
+    return compile_network_cpu(model, example_inputs, cpu_records(records, str(tgt), threads),
+                               tgt, fallback=fallback, threads=threads, layout=layout,
+                               time_limit_s=time_limit_s, check=check,
+                               atol=1e-3 if atol is None else atol, verbose=verbose,
+                               solver=solver)
+
+
+def cpu_records(records: "str | Iterable[Record] | None", target: str,
+                threads: int) -> list[Record]:
+    """The records of this target and thread count measured on this CPU (name and vector
+    ISA). Records measured elsewhere are skipped with one warning that counts them; if
+    they are all there is, the compile is refused, naming the devices the records hold."""
+    loaded, where = _loaded(records)
+    mine = on_this_device(loaded, where, host_device(),
+                          lambda r: r.target == target and r.threads == threads,
+                          f"target {target!r} at {threads} thread(s)")
+    cold = {r.task_key for r in mine if r.cold_weights}
+    # a task timed with cold weights is compared only with cold timings of itself
+    return [r for r in mine if r.cold_weights or r.task_key not in cold]
+
+
+def cuda_records(records: "str | Iterable[Record] | None", arch: str, plain_ok: bool,
+                 precision: str = DEFAULT) -> list[Record]:
+    """The records measured for `arch` in `precision` ("cuda -arch=ARCH[ -precision=P]";
+    plain "cuda" ones of that precision too when `plain_ok`: the caller's GPU is the arch
+    they were measured on). A record of another precision is never taken."""
+    loaded, where = _loaded(records)
+    wanted = {str(Target("cuda", arch=arch, precision=precision))}
+    wanted |= {str(Target("cuda", precision=precision))} if plain_ok else set()
+    mine = [r for r in loaded if r.target in wanted]
+    others = sorted({r.target for r in loaded if r.target.startswith("cuda")} - wanted)
+    if others and not mine:
+        raise CompileError(f"{where} holds no cuda record for {arch} in {precision}, only "
+                           f"for {', '.join(others)}: tune this target, or compile for "
+                           "theirs")
+    return mine
+
+
+def on_this_device(records: list[Record], where: str, device: tuple[str, str | None],
+                   wanted: Callable[[Record], bool], what: str) -> list[Record]:
+    """The `wanted` records measured on `device` (name, isa). The wanted ones of other
+    devices are skipped with one warning counting them, or, when no wanted record is of
+    this device, refused with an error naming the devices they are of."""
+    wanted_ones = [r for r in records if wanted(r)]
+    mine = [r for r in wanted_ones if measured_on(r, *device)]
+    others = other_devices(wanted_ones, *device)
+    if others and not mine:
+        raise CompileError(f"{where} holds no record of {what} measured on this device "
+                           f"({device[0]}); it holds {describe_devices(others)}: tune on "
+                           f"this machine, or compile on the machine that measured them")
+    if others:
+        warnings.warn(f"{where}: skipped {sum(others.values())} record(s) of {what} measured "
+                      f"on another device ({describe_devices(others)})", stacklevel=4)
+    return mine
+
+
+def _loaded(records: "str | Iterable[Record] | None") -> tuple[list[Record], str]:
+    """The records, read once from a file or a record store, and where they came from (for
+    messages)."""
+    if records is None:
+        return [], "no records"
+    if isinstance(records, str):
+        problem = missing_records(records)
+        if problem:
+            raise CompileError(problem)
+        return load_records(records).records, describe_location(records)
+    return list(records), "the records given"

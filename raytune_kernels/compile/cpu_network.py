@@ -38,7 +38,7 @@ from raytune_kernels.cpu.rows import ROW_OPS
 from raytune_kernels.cpu.border import border_runs, fill_kernel
 from raytune_kernels.cpu.runner import make_runner
 from raytune_kernels.cpu.estimate import cycles
-from raytune_kernels.cpu.machine import CpuInfo, cpu_info, host_device
+from raytune_kernels.cpu.machine import CpuInfo, cpu_info
 from raytune_kernels.cpu.schedules import lower, no_kernel_reason, space_for, writes_bordered
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
@@ -51,9 +51,7 @@ from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition,
                                                  run_glue, run_steps)
 from raytune_kernels.space import Config, completed, describe_tuned_before, tuned_before_knobs
-from raytune_kernels.tune.records import (Record, best_per_task, describe_devices,
-                                          describe_location, load_records, measured_on,
-                                          missing_records, other_devices)
+from raytune_kernels.tune.records import Record, best_per_task
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.timing import TimingOptions, median, time_fn
@@ -324,12 +322,14 @@ def island_seconds(part: Partition, inputs: Sequence[torch.Tensor], threads: int
 
 def compile_network_cpu(model: torch.nn.Module,
                         example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
-                        records: "str | Iterable[Record] | None" = None,
+                        records: Iterable[Record] = (),
                         target: "str | Target" = "llvm",
                         fallback: str | None = None, threads: int = 1, layout: str = "ilp",
                         time_limit_s: float = 20.0, check: bool = True, atol: float = 1e-3,
                         verbose: bool = False, solver: Solver = solve_ilp) -> CompiledNetwork:
-    """compile_network() for an llvm target (see compile.api, which dispatches here)."""
+    """compile_network() for an llvm target from `records`, those of its target and thread
+    count measured on this CPU (compile.api.cpu_records picks them; compile.api dispatches
+    here)."""
     tgt = parse_target(target)
     if tgt.kind != "llvm":
         raise CompileError(f"target {target!r}: no network compiler for this target kind")
@@ -347,7 +347,7 @@ def compile_network_cpu(model: torch.nn.Module,
                            f"and {atol!r}")
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) \
         else tuple(example_inputs)
-    recs = _records(records, str(tgt), threads)
+    recs = list(records)
     graph = capture(model, inputs)
     part = partition(graph)
     cold = any(r.cold_weights for r in recs)  # transforms and torch timed as kernels were
@@ -400,27 +400,6 @@ def compile_network_cpu(model: torch.nn.Module,
     return net
 
 
-def _records(records, target: str, threads: int) -> list[Record]:
-    """The records of this target and thread count measured on this CPU (name and vector
-    ISA). Records measured elsewhere are skipped with one warning that counts them; if
-    they are all there is, the compile is refused, naming the devices the records hold."""
-    if records is None:
-        return []
-    if isinstance(records, str):  # a file or a record store
-        problem = missing_records(records)
-        if problem:
-            raise CompileError(problem)
-        loaded, where = load_records(records).records, describe_location(records)
-    else:
-        loaded, where = list(records), "the records given"
-    mine = on_this_device(loaded, where, host_device(),
-                          lambda r: r.target == target and r.threads == threads,
-                          f"target {target!r} at {threads} thread(s)")
-    cold = {r.task_key for r in mine if r.cold_weights}
-    # a task timed with cold weights is compared only with cold timings of itself
-    return [r for r in mine if r.cold_weights or r.task_key not in cold]
-
-
 def _writes_bordered(part: Partition, step: TaskStep, cand: Candidate) -> bool:
     """Whether the candidate's kernel can write its output into a bordered buffer."""
     return cand.config not in (None, TORCH) and \
@@ -456,24 +435,6 @@ def _in_todays_spaces(recs: list[Record], tasks, cpu: CpuInfo, no_kernel: dict[s
         warnings.warn(f"{older}: tune them again (more trials into these records, or a new "
                       f"records file)", stacklevel=3)
     return kept
-
-
-def on_this_device(records: list[Record], where: str, device: tuple[str, str | None],
-                   wanted: Callable[[Record], bool], what: str) -> list[Record]:
-    """The `wanted` records measured on `device` (name, isa). The wanted ones of other
-    devices are skipped with one warning counting them, or, when no wanted record is of
-    this device, refused with an error naming the devices they are of."""
-    wanted_ones = [r for r in records if wanted(r)]
-    mine = [r for r in wanted_ones if measured_on(r, *device)]
-    others = other_devices(wanted_ones, *device)
-    if others and not mine:
-        raise CompileError(f"{where} holds no record of {what} measured on this device "
-                           f"({device[0]}); it holds {describe_devices(others)}: tune on "
-                           f"this machine, or compile on the machine that measured them")
-    if others:
-        warnings.warn(f"{where}: skipped {sum(others.values())} record(s) of {what} measured "
-                      f"on another device ({describe_devices(others)})", stacklevel=4)
-    return mine
 
 
 def _candidates(part: Partition, recs: list[Record], fallback: str | None,

@@ -43,12 +43,11 @@ from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, outp
                                              random_inputs, scaled_error)
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import Partition, TaskStep, partition, run_steps
-from raytune_kernels.tune.records import (Record, best_per_task, describe_location,
-                                          load_records, missing_records)
+from raytune_kernels.tune.records import Record, best_per_task
 from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
-from raytune_kernels.precision import DEFAULT, tolerance
+from raytune_kernels.precision import tolerance
 from raytune_kernels.timing import TimingOptions, median, time_runs
 from raytune_kernels.cuda import device
 from raytune_kernels.cuda.device import torch_gpu_mode
@@ -316,30 +315,6 @@ def check_gpu_network(net: GpuNetwork, model, inputs, atol: float) -> None:
 
 # ------------------------------------------------------------------------ compile_network
 
-def cuda_records(records: "str | Iterable[Record] | None", arch: str, plain_ok: bool,
-                 precision: str = DEFAULT) -> list[Record]:
-    """The records measured for `arch` in `precision` ("cuda -arch=ARCH[ -precision=P]";
-    plain "cuda" ones of that precision too when `plain_ok`: the caller's GPU is the arch
-    they were measured on). A record of another precision is never taken."""
-    if records is None:
-        return []
-    where = "the records given"
-    if isinstance(records, str):  # a file or a record store
-        problem = missing_records(records)
-        if problem:
-            raise CompileError(problem)
-        records, where = load_records(records).records, describe_location(records)
-    wanted = {str(Target("cuda", arch=arch, precision=precision))}
-    wanted |= {str(Target("cuda", precision=precision))} if plain_ok else set()
-    mine = [r for r in records if r.target in wanted]
-    others = sorted({r.target for r in records if r.target.startswith("cuda")} - wanted)
-    if others and not mine:
-        raise CompileError(f"{where} holds no cuda record for {arch} in {precision}, only "
-                           f"for {', '.join(others)}: tune this target, or compile for "
-                           "theirs")
-    return mine
-
-
 def _without_kernel(part: Partition, best: dict[str, Record]) -> list[str]:
     """The steps without a record whose task has no CUDA kernel at all (an untuned
     default cannot run them either), named by layer and reason."""
@@ -354,7 +329,8 @@ def _without_kernel(part: Partition, best: dict[str, Record]) -> list[str]:
     return out
 
 
-def _arch(tgt: Target) -> str:
+def target_arch(tgt: Target) -> str:
+    """The arch a cuda target compiles for: its -arch, or the visible GPU's."""
     if tgt.arch:
         return tgt.arch
 
@@ -366,7 +342,7 @@ def _arch(tgt: Target) -> str:
 
 def compile_network_cuda(model: torch.nn.Module,
                          example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
-                         records: "str | Iterable[Record] | None" = None,
+                         records: Iterable[Record] = (),
                          target: "str | Target" = "cuda",
                          fallback: str | None = None, check: bool = True,
                          atol: float | None = None,
@@ -374,7 +350,8 @@ def compile_network_cuda(model: torch.nn.Module,
                          time_limit_s: float = 20.0,
                          device: "type[Device] | None" = None,
                          solver: Solver = solve_ilp, graph: bool = True) -> GpuNetwork:
-    """Compile `model` for a cuda target from the records for its arch.
+    """Compile `model` for a cuda target from `records`, those of its arch and precision
+    (compile.api.cuda_records picks them).
 
     Each step runs the best record of the layout the layout ILP gives it (layout="ilp"),
     or of one layout for the whole network where it has one ("uniform"); transforms
@@ -398,10 +375,10 @@ def compile_network_cuda(model: torch.nn.Module,
         raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
     if layout not in ("ilp", "uniform"):
         raise CompileError(f"layout must be 'ilp' or 'uniform', got {layout!r}")
-    arch = _arch(tgt)
+    arch = target_arch(tgt)
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) \
         else tuple(example_inputs)
-    recs = cuda_records(records, arch, plain_ok=tgt.arch is None, precision=tgt.precision)
+    recs = list(records)
     best = best_per_task(recs)
     part = partition(capture(model, inputs))
     missing = _without_kernel(part, best)

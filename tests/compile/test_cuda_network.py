@@ -18,8 +18,9 @@ from raytune_kernels.cuda.render import cuda_space_for
 from raytune_kernels.space import Config
 from raytune_kernels.measure import MeasureResult
 from raytune_kernels.errors import CompileError
+from raytune_kernels.compile.api import cuda_records
 from raytune_kernels.compile.cuda_network import (GpuNetwork, check_gpu_network,
-                                                  compile_network_cuda, cuda_records)
+                                                  compile_network_cuda)
 from raytune_kernels.compile.cuda_plan import (ALIGN, NCHW, NHWC, GBuf, GpuStep, assign_offsets,
                                                same_order, to_layout)
 from raytune_kernels.compile.report import output_error
@@ -156,7 +157,7 @@ def test_records_of_another_arch_alone_are_refused_naming_it(case):
     other = [dataclasses.replace(r, target="cuda -arch=sm_80") for r in records]
     with pytest.raises(CompileError, match="holds no cuda record for sm_90 in fp32, only "
                                            "for cuda -arch=sm_80: tune this target"):
-        compile_network_cuda(model, inputs, other, TARGET, device=EmulatorDevice)
+        cuda_records(other, ARCH, plain_ok=False)
 
 
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
@@ -171,7 +172,7 @@ def test_a_tensor_core_network_matches_the_model_within_its_precision(precision)
     assert 1e-6 < err <= tolerance(precision).network
     with pytest.raises(CompileError, match=f"holds no cuda record for sm_90 in fp32, only "
                                            f"for cuda -arch=sm_90 -precision={precision}"):
-        compile_network_cuda(model, inputs, records, TARGET, device=EmulatorDevice)
+        cuda_records(records, ARCH, plain_ok=False)
     # checked against the target's tolerance: the fp32 bound refuses the rounding
     with pytest.raises(CompileError, match="differs from the model"):
         compile_network_cuda(model, inputs, records, target, device=EmulatorDevice,
