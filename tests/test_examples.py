@@ -64,6 +64,7 @@ def test_extract_tasks_example():
     assert found and float(found.group(1)) < 1e-4, out[-2000:]
 
 
+@pytest.mark.e2e
 def test_tune_resnet18_example(tmp_path):
     records = tmp_path / "r18.jsonl"
     out = run([sys.executable, EXAMPLES / "tune_resnet18.py", "--trials", "4",
@@ -139,6 +140,7 @@ def submit(head, working_dir, *entrypoint) -> str:
                 "--working-dir", working_dir, "--", *entrypoint], working_dir, env)
 
 
+@pytest.mark.e2e
 def test_cluster_example_under_ray_job_submit(head, tmp_path):
     (tmp_path / "tiny.py").write_text(TINY)
     store = f"file://{tmp_path}/store/"
@@ -149,6 +151,7 @@ def test_cluster_example_under_ray_job_submit(head, tmp_path):
     assert len(records) == 8 and any(r.ok for r in records)
 
 
+@pytest.mark.e2e
 def test_cli_tune_under_ray_job_submit(head, tmp_path):
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "tiny.py").write_text(TINY)  # the model travels with the working dir
@@ -159,6 +162,7 @@ def test_cli_tune_under_ray_job_submit(head, tmp_path):
     assert len(load_records(str(records)).records) == 8
 
 
+@pytest.mark.e2e
 def test_a_job_runs_in_a_temporary_copy_of_its_working_dir(head, tmp_path):
     """Why the examples send records to an absolute path or a URI: a relative one would
     land in this copy, inside Ray's session directory on the head."""
@@ -169,6 +173,7 @@ def test_a_job_runs_in_a_temporary_copy_of_its_working_dir(head, tmp_path):
     assert cwd and cwd.group(1).startswith(head[2]) and cwd.group(1) != str(tmp_path), out
 
 
+@pytest.mark.e2e
 def test_a_submission_without_the_token_is_refused(head, tmp_path):
     """The dashboard's job server checks the token: none (auth off on this side, no
     ~/.ray/auth_token) is unauthorized, another one forbidden."""

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # a Ray cluster of several nodes: CI runs it in its e2e step
+
 SCRIPT = '''
 import os, sys, traceback
 

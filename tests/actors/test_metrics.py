@@ -193,6 +193,7 @@ def _values(run, name):
     return [(labels, v) for n, labels, v in run["series"] if n == "raytune_kernels_" + name]
 
 
+@pytest.mark.e2e
 def test_the_trials_counter_counts_every_trial_by_task(scraped):
     trials = _values(scraped, "trials_total")
     assert sum(v for _, v in trials) == scraped["trials"] == 8
@@ -205,6 +206,7 @@ def test_the_trials_counter_counts_every_trial_by_task(scraped):
     assert sum(v for _, v in _values(scraped, "errors_total")) == errors
 
 
+@pytest.mark.e2e
 def test_best_latency_per_task_and_the_estimate_match_the_result(scraped):
     best = {lb["task"]: v for lb, v in _values(scraped, "best_latency_ms")}
     assert best.keys() == scraped["best_ms"].keys()
@@ -215,6 +217,7 @@ def test_best_latency_per_task_and_the_estimate_match_the_result(scraped):
     assert all(v > 0 for _, v in _values(scraped, "best_gflops"))
 
 
+@pytest.mark.e2e
 def test_throughput_and_measurer_gauges_are_sane(scraped):
     [(_, rate)] = _values(scraped, "trials_per_second")
     [(_, busy)] = _values(scraped, "measurer_busy_fraction")

@@ -78,6 +78,7 @@ def test_stats_add_up_where_each_trial_went(pipeline, task, configs):
     assert sum(spent.values()) <= 3 * (now.wall_s - before.wall_s)
 
 
+@pytest.mark.e2e
 def test_injected_faults_become_error_kinds_and_the_pool_survives(pipeline, task, configs):
     good = configs[0]
     from raytune_kernels.cpu.kernel import build_for

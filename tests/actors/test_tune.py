@@ -11,6 +11,7 @@ from raytune_kernels.tune.records import RecordWriter, load_records
 from tests.support.nets import Depthwise, Tiny, before_knob
 
 
+@pytest.mark.e2e
 def test_tune_network_then_resume(ray_session, tmp_path):
     model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
     path = str(tmp_path / "tiny.jsonl")
@@ -68,6 +69,7 @@ def test_fewer_trials_than_tasks_warms_and_measures_as_many_tasks(ray_session, t
     assert result.estimated_latency_s == float("inf")
 
 
+@pytest.mark.e2e
 def test_records_of_another_cpu_are_kept_but_not_resumed(ray_session, tmp_path):
     model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
     conv = next(t for t in rk.extract_tasks(model, (x,)) if t.compute.op == "conv2d")
@@ -85,6 +87,7 @@ def test_records_of_another_cpu_are_kept_but_not_resumed(ray_session, tmp_path):
     assert result.trials == 4 and {r.device for r in after[4:]} == {mine[0].device}
 
 
+@pytest.mark.e2e
 def test_resuming_records_from_before_a_knob_names_the_task_that_never_searched_it(
         ray_session, tmp_path):
     """Depthwise records written before windows had the out_layout knob (read as the
@@ -168,6 +171,7 @@ class Heard(rk.Callback):
         self.result = result
 
 
+@pytest.mark.e2e
 def test_callbacks_hear_the_rounds_and_a_raising_one_keeps_the_records(ray_session, tmp_path,
                                                                       capsys):
     model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)

@@ -13,6 +13,7 @@ from tests.support.nets import Tiny as Small
 from tests.support.s3 import moto_server, new_bucket, s3_uri
 
 
+@pytest.mark.e2e
 def test_a_run_on_s3_resumes_from_another_directory(ray_session, tmp_path, monkeypatch):
     pytest.importorskip("pyarrow")
     pytest.importorskip("moto.server")

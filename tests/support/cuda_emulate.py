@@ -24,6 +24,9 @@ This is for tests: it is slow (a thread per CUDA thread), so use small shapes.
 """
 from __future__ import annotations
 
+import atexit
+import functools
+import hashlib
 import os
 import shutil
 import subprocess
@@ -292,15 +295,10 @@ def emulate_many(runs: list[tuple[CudaKernel, list[np.ndarray]]], sanitizer: str
         data += [np.asarray(a, np.float32).ravel() for a in arrays[:-1]]
         data.append(np.full(kernel.buffers[-1].size, np.nan, np.float32))
     kernels = [k for k, _ in runs]
+    program = (SHIM + TENSOR_CORES + RUNTIME + "".join(_unit(i, k) for i, k in enumerate(kernels))
+               + _main(kernels, launches))
+    exe = _built(cxx, program, sanitizer)
     with tempfile.TemporaryDirectory(prefix="rk_emu_") as d:
-        src, exe = os.path.join(d, "k.cpp"), os.path.join(d, "k")
-        with open(src, "w") as f:
-            f.write(SHIM + TENSOR_CORES + RUNTIME + "".join(_unit(i, k) for i, k in enumerate(kernels))
-                    + _main(kernels, launches))
-        proc = subprocess.run([cxx, *FLAGS, *SANITIZERS[sanitizer], src, "-o", exe],
-                              capture_output=True, text=True)
-        if proc.returncode:
-            raise EmulationError(f"emulator build failed:\n{proc.stderr[-4000:]}")
         np.concatenate(data).tofile(os.path.join(d, "in.bin"))
         run = subprocess.run([exe, os.path.join(d, "in.bin"), os.path.join(d, "out.bin")],
                              capture_output=True, text=True, timeout=timeout_s)
@@ -310,3 +308,32 @@ def emulate_many(runs: list[tuple[CudaKernel, list[np.ndarray]]], sanitizer: str
         flat = np.fromfile(os.path.join(d, "out.bin"), np.float32)
     bounds = np.cumsum([0] + [k.buffers[-1].size for k in kernels])
     return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+_BUILT: dict[str, str] = {}
+
+
+def _built(cxx: str, program: str, sanitizer: str) -> str:
+    """The executable of `program`, built once per process: an emulated network launches
+    the same kernels again and again, and the build (a C++ program under a sanitizer) costs
+    seconds where a run costs milliseconds. Inputs come from files, so a binary is reused
+    for any data."""
+    key = hashlib.sha256("\0".join((cxx, *FLAGS, *SANITIZERS[sanitizer], program))
+                         .encode()).hexdigest()
+    if key not in _BUILT:
+        src, exe = os.path.join(_build_dir(), f"{key}.cpp"), os.path.join(_build_dir(), key)
+        with open(src, "w") as f:
+            f.write(program)
+        proc = subprocess.run([cxx, *FLAGS, *SANITIZERS[sanitizer], src, "-o", exe],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            raise EmulationError(f"emulator build failed:\n{proc.stderr[-4000:]}")
+        _BUILT[key] = exe
+    return _BUILT[key]
+
+
+@functools.lru_cache(maxsize=1)
+def _build_dir() -> str:
+    path = tempfile.mkdtemp(prefix="rk_emu_bin_")
+    atexit.register(shutil.rmtree, path, True)
+    return path
