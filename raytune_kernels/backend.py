@@ -3,9 +3,13 @@ layouts a config reads and writes, the cost model's features, the analytic estim
 there is one, and how operands travel to and from its buffers.
 
 Everything above the backends (the search, the cost model, the tuner, the actors, the
-driver) asks the Backend instead of branching on the target's kind; `backend_for` is the
-one place that does. A Backend holds module-level functions (some bound to the device by
-functools.partial), so it pickles and travels to actors as it is.
+driver) asks the Backend instead of branching on the target's kind; `backend_for` and
+`platform_for` are the places that do. A Backend holds module-level functions (some bound
+to the device by functools.partial), so it pickles and travels to actors as it is.
+
+A Platform is what a target asks of the machines before its Backend can exist (a cuda
+Backend waits for the measuring GPU's arch): the driver's checks before any work, and the
+CPU that measures, where the driver is the one to describe it.
 
 Build and measure are not fields: they run in the builder and measurer actors, which the
 pipeline starts per device (actors/pipeline.py), and the compiled network has its own
@@ -14,6 +18,7 @@ entry per backend (compile/api.py).
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -21,8 +26,10 @@ import numpy as np
 
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.features import featurize, featurize_nest
-from raytune_kernels.cpu.machine import CpuInfo, cpu_info
+from raytune_kernels.cpu.machine import CpuInfo, cpu_info, host_device
+from raytune_kernels.cpu.probe import unusable_mcpu
 from raytune_kernels.cpu.schedules import lower, no_kernel_reason, pack, space_for, unpack
+from raytune_kernels.cuda.build import nvrtc_unavailable
 from raytune_kernels.cuda.features import featurize_cuda
 from raytune_kernels.cuda.gpu import GpuInfo, arch_has_mma, gpu_info
 from raytune_kernels.cuda.render import (cuda_layouts, cuda_pack, cuda_space_for, cuda_unpack,
@@ -97,11 +104,71 @@ def backend_for(target: str | Target, device: CpuInfo | GpuInfo | None = None) -
     raise UnknownTargetError(f"no backend for target kind {tgt.kind!r}")
 
 
+# (target, threads, num_measurers) -> why tuning cannot go ahead, or None
+Check = Callable[[Target, int, "int | None"], "str | None"]
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What tuning for a target kind asks of the machines (see the module docstring)."""
+
+    on_gpu: bool  # measures on the cluster's GPUs, one candidate at a time each
+    refuses: Check  # options or a target this kind cannot take
+    lacks_here: Check  # what this machine lacks to build and measure on its own
+    # (the CPU code is built for, the measuring CPU's name, its vector ISA): what records
+    # say measured them; None where the measurer names itself (a GPU)
+    measuring_cpu: Callable[[Target], "tuple[CpuInfo, str, str] | None"]
+
+
+def platform_for(target: str | Target) -> Platform:
+    """The Platform of a target string (its kind's)."""
+    tgt = parse_target(target)
+    if tgt.kind == "llvm":
+        return Platform(False, _cpu_refuses, _cpu_lacks, _measuring_cpu)
+    if tgt.kind == "cuda":
+        return Platform(True, _cuda_refuses, _cuda_lacks, _no_cpu)
+    raise UnknownTargetError(f"no backend for target kind {tgt.kind!r}")
+
+
 def unsupported_on(target: str | Target) -> Callable[[Compute], str | None]:
     """Why a target's backend has no kernel for a compute (None when it has one), known
     before any GPU is asked: on a CPU, also a space that comes out empty on it."""
     tgt = parse_target(target)
     return cuda_unsupported_reason if tgt.kind == "cuda" else backend_for(tgt).unsupported
+
+
+def _cpu_refuses(tgt: Target, threads: int, num_measurers: int | None) -> str | None:
+    return unusable_mcpu(tgt.mcpu)
+
+
+def _cpu_lacks(tgt: Target, threads: int, num_measurers: int | None) -> str | None:
+    """CPU measurers own `threads` cores each: this machine must have them all."""
+    cores = len(os.sched_getaffinity(0))
+    if (num_measurers or 1) * threads > cores:
+        return (f"{num_measurers or 1} measurer(s) x {threads} thread(s) need more cores "
+                f"than this machine gives us ({cores})")
+    return None
+
+
+def _measuring_cpu(tgt: Target) -> tuple[CpuInfo, str, str]:
+    # with -mcpu=X, code for X is timed on this host: records name the host
+    return (cpu_info(tgt.mcpu), *host_device())
+
+
+def _cuda_refuses(tgt: Target, threads: int, num_measurers: int | None) -> str | None:
+    if threads != 1 or num_measurers is not None:
+        return ("threads and num_measurers are CPU options; a cuda target measures on every "
+                "GPU of the cluster, one candidate at a time each")
+    return None
+
+
+def _cuda_lacks(tgt: Target, threads: int, num_measurers: int | None) -> str | None:
+    reason = nvrtc_unavailable()
+    return f"it compiles with NVRTC, which is not usable here: {reason}" if reason else None
+
+
+def _no_cpu(tgt: Target) -> None:
+    return None
 
 
 def _cpu_space(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:

@@ -1,6 +1,7 @@
-"""compile_network(), the public entry point: one call for every target. The records are
-resolved here, once, for either network (cpu_records, cuda_records), then handed to the
-target's network compiler (cpu_network for llvm, cuda_network for cuda)."""
+"""compile_network(), one call for every target. The records are resolved here, once, for
+either network (cpu_records, cuda_records), then handed to the target's network compiler
+(cpu_network for llvm, cuda_network for cuda). Also the tuner's view of what a network
+leaves to PyTorch on a target (pytorch_part_seconds)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,13 +11,15 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from raytune_kernels.compile.choose import Solver
-from raytune_kernels.compile.cpu_network import compile_network_cpu
+from raytune_kernels.compile.cpu_network import compile_network_cpu, island_seconds, torch_seconds
 from raytune_kernels.compile.cuda_network import compile_network_cuda, target_arch
 from raytune_kernels.cpu.machine import host_device
 from raytune_kernels.errors import CompileError
+from raytune_kernels.frontend.partition import Partition
 from raytune_kernels.layout.problem import solve_ilp
 from raytune_kernels.precision import DEFAULT
 from raytune_kernels.target import Target, parse_target
+from raytune_kernels.task import Task
 from raytune_kernels.tune.records import (Record, describe_devices, describe_location,
                                           load_records, measured_on, missing_records,
                                           other_devices)
@@ -131,3 +134,17 @@ def _loaded(records: "str | Iterable[Record] | None") -> tuple[list[Record], str
             raise CompileError(problem)
         return load_records(records).records, describe_location(records)
     return list(records), "the records given"
+
+
+def pytorch_part_seconds(target: str | Target, skipped: Sequence[Task],
+                         part: Partition | None, inputs: Sequence[torch.Tensor],
+                         threads: int) -> float | None:
+    """Seconds of a network that run PyTorch however long it is tuned: the tasks without a
+    kernel on the target (weight x PyTorch's time on random operands) and, for a captured
+    network (`part`), its islands timed on the values `inputs` give them. Measured on this
+    machine's CPU with `threads` threads for an llvm target; None for a cuda target, whose
+    GPU is the measurers' and not this process's."""
+    if parse_target(target).kind != "llvm":
+        return None
+    total = sum(t.weight * torch_seconds(t.compute, threads) for t in skipped)
+    return total + (island_seconds(part, inputs, threads) if part is not None else 0.0)
