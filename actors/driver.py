@@ -1,5 +1,8 @@
-"""tune_network(): the driver entry point. The one core module that starts Ray and the
-actors; it imports them only when called, so the core stays importable without Ray."""
+"""The driver of a tuning run: raytune_kernels.tune_network / tune_tasks (and the CLI's
+`tune`) hand it a TuneRequest; it checks what can fail before any work, starts or joins
+Ray, starts the task scheduler actor and tells the callbacks of every round. Also the
+layout solver of a compile on a running Ray session. It imports the core modules it uses
+directly, and Ray only when called."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,92 +13,55 @@ from typing import Sequence
 
 import torch
 
-from raytune_kernels.compile.api import compile_network as compile_here
-from raytune_kernels.cpu.machine import cpu_info, host_device
-from raytune_kernels.backend import unsupported_on
-from raytune_kernels.errors import RaytuneError
-from raytune_kernels.measure import MeasureOptions
-from raytune_kernels.tune.callbacks import Callback, notify, stopped
-from raytune_kernels.tune.records import (RecordWriter, describe_devices, load_records,
-                                          measured_on)
-from raytune_kernels.tune.storage import StorageError, is_store, is_uri, open_store
+from raytune_kernels.backend import backend_for, platform_for, unsupported_on
+from raytune_kernels.compile.api import pytorch_part_seconds
+from raytune_kernels.compile.choose import Solver
+from raytune_kernels.errors import RaytuneError, TuneError
+from raytune_kernels.frontend.capture import capture
+from raytune_kernels.frontend.partition import Partition, partition
+from raytune_kernels.layout.problem import solve_ilp
 from raytune_kernels.space import Config, describe_tuned_before, tuned_before_knobs
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Task
-from raytune_kernels.tune.tuner import TuneOptions, TuningResult
+from raytune_kernels.tune.callbacks import Callback, notify, stopped
+from raytune_kernels.tune.records import (Record, RecordWriter, describe_devices, load_records,
+                                          measured_on)
+from raytune_kernels.tune.request import TuneRequest
+from raytune_kernels.tune.storage import StorageError, is_store, is_uri, open_store
+from raytune_kernels.tune.tuner import TuningResult
+
+__all__ = ["TuneError", "canonical_records_path", "layout_solver", "tune", "tune_model"]
 
 
-class TuneError(RaytuneError):
-    """Tuning could not start (bad address, unwritable records, unsupported target)."""
-
-
-def compile_network(*args, **kwargs):
-    """compile.api.compile_network; on a running Ray session (this process called
-    ray.init, or tune_network started one) its layout problems are solved in the
-    LayoutActor, without one in this process. Ray is never started for it."""
-    if kwargs.get("solver", 0) is None:
-        del kwargs["solver"]
+def layout_solver() -> Solver:
+    """The LayoutActor's solver on a running Ray session (this process called ray.init, or
+    tune_network started one), else PuLP/CBC in this process. Ray is never started, nor
+    imported, for it."""
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized() and "solver" not in kwargs:
+    if ray is not None and ray.is_initialized():
         from actors.layout_actor import solve_on_ray
 
-        kwargs["solver"] = solve_on_ray
-    return compile_here(*args, **kwargs)
+        return solve_on_ray
+    return solve_ilp
 
 
-compile_network.__doc__ += "\n\n" + (compile_here.__doc__ or "")
-
-
-def tune_network(model: torch.nn.Module, example_inputs: "Sequence[torch.Tensor] | torch.Tensor",
-                 target: str = "llvm", trials: int = 200, records: str | None = None,
-                 resume: bool = True, address: str | None = None,
-                 num_measurers: int | None = None, num_builders: int | None = None,
-                 batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True,
-                 strict: bool = False, callbacks: Sequence[Callback] = ()) -> TuningResult:
-    """Tune every task of `model` for `target` with a budget of `trials` measurements.
-
-    On "llvm", each candidate runs with `threads` threads on a measurer that owns that
-    many cores. On "cuda", every GPU of the cluster gets one measurer and the CPUs left
-    build with NVRTC, for the target's -arch or else the measuring GPU's own (records then
-    carry "cuda -arch=sm_XY"); a cluster without a GPU fails before any work.
-    Starts a local Ray when none is running, or joins `address`. With `resume`, the
-    measurements already in `records` count toward the budget and are never repeated,
-    and the cost model starts trained on them. Returns the best record per task and the
-    estimated network latency (sum of weight x best latency). Ops without a kernel of ours
-    run in PyTorch (islands, named in one warning) unless `strict`, which refuses them; on
-    "llvm" the estimate includes their PyTorch time (and that of tasks with no kernel on
-    this CPU), measured once on this machine with `threads` threads before tuning.
-    `callbacks` (raytune_kernels.Callback) hear of every round in this process, after its
-    records are written; `verbose` adds the progress table as the first of them."""
-    from raytune_kernels import capture, partition
-
-    _check_numbers(trials=trials, batch=batch, threads=threads, num_measurers=num_measurers,
-                   num_builders=num_builders)
+def tune_model(request: TuneRequest, model: torch.nn.Module,
+               example_inputs: "Sequence[torch.Tensor] | torch.Tensor", *,
+               strict: bool = False, callbacks: Sequence[Callback] = ()) -> TuningResult:
+    """raytune_kernels.tune_network's run: the checks, then `model` captured (`strict`:
+    refusing ops without a kernel) and its tasks tuned as `request` says."""
     callbacks = _check_callbacks(callbacks)
-    records = canonical_records_path(records)
-    tgt = _preflight(target, records, address, threads, num_measurers)
+    request = _preflight(request)
     part = partition(capture(model, example_inputs, strict=strict))
     inputs = ((example_inputs,) if isinstance(example_inputs, torch.Tensor)
               else tuple(example_inputs))
-    return _tune(list(part.tasks), tgt, trials, records, resume, address, num_measurers,
-                 num_builders, batch, seed, threads, verbose, callbacks, network=(part, inputs))
+    return _tune(dataclasses.replace(request, tasks=tuple(part.tasks)), callbacks, part, inputs)
 
 
-def tune_tasks(tasks: Sequence[Task], target: str = "llvm", trials: int = 200,
-               records: str | None = None, resume: bool = True, address: str | None = None,
-               num_measurers: int | None = None, num_builders: int | None = None,
-               batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True,
-               callbacks: Sequence[Callback] = ()) -> TuningResult:
-    """tune_network() for a chosen list of tasks (e.g. some of extract_tasks(model, x)):
-    the same checks, pipeline, records, callbacks and result, with `trials` shared by
-    these tasks."""
-    _check_numbers(trials=trials, batch=batch, threads=threads, num_measurers=num_measurers,
-                   num_builders=num_builders)
+def tune(request: TuneRequest, *, callbacks: Sequence[Callback] = ()) -> TuningResult:
+    """raytune_kernels.tune_tasks's run: the checks, then `request.tasks` tuned."""
     callbacks = _check_callbacks(callbacks)
-    records = canonical_records_path(records)
-    tgt = _preflight(target, records, address, threads, num_measurers)
-    return _tune(list(tasks), tgt, trials, records, resume, address, num_measurers,
-                 num_builders, batch, seed, threads, verbose, callbacks)
+    return _tune(_preflight(request), callbacks)
 
 
 def canonical_records_path(records) -> str | None:
@@ -120,16 +86,6 @@ def canonical_records_path(records) -> str | None:
     return path + os.sep if is_store(location) else path
 
 
-def _check_numbers(**numbers) -> None:
-    """Every count a run takes is a positive integer (None: the default), refused before
-    any work with an error naming the argument."""
-    for name, value in numbers.items():
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise TuneError(f"{name} must be a positive integer, got {value!r}")
-
-
 def _check_callbacks(callbacks) -> list[Callback]:
     """A list of Callback instances, refused before any work: a function or a lone
     callback passed instead would fail only once the first round was measured."""
@@ -140,87 +96,67 @@ def _check_callbacks(callbacks) -> list[Callback]:
     return list(callbacks)
 
 
-def _preflight(target: str, records: str | None, address: str | None, threads: int,
-               num_measurers: int | None) -> Target:
-    """Everything that can fail before any work: the target, the cluster address, a GPU
-    for cuda, a writable records file, the cores for CPU measurers."""
-    tgt = parse_target(target)
-    if tgt.kind == "llvm" and tgt.mcpu:
-        from raytune_kernels.cpu.probe import unusable_mcpu
-
-        problem = unusable_mcpu(tgt.mcpu)
-        if problem:
-            raise TuneError(f"target {str(tgt)!r}: {problem}")
-    if address:
-        check_reachable(address)
-    if tgt.kind == "cuda":
-        _check_cuda(tgt, address, threads, num_measurers)
+def _preflight(request: TuneRequest) -> TuneRequest:
+    """Everything that can fail before any work: the records location, the target and its
+    options, the cluster address, a GPU in the cluster where the target measures on one,
+    what this machine needs to build and measure alone, a writable records file. Returns
+    the request with its target and records location in canonical form."""
+    records = canonical_records_path(request.records)
+    tgt = parse_target(request.target)
+    platform = platform_for(tgt)
+    problem = platform.refuses(tgt, request.threads, request.num_measurers)
+    if problem:
+        raise TuneError(f"target {str(tgt)!r}: {problem}")
+    if request.address:
+        check_reachable(request.address)
+    if platform.on_gpu:
+        require_gpu(_start_ray(request.address), str(tgt))
+    # on a cluster the other nodes build and measure, not this one
+    problem = None if request.address else \
+        platform.lacks_here(tgt, request.threads, request.num_measurers)
+    if problem:
+        raise TuneError(f"target {str(tgt)!r}: {problem}")
     if records:
         RecordWriter(records).close()  # an unwritable path fails here, before any work
-    if not address and tgt.kind == "llvm":
-        _check_cores(threads, num_measurers)
-    return tgt
+    return dataclasses.replace(request, target=str(tgt), records=records)
 
 
-def _tune(tasks: list[Task], tgt: Target, trials, records, resume, address, num_measurers,
-          num_builders, batch, seed, threads, verbose, callbacks, network=None
-          ) -> TuningResult:
-    tasks, skipped = _tunable(tasks, tgt)
-    if trials < len(tasks):
-        warnings.warn(f"{trials} trials for {len(tasks)} tasks: {len(tasks) - trials} task(s) "
-                      f"get no trial and no kernel, and the estimate stays infinite; give at "
-                      f"least {len(tasks)} trials (each task's first round is shortened to fit)",
-                      stacklevel=3)
-    torch_s = _torch_part(skipped, network, tgt, threads)
-    history = load_records(records).records if (records and resume) else []
-    ray = _start_ray(address)
-    return _run(ray, tasks, tgt, records, history, trials, batch, seed,
-                threads, num_measurers, num_builders, verbose, callbacks, torch_s)
+def _tune(request: TuneRequest, callbacks: list[Callback], part: Partition | None = None,
+          inputs: Sequence[torch.Tensor] = ()) -> TuningResult:
+    """The checked request's run: its tunable tasks, the PyTorch part of the estimate, the
+    history resumed, Ray, and the measuring CPU, then the rounds."""
+    tasks, skipped = _tunable(list(request.tasks), request.target)
+    if request.trials < len(tasks):
+        warnings.warn(f"{request.trials} trials for {len(tasks)} tasks: "
+                      f"{len(tasks) - request.trials} task(s) get no trial and no kernel, and "
+                      f"the estimate stays infinite; give at least {len(tasks)} trials (each "
+                      f"task's first round is shortened to fit)", stacklevel=4)
+    torch_s = _torch_part(request, skipped, part, inputs)
+    history = load_records(request.records).records if (request.records and
+                                                         request.resume) else []
+    ray = _start_ray(request.address)
+    measuring = platform_for(request.target).measuring_cpu(parse_target(request.target))
+    cpu, device, isa = measuring or (None, None, None)
+    request = dataclasses.replace(
+        request, tasks=tuple(tasks), torch_s=torch_s, cpu=cpu, device=device, isa=isa,
+        cluster=len([n for n in ray.nodes() if n["Alive"]]) > 1)
+    return _run(ray, request, history, callbacks)
 
 
-def _torch_part(skipped: list[Task], network, tgt: Target, threads: int) -> float:
-    """Seconds of the network that run PyTorch however long we tune: tasks without a kernel
-    here (weight x PyTorch's time on random operands) and, for a captured network
-    (`network` = (partition, inputs)), its islands timed on the values they receive.
-    Measured on this machine's CPU with `threads` threads; on cuda they are not measured
-    (the GPU is the measurers'), and the estimate says it leaves them out."""
-    part = network[0] if network else None
+def _torch_part(request: TuneRequest, skipped: list[Task], part: Partition | None,
+                inputs: Sequence[torch.Tensor]) -> float:
+    """Seconds of the network that run PyTorch however long we tune
+    (compile.api.pytorch_part_seconds); where the target's are not measured here, 0, and
+    the estimate says it leaves them out."""
+    seconds = pytorch_part_seconds(request.target, skipped, part, inputs, request.threads)
+    if seconds is not None:
+        return seconds
     islands = part is not None and any(n.op == "torch" for n in part.graph.nodes)
-    if tgt.kind != "llvm":
-        if skipped or islands:
-            warnings.warn("the estimated latency leaves out what runs PyTorch (islands, tasks "
-                          f"without a kernel): it is measured only for llvm, not {tgt.kind}",
-                          stacklevel=4)
-        return 0.0
-    from raytune_kernels.compile.cpu_network import island_seconds, torch_seconds
-
-    total = sum(t.weight * torch_seconds(t.compute, threads) for t in skipped)
-    return total + (island_seconds(part, network[1], threads) if islands else 0.0)
-
-
-def _check_cores(threads: int, num_measurers: int | None) -> None:
-    """CPU measurers own `threads` cores each: this machine must have them all."""
-    if threads < 1 or (num_measurers or 1) * threads > len(os.sched_getaffinity(0)):
-        raise TuneError(f"{num_measurers or 1} measurer(s) x {threads} thread(s) need more "
-                        f"cores than this machine gives us ({len(os.sched_getaffinity(0))})")
-
-
-def _check_cuda(tgt: Target, address: str | None, threads: int,
-                num_measurers: int | None) -> None:
-    """What a cuda target needs, checked before any work (and before a records file is
-    created): options that mean something on a GPU, a GPU in the cluster, NVRTC here."""
-    if threads != 1 or num_measurers is not None:
-        raise TuneError(f"target {str(tgt)!r}: threads and num_measurers are CPU options; "
-                        "a cuda target measures on every GPU of the cluster, one "
-                        "candidate at a time each")
-    require_gpu(_start_ray(address), str(tgt))
-    if not address:  # on a cluster the builders' nodes compile, not this one
-        from raytune_kernels.cuda.build import nvrtc_unavailable
-
-        reason = nvrtc_unavailable()
-        if reason:
-            raise TuneError(f"target {str(tgt)!r} compiles with NVRTC, which is not "
-                            f"usable here: {reason}")
+    if skipped or islands:
+        warnings.warn("the estimated latency leaves out what runs PyTorch (islands, tasks "
+                      f"without a kernel): it is not measured for target {request.target!r}",
+                      stacklevel=5)
+    return 0.0
 
 
 def require_gpu(ray, target: str) -> None:
@@ -245,14 +181,15 @@ def _initial(ray, actor):
         raise
 
 
-def _tunable(tasks, tgt: Target) -> tuple[list[Task], list[Task]]:
+def _tunable(tasks: list[Task], target: str | Target) -> tuple[list[Task], list[Task]]:
     """(the tasks the target has a kernel for, the others), warning once about those."""
+    tgt = parse_target(target)
     reasons = [unsupported_on(tgt)(t.compute) for t in tasks]
     skipped = [(t, r) for t, r in zip(tasks, reasons) if r]
     if skipped:
         warnings.warn(f"not tuned for {tgt.kind} (no kernel for them yet): " +
                       "; ".join(f"{t.compute.describe()} ({r})" for t, r in skipped),
-                      stacklevel=4)
+                      stacklevel=5)
     return [t for t, r in zip(tasks, reasons) if not r], [t for t, _ in skipped]
 
 
@@ -286,31 +223,19 @@ def _start_ray(address: str | None):
     return ray
 
 
-def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads,
-         num_measurers, num_builders, verbose, callbacks, torch_s: float = 0.0
+def _run(ray, request: TuneRequest, history: list[Record], callbacks: list[Callback]
          ) -> TuningResult:
     from actors.tuning_actors import ON_HEAD, TaskSchedulerActor
 
     from raytune_kernels.tune.progress import ProgressView
 
-    opts = TuneOptions(trials=trials, batch=batch, seed=seed, threads=threads)
-    # on a GPU, "cold" is an L2 flushed before every repeat (cuda/measure.py)
-    mopts = MeasureOptions(threads=threads, min_repeat_ms=10, repeats=3, timeout_s=30,
-                           cold_weights=opts.cold_weights, flush_cache=tgt.kind == "cuda")
-    cluster = len([n for n in ray.nodes() if n["Alive"]]) > 1
-    cpu = cpu_info(tgt.mcpu) if tgt.kind == "llvm" else None  # a GPU describes itself
-    # records name the CPU that measures them (with -mcpu=X, code for X timed on this host)
-    host, isa = host_device() if cpu else (None, None)
-    if cpu is not None and history:
-        _warn_tuned_before(tasks, history, str(tgt), host, isa, threads, cpu)
-    actor = TaskSchedulerActor.options(**ON_HEAD).remote(
-        [t.to_json() for t in tasks], str(tgt), host, cpu, records,
-        [r.to_json() for r in history], opts, num_measurers, num_builders, mopts, tgt.mcpu,
-        cluster, isa, torch_s)
-    view = ProgressView(trials) if verbose else None
+    if request.cpu is not None and history:
+        _warn_tuned_before(request, history)
+    actor = TaskSchedulerActor.options(**ON_HEAD).remote(request, [r.to_json() for r in history])
+    view = ProgressView(request.trials) if request.verbose else None
     callbacks = ([view] if view else []) + callbacks
     try:
-        result = _rounds(ray, actor, tgt, records, callbacks, torch_s)
+        result = _rounds(ray, actor, request, callbacks)
     except BaseException as exc:
         if view:
             view.__exit__(None, None, None)  # a live table gives the terminal back
@@ -320,27 +245,26 @@ def _run(ray, tasks, tgt: Target, records, history, trials, batch, seed, threads
         raise
     finally:
         ray.kill(actor)
-    notify(callbacks, "on_end", result, stopped(len(result.rounds), result.trials, records))
+    notify(callbacks, "on_end", result, stopped(len(result.rounds), result.trials,
+                                                request.records))
     return result
 
 
-def _warn_tuned_before(tasks, history, target: str, host: str, isa, threads: int, cpu
-                       ) -> None:
+def _warn_tuned_before(request: TuneRequest, history: list[Record]) -> None:
     """One warning when resumed tasks hold only records measured before a knob joined
     their space (space.tuned_before_knobs): the search reaches what that knob adds only
     with the trials this run adds beyond the records already there, and a `trials` no
     larger than those adds none."""
-    from raytune_kernels.cpu.schedules import space_for
-
-    keys = {t.key for t in tasks}
-    mine = [r for r in history if r.ok and r.task_key in keys and r.target == target
-            and r.threads == threads and measured_on(r, host, isa)]
-    spaces = {t.key: space_for(t.compute, cpu) for t in tasks}
-    older = describe_tuned_before(tasks, tuned_before_knobs(
+    keys = {t.key for t in request.tasks}
+    mine = [r for r in history if r.ok and r.task_key in keys and r.target == request.target
+            and r.threads == request.threads and measured_on(r, request.device, request.isa)]
+    space = backend_for(request.target, request.cpu).space
+    spaces = {t.key: space(t.compute) for t in request.tasks}
+    older = describe_tuned_before(request.tasks, tuned_before_knobs(
         ((r.task_key, Config.from_json(r.config)) for r in mine), spaces))
     if older:
         warnings.warn(f"{older}: only the trials this run adds beyond the {len(mine)} "
-                      f"records resumed search it", stacklevel=5)
+                      f"records resumed search it", stacklevel=6)
 
 
 def host_fault_error(exc: BaseException) -> TuneError | None:
@@ -352,15 +276,16 @@ def host_fault_error(exc: BaseException) -> TuneError | None:
     return TuneError(f"tuning stopped: {cause}") if isinstance(cause, HostFault) else None
 
 
-def _rounds(ray, actor, tgt: Target, records, callbacks, torch_s: float) -> TuningResult:
+def _rounds(ray, actor, request: TuneRequest, callbacks: list[Callback]) -> TuningResult:
     """Every round of the scheduler actor, each told to the callbacks once its records are
     written; the result, with the PyTorch part added to its estimates."""
+    records, torch_s = request.records, request.torch_s
     first = _initial(ray, actor)
     others = ray.get(actor.other_devices.remote())
     if others:
         warnings.warn(f"{records}: skipped {sum(others.values())} record(s) of target "
-                      f"{str(tgt)!r} measured on another device "
-                      f"({describe_devices(others)}); this run tunes its own", stacklevel=5)
+                      f"{request.target!r} measured on another device "
+                      f"({describe_devices(others)}); this run tunes its own", stacklevel=6)
     notify(callbacks, "on_start", _with_torch(first, torch_s), stopped(0, first.trials, records))
     while (step := ray.get(actor.step.remote())) is not None:
         summary, new = _with_torch(step[0], torch_s), step[1]

@@ -1,7 +1,7 @@
 """The layout actor: solves a layout problem with PuLP/CBC under a time limit.
 
-compile_network called through raytune_kernels on a running Ray session solves its layout
-problems here (actors/driver.compile_network passes `solve_on_ray` as the solver), so a
+raytune_kernels.compile_network on a running Ray session solves its layout problems here
+(actors.driver.layout_solver gives it `solve_on_ray` as the solver), so a
 cluster's driver, which may be a laptop, neither needs CBC's CPU time nor its binary."""
 from __future__ import annotations
 

@@ -13,16 +13,17 @@ import os
 
 import ray
 
-from raytune_kernels.backend import Backend, backend_for
-from raytune_kernels.cpu.machine import CpuInfo
+from raytune_kernels.backend import Backend, backend_for, platform_for
 from raytune_kernels.cuda.gpu import ArchMismatchError, check_measurable, gpu_info
+from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.space import Config
 from raytune_kernels.tune.cost_model import CostModel, training_set
 from raytune_kernels.tune.records import Record, RecordWriter
 from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
 from raytune_kernels.target import parse_target
 from raytune_kernels.task import Task
-from raytune_kernels.tune.tuner import (RoundSummary, TuneOptions, Tuner)
+from raytune_kernels.tune.request import TuneRequest
+from raytune_kernels.tune.tuner import RoundSummary, Tuner
 
 from actors.measure_actors import pin_cores
 from actors.metrics import TuningMetrics
@@ -122,25 +123,23 @@ class TaskSchedulerActor:
     """Runs the Tuner: owns the budget, the scheduler, the measuring pipeline and the
     records writer (the single writer)."""
 
-    def __init__(self, tasks: list[dict], target: str, device: str | None,
-                 cpu: CpuInfo | None, records: str | None, history: list[dict],
-                 opts: TuneOptions, num_measurers: int | None, num_builders: int | None,
-                 measure_opts, mcpu, cluster: bool = False, isa: str | None = None,
-                 torch_s: float = 0.0):
-        """`device` and `isa` name the measuring CPU of an llvm target, `cpu` describes
-        the CPU code is built for. A cuda target passes None for them: the measuring GPU
-        tells its name and arch, and the records' target gains the arch ("cuda" ->
-        "cuda -arch=sm_90"). `torch_s`, the network's PyTorch part, joins the estimate
-        in the dashboard metrics (actors/metrics.py), recorded after every round."""
-        task_list = [Task.from_json(t) for t in tasks]
+    def __init__(self, request: TuneRequest, history: list[dict]):
+        """`request.device` and `request.isa` name the measuring CPU of an llvm target,
+        `request.cpu` describes the CPU code is built for. On a cuda target they are None:
+        the measuring GPU tells its name and arch, and the records' target gains the arch
+        ("cuda" -> "cuda -arch=sm_90"). `request.torch_s`, the network's PyTorch part,
+        joins the estimate in the dashboard metrics (actors/metrics.py), recorded after
+        every round. `history`: the records resumed, as JSON."""
+        tasks, target, device = list(request.tasks), request.target, request.device
         self.problem: Exception | None = None
-        self.metrics = TuningMetrics(torch_s)
-        cuda = parse_target(target).kind == "cuda"
+        self.metrics = TuningMetrics(request.torch_s)
+        on_gpu = platform_for(target).on_gpu
+        opts, measure_opts = request.tune_options(), request.measure_options(on_gpu)
         # the search and cost model actors start while the pipeline below waits for its
         # measurers (a cuda target's backend needs the measuring GPU's arch first)
-        pool = None if cuda else RaySearchPool(task_list, backend_for(target, cpu), opts.seed,
-                                               opts.search)
-        if cuda:
+        pool = None if on_gpu else RaySearchPool(tasks, backend_for(target, request.cpu),
+                                                 opts.seed, opts.search)
+        if on_gpu:
             self.pipeline, target, device, info = _gpu_pipeline(target, measure_opts)
             try:
                 check_measurable(self.pipeline.gpu_arch(), self.pipeline.gpu_archs())
@@ -148,14 +147,12 @@ class TaskSchedulerActor:
                 self.problem = exc
                 return
         else:
-            self.pipeline, info = _cpu_pipeline(measure_opts, mcpu, num_measurers,
-                                                num_builders, cluster), cpu
-        self.writer = RecordWriter(records) if records else None
-        pool = pool or RaySearchPool(task_list, backend_for(target, info), opts.seed,
-                                     opts.search)
+            self.pipeline, info = _cpu_pipeline(request, measure_opts), request.cpu
+        self.writer = RecordWriter(request.records) if request.records else None
+        pool = pool or RaySearchPool(tasks, backend_for(target, info), opts.seed, opts.search)
         opts = dataclasses.replace(opts, overlap=_overlap(self.pipeline, pool))
-        self.tuner = Tuner(task_list, target, device, self.pipeline.run, pool, self.writer,
-                           [Record.from_json(r) for r in history], opts, isa)
+        self.tuner = Tuner(tasks, target, device, self.pipeline.run, pool, self.writer,
+                           [Record.from_json(r) for r in history], opts, request.isa)
 
     def initial(self) -> RoundSummary:
         """The table before any round; raises what made the run impossible, if anything."""
@@ -208,16 +205,17 @@ def _pin_niced(cores: tuple[int, ...]) -> None:
         os.nice(19 - os.nice(0))
 
 
-def _cpu_pipeline(measure_opts, mcpu, num_measurers, num_builders, cluster: bool):
+def _cpu_pipeline(request: TuneRequest, measure_opts: MeasureOptions):
     """CPU measurers owning `threads` cores each: on every node of a cluster, placed by
     the rules, or on this machine's cores."""
     from actors.pipeline import MeasurePipeline
 
-    if cluster:
-        return MeasurePipeline.on_cluster(measure_opts, measure_opts.threads, mcpu,
-                                          measurers_per_node=num_measurers)
-    return MeasurePipeline(num_measurers or 1, num_builders, measure_opts,
-                           cores_per_measurer=measure_opts.threads, mcpu=mcpu)
+    mcpu = parse_target(request.target).mcpu
+    if request.cluster:
+        return MeasurePipeline.on_cluster(measure_opts, request.threads, mcpu,
+                                          measurers_per_node=request.num_measurers)
+    return MeasurePipeline(request.num_measurers or 1, request.num_builders, measure_opts,
+                           cores_per_measurer=request.threads, mcpu=mcpu)
 
 
 def _gpu_pipeline(target: str, measure_opts):

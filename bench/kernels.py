@@ -122,7 +122,7 @@ def cuda_tasks(model_name: str, target, limit: int) -> list:
     from raytune_kernels.cuda.render import cuda_unsupported_reason
 
     model, inputs = zoo.load(model_name)
-    tasks = [t for t in rk.extract_tasks(model, inputs, target)
+    tasks = [t for t in rk.extract_tasks(model, inputs, target=target)
              if t.compute.op in ("conv2d", "dense") and cuda_unsupported_reason(t.compute) is None]
     return tasks[:limit] if limit else tasks
 

@@ -38,13 +38,13 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
     target = parse_target(args.target)  # a bad target fails before the model is built
     model, inputs = zoo.load(args.model)
-    print(format_tasks(extract_tasks(model, inputs, target, strict=args.strict), str(target)))
+    print(format_tasks(extract_tasks(model, inputs, target=target, strict=args.strict),
+                       str(target)))
     return 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from raytune_kernels import parse_target, zoo
-    from actors.driver import tune_network
+    from raytune_kernels import parse_target, tune_network, zoo
 
     parse_target(args.target)  # a bad target fails before the model is built
     model, inputs = zoo.load(args.model)

@@ -40,3 +40,8 @@ class UnknownModelError(RaytuneError, ValueError):
 
 class CompileError(RaytuneError):
     """The network cannot be compiled as asked (names the task, layer or value)."""
+
+
+class TuneError(RaytuneError):
+    """Tuning could not start (bad address, unwritable records, unsupported target, a count
+    that is not a positive integer), or stopped for the machine's sake."""
