@@ -34,7 +34,7 @@ from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, outp
 from raytune_kernels.cpu.probe import unusable_mcpu
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
-from raytune_kernels.cpu.rows import ROW_OPS
+from raytune_kernels.cpu.row_kernels import ROW_OPS
 from raytune_kernels.cpu.border import border_runs, fill_kernel
 from raytune_kernels.cpu.runner import make_runner
 from raytune_kernels.cpu.estimate import cycles

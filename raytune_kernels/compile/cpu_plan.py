@@ -17,7 +17,7 @@ from raytune_kernels.cpu.build import LoadedKernel, aligned, build
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.lower import operand_kinds
-from raytune_kernels.cpu.rows import ROW_OPS
+from raytune_kernels.cpu.row_kernels import ROW_OPS
 from raytune_kernels.cpu.schedules import lower, pack, writes_bordered
 from raytune_kernels.space import Config
 from raytune_kernels.cpu.transform import Layout

@@ -19,8 +19,8 @@ from raytune_kernels.cpu.im2col import (applicable as im2col_applicable, im2col_
 from raytune_kernels.cpu.loopnest import LoopNest
 from raytune_kernels.cpu.lower import (LoweringError, lower as lower_tiled, operand_kinds,
                                        pack_operands, unpack_output)
-from raytune_kernels.cpu.rows import (ROW_OPS, RowLoweringError, lower_rows, pack_rows, row_shape,
-                                      row_space, unpack_rows)
+from raytune_kernels.cpu.row_kernels import (ROW_OPS, RowLoweringError, lower_rows, pack_rows,
+                                             row_shape, row_space, unpack_rows)
 from raytune_kernels.cpu.contraction_space import contraction_space
 from raytune_kernels.space import Config, Space, UnionSpace
 from raytune_kernels.cpu.winograd import (VARIANTS as WINOGRAD, applicable as winograd_applicable,

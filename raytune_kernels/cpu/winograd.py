@@ -41,7 +41,7 @@ from raytune_kernels.cpu.loopnest import (BCAST_FMA, PARALLEL, SERIAL, UNROLL, A
                                           Buffer, For, Ld, LoopNest, MapGroup, Num, Split,
                                           StoreTile, Tile, UpdateTile, ZeroTile)
 from raytune_kernels.cpu.lower import operand_kinds, pack_operands
-from raytune_kernels.cpu.rows import epilogue_expr
+from raytune_kernels.cpu.row_kernels import epilogue_expr
 from raytune_kernels.space import Space
 
 if TYPE_CHECKING:

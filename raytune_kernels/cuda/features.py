@@ -14,7 +14,7 @@ import re
 
 from raytune_kernels.cuda.kernel import CudaKernel
 from raytune_kernels.cuda.render import GEMM_OPS, render_cuda
-from raytune_kernels.cuda.rows import ROW_OPS
+from raytune_kernels.cuda.row_kernels import ROW_OPS
 from raytune_kernels.cuda.window import WINDOW_OPS, is_window
 from raytune_kernels.cuda.gpu import GpuInfo
 from raytune_kernels.space import Config

@@ -24,8 +24,9 @@ from raytune_kernels.cuda.gemm_views import gemm_view
 from raytune_kernels.cuda.kernel import CudaKernel, buffers_of
 from raytune_kernels.cuda.mma import MMA_PRECISIONS, mma_space, render_mma, scratch_buffers
 from raytune_kernels.precision import DEFAULT, PRECISIONS
-from raytune_kernels.cuda.rows import (ROW_OPS, Rows, elementwise_space, render_elementwise,
-                                       render_rows, row_reason, row_space)
+from raytune_kernels.cuda.row_kernels import (ROW_OPS, Rows, elementwise_space,
+                                              render_elementwise, render_rows, row_reason,
+                                              row_space)
 from raytune_kernels.cuda.window import (LAYOUTS, Window, is_window, render_window, window_reason,
                                          window_space)
 from raytune_kernels.space import Config, Space, UnionSpace

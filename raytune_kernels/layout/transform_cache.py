@@ -21,7 +21,7 @@ from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.space import Config
 
 # the code a transform kernel comes from: a change to any of them is a new kernel
-GENERATOR = ("cpu/transform.py", "cpu/llvm/ir.py", "cpu/llvm/rows.py", "cpu/loopnest.py",
+GENERATOR = ("cpu/transform.py", "cpu/llvm/ir.py", "cpu/llvm/row_statements.py", "cpu/loopnest.py",
              "cpu/build.py", "layout/costs.py")
 
 

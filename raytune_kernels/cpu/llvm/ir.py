@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from raytune_kernels.cpu.llvm import rows as llvm_rows
+from raytune_kernels.cpu.llvm import row_statements
 from raytune_kernels.cpu.llvm.text import (F32, I32, I64, PTR, VOID, Builder, Function, Module,
                                            Value, const, splat, vector)
 from raytune_kernels.cpu.llvm.math_ops import apply as apply_epilogue
@@ -145,7 +145,7 @@ class _Emitter:
         elif isinstance(s, StoreTile):
             self._store(s)
         else:
-            llvm_rows.emit(self, s)
+            row_statements.emit(self, s)
 
     def _for(self, s: For) -> None:
         if s.kind == UNROLL:
