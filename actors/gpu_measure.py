@@ -48,7 +48,7 @@ class GpuMeasurerActor:
         return device_arch()
 
     def name(self) -> str:
-        """This measurer's GPU, e.g. "NVIDIA H100 80GB HBM3" (records name their device)."""
+        """This measurer's GPU by its product name (records name their device)."""
         self._refuse_if_poisoned()
         return device_name()
 

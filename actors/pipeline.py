@@ -147,8 +147,8 @@ class MeasurePipeline:
         spare = cores[need:]
         # Alternate builds and measurements by batch, builders on every core, when no core
         # is free of measurement, and also when the free cores are no more than the
-        # measuring ones: a build costs several measurements (znver5, a ResNet-18 conv:
-        # 0.36 s against 0.06 s), so one builder beside one measurer keeps it idle 84% of
+        # measuring ones: a build costs several measurements (a ResNet-18 conv: 0.36 s
+        # against 0.06 s), so one builder beside one measurer keeps it idle 84% of
         # the time (2.7 trials/s on 2 cores), where building on both cores, then measuring,
         # makes more trials per second (bench/scaling.py).
         self.phased = len(spare) <= need if phased is None else phased

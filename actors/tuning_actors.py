@@ -87,7 +87,7 @@ class RaySearchPool:
                  opts: SearchOptions, num_search: int = 1):
         """`num_search` actors share the tasks. The Tuner asks for one batch at a time, so
         more than one only adds a process to start (torch and the package imported: ~4 s
-        of CPU each on a 2-vCPU znver3, during the first round)."""
+        of CPU each on 2 cores, during the first round)."""
         groups = [tasks[i::num_search] for i in range(min(num_search, len(tasks)))]
         self.actors = [SearchActor.options(**ON_HEAD).remote([t.to_json() for t in g], backend,
                                                              seed, opts) for g in groups]

@@ -3,7 +3,7 @@
 A Task is one anchor op (conv2d, dense, matmul, pool, softmax, layer norm, or a bare
 elementwise chain) with the elementwise ops fused after it as an epilogue. Its key hashes the
 compute only (op, shapes, attributes, dtype, epilogue): never the target or the layout, so the
-same network yields the same keys for "llvm" and "cuda" (seed 000's complaint).
+same network yields the same keys for "llvm" and "cuda".
 """
 from __future__ import annotations
 

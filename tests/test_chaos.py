@@ -13,8 +13,8 @@ import tempfile
 import pytest
 
 BENCH = pathlib.Path(__file__).parent.parent / "bench" / "chaos.py"
-# enough trials for the run to outlast every fault in turn: at 9 trials/s (znver5, 2 cores)
-# 40 were over before the kills after the full disk came (CI, 2026-11-25)
+# enough trials for the run to outlast every fault in turn: at 9 trials/s on 2 cores, a run
+# of 40 was over before the kills that follow the full disk came
 TRIALS = 160
 KILLS = ["sigkill_measurer", "ray_kill_builder", "remove_node", "driver_restart",
          "sigkill_builder", "ray_kill_measurer"]
@@ -32,7 +32,7 @@ def private_mounts() -> bool:
     return probe.returncode == 0
 
 
-@pytest.mark.slow  # 378 s alone on a 2-core znver3 (2026-11-25), a fifth of the suite there
+@pytest.mark.slow  # 378 s alone on 2 cores, a fifth of the default suite's time
 def test_a_short_chaos_run_loses_nothing_repeats_nothing_and_chooses_no_wrong_kernel():
     kills = ["disk_full"] * private_mounts() + KILLS  # first: while builds go on for sure
     run = subprocess.run(

@@ -45,7 +45,7 @@ def border_runs(layout: Layout, shape: tuple[int, ...], below: int | None = None
 def fill_ir(value: float) -> str:
     """IR text of the fill: for each run, `value` stored from `start` on, sixteen floats at
     a time (one vector store) while sixteen remain, then one at a time (one scalar store a
-    float made MobileNetV2's 18 refills 124 us a run, znver5)."""
+    float made MobileNetV2's 18 refills 124 us a run)."""
     v = const(F32, value).ref
     return f"""define void @{NAME}(ptr %buf, ptr %runs, i32 %threads) {{
 entry:

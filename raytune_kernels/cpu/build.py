@@ -11,7 +11,7 @@ Code generation runs without two of its passes (CODEGEN_OPTIONS):
   their FMAs and spills them (measured: 74-84% -> 91-96% of peak);
 - loop strength reduction: on our unrolled bodies it was up to two thirds of code
   generation (a Winograd kernel: 66 of 101 ms), and the kernels did not need it (the tuned
-  ResNet-18 kernels, built both ways and timed interleaved in one process, znver5, 2
+  ResNet-18 kernels, built both ways and timed interleaved in one process at 2
   threads: weighted sums 5425 vs 5440 us, each kernel within -10%..+4%, as many faster as
   slower; MobileNetV2's within run-to-run noise). Builds of those kernels: 1.29 -> 0.70 s.
 """
@@ -186,7 +186,7 @@ def compile_object(ir_text: str, mcpu: str | None = None, phases: list | None = 
 def linker() -> tuple[str, ...]:
     """How an object becomes a shared library: `ld -shared` itself, told where libgomp
     lies (asked of cc once), since the cc driver in front of it cost as much again as the
-    link (znver5: 9.4 against 5.6 ms a kernel, on every build); `cc -shared` where ld or
+    link (9.4 against 5.6 ms a kernel, on every build); `cc -shared` where ld or
     libgomp's directory cannot be found."""
     import shutil
 
@@ -398,7 +398,7 @@ def aligned(flat: np.ndarray) -> np.ndarray:
     """A 64-byte aligned copy of a flat float32 array. Arrays of a huge page or more (conv
     weights, activations, workspaces) start on a huge page, in memory advised for huge
     pages: streaming a layer's cold weights then walks a page table 512x smaller (ResNet-18
-    layer4 convs with rotating cold weights, znver5, 2 threads, interleaved: 2-6% faster)."""
+    layer4 convs with rotating cold weights, 2 threads, interleaved: 2-6% faster)."""
     out = aligned_empty(flat.size)
     out[:] = flat
     return out

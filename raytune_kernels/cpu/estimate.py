@@ -11,12 +11,13 @@ elementwise) cost their vector expressions per step, and a reduction waits on th
 of its `accs` accumulator chains.
 
 The machine's figures (FMA pipes, FMA latency, load ports per vector width) come from its
-measured model (cpu/machine.py): a Zen 1 core issues one 256-bit FMA per cycle at
-latency 5 where a Zen 3 core issues two at latency 4, and an estimate that assumed one
-machine ranked configs on the other close to randomly (rank correlation 0.37).
+measured model (cpu/machine.py): a core that splits a 256-bit FMA into two 128-bit halves
+issues one per cycle at latency 5 where a core with two 256-bit FMA pipes issues two at
+latency 4, and an estimate that assumed one core ranked configs on the other close to
+randomly (rank correlation 0.37).
 
 Measured by bench/estimate.py on random configs of ResNet-18's 19 conv and dense tasks (1
-thread, Zen 5): with warm caches (160 configs a task) the estimate's ranks correlate with
+thread): with warm caches (160 configs a task) the estimate's ranks correlate with
 the measured ones at 0.87 on average, and its first 8 picks hold a config within 5% of the
 best on 17 tasks (8 random picks would on 9.2 tasks, in expectation); with the weights out of
 cache, as tune_network times them (80 configs a task), 0.82 and 14 tasks (random: 7.0).

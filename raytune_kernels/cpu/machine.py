@@ -1,8 +1,8 @@
 """The host's machine model, measured rather than assumed.
 
-Cores differ where the analytic estimate and the space rules care: a Zen 1 core issues one
-256-bit FMA per cycle (two 128-bit halves) at a latency of 5, a Zen 3 or Skylake core two
-at 4, and L1/L2 sizes vary by a factor of two or more. So at first use on a host, short
+Cores differ where the analytic estimate and the space rules care: a core with 128-bit FMA
+units issues one 256-bit FMA per cycle (two halves) at a latency of 5, a core with two
+256-bit FMA pipes two at 4, and L1/L2 sizes vary by a factor of two or more. So at first use on a host, short
 microbenchmarks built through our own IR and builder measure, for each vector width the
 CPU has:
 - FMA throughput: peak.py's kernel, many independent accumulator chains of broadcast

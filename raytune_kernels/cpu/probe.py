@@ -47,7 +47,7 @@ for item, path in zip(job["jobs"], job["paths"]):
 
 def start_child(target: str) -> subprocess.Popen:
     """A child for run_jobs(target, ..., child=), started now: it imports `target`'s
-    module (torch and this package: ~4 s of CPU on a 2-vCPU znver3) while the caller
+    module (torch and this package: ~4 s of CPU on 2 cores) while the caller
     builds what it will run, and then waits for its job on stdin."""
     return subprocess.Popen([sys.executable, "-c", _CHILD, target], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

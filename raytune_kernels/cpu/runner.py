@@ -2,7 +2,7 @@
 
 A compiled network is a list of native calls (kernels and layout transforms) with, here
 and there, a PyTorch step. Calling each kernel from Python costs a ctypes call and a turn
-of the interpreter's loop per step (~0.5 us on znver5), between kernels whose OpenMP
+of the interpreter's loop per step (~0.5 us), between kernels whose OpenMP
 workers spin waiting for the next parallel region; MobileNetV2 has ~100 steps. A runner
 is one function, `void rk_run(ptr table, i32 nthreads)`, that calls every kernel of a
 run of consecutive native steps in order, reading each one's address and arguments from

@@ -8,8 +8,8 @@ the loader's search path: when CuPy cannot open NVRTC itself, we load it from th
 RTLD_GLOBAL (so CuPy's own dlopen finds it) and try again.
 What the compiler allocated (registers, static shared memory, stack) is read from the cubin
 itself, so the schedule space is checked against it whatever NVRTC version built it: ptxas -v's
-report ("Used N registers, M bytes smem", spills) is kept in the log, but NVRTC 13 on an H100
-returned no such report, and every candidate then failed the launch-limit check.
+report ("Used N registers, M bytes smem", spills) is kept in the log, but NVRTC 13 returns
+no such report, and every candidate would then fail the launch-limit check.
 """
 from __future__ import annotations
 

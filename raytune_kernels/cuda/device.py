@@ -42,12 +42,13 @@ def gpu_count() -> int:
 
 
 def device_arch(device: int = 0) -> str:
-    """The NVRTC arch of a device, e.g. "sm_90" for an H100 (what builders target)."""
+    """The NVRTC arch of a device, "sm_XY" for compute capability X.Y (what builders
+    target)."""
     return f"sm_{cupy().cuda.Device(device).compute_capability}"
 
 
 def device_name(device: int = 0) -> str:
-    """The product name of a device, e.g. "NVIDIA H100 80GB HBM3"."""
+    """The product name of a device, as the CUDA driver reports it."""
     name = cupy().cuda.runtime.getDeviceProperties(device)["name"]
     return name.decode() if isinstance(name, bytes) else str(name)
 

@@ -126,7 +126,7 @@ def _with_layouts(parts: list[tuple[str | None, Space]], extra: tuple) -> Space:
 def _space(compute: Compute) -> Space | UnionSpace:
     """Built once per compute: enumerating a GEMM space takes tens of milliseconds, and
     every render and every cost-model feature row checks its config against the space
-    (on an H100 run, rebuilding it per candidate held tuning under one trial a second)."""
+    (rebuilt per candidate, it held a GPU's tuning run under one trial a second)."""
     if compute.op in ROW_OPS:
         return row_space(Rows.from_compute(compute))
     if compute.op == "elementwise":

@@ -75,7 +75,7 @@ def require_gpu(what: str) -> str:
 
 
 def gpu_name() -> str:
-    """The product name of torch's current CUDA device, e.g. "NVIDIA H100 80GB HBM3"."""
+    """The product name of torch's current CUDA device, as the CUDA driver reports it."""
     return torch.cuda.get_device_name(torch.cuda.current_device())
 
 

@@ -148,7 +148,7 @@ def _few_configs(shape: tuple[int, ...], src: str = PLAIN, dst: str = PLAIN
     side (NCHW), which a tile a few columns wide transposes with C. Where channels are
     innermost on both sides (NHWC, NCHW<x>c) each pixel's channels are a contiguous run
     on both: a tile one column wide copies them as vectors, where eight columns made
-    LLVM untangle a 64x8 scalar transpose (znver5, 2 threads, NCHW64c <-> NHWC of
+    LLVM untangle a 64x8 scalar transpose (2 threads, NCHW64c <-> NHWC of
     ResNet-18's tensors: built in 0.14-0.19 s instead of 1.2-1.4 s, and ran 3.1-3.5x
     faster)."""
     space = transform_space(shape, src, dst)
@@ -216,8 +216,8 @@ def build_to_files(job: list) -> None:
 
 POOL_MIN_ITEMS = 8  # transforms per build child, at least
 # Build children pay for themselves only when they save more than their start (torch and
-# this package imported): znver3 (2 vCPUs), a ResNet-18 transform built in 45 ms on
-# average, a child started in ~4 s, so ResNet-18's ~110 transforms build faster here,
+# this package imported): on 2 cores, a ResNet-18 transform built in 45 ms on average
+# and a child started in ~4 s, so ResNet-18's ~110 transforms build faster here,
 # beside the timing child's start (measure_transforms).
 BUILD_S, CHILD_START_S = 0.045, 4.0
 

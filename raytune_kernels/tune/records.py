@@ -342,8 +342,8 @@ def measured_on(r: Record, device: str, isa: str | None = None) -> bool:
 
 def other_devices(records: Iterable[Record], device: str, isa: str | None = None
                   ) -> dict[str, int]:
-    """How many of `records` were measured elsewhere, by device ("znver3", or
-    "znver4 [avx2,fma]" where only the instruction sets differ)."""
+    """How many of `records` were measured elsewhere, by device (its name, or "NAME [ISA]"
+    where only the instruction sets differ)."""
     out: dict[str, int] = {}
     for r in records:
         if not measured_on(r, device, isa):

@@ -115,7 +115,7 @@ class Tuner:
 
         With `overlap`, the round after this one is chosen and proposed while this one is
         measured (building and timing took 2/3 of a round, proposing and learning the
-        rest: ResNet-18 on a 2-vCPU znver3). That round is then chosen one round early:
+        rest, tuning ResNet-18 on 2 cores). That round is then chosen one round early:
         without this round's results, among the other tasks (none, when this is the only
         one left: it is chosen after this round instead), by a cost model that has not yet
         learnt from this round."""

@@ -174,7 +174,7 @@ def test_a_builder_that_dies_mid_batch_is_replaced_and_nothing_hangs(pipeline, t
     assert len(set(ray.get([b.ready.remote() for b in pipeline.builders], timeout=60))) == \
         len(pipeline.builders)  # each alive, in a process of its own
     assert pipeline.stats.redone > redone  # the killed builds were done again (the
-    # third config's build, 0.45 s on znver5, is far longer than the 50 ms before the kill)
+    # third config's build, about 0.45 s, is far longer than the 50 ms before the kill)
 
 
 def test_a_build_past_the_build_timeout_is_a_build_error_and_the_rest_go_on(pipeline, task,

@@ -62,13 +62,14 @@ def test_avx2_space_has_only_eight_lanes():
 
 
 def test_fewest_accumulator_chains_follow_the_machine_model():
-    """A core with one FMA pipe at latency 5 (Zen 1's 256-bit FMAs) is kept busy by 5
-    chains: its space admits tiles of 5-7 chains that a two-pipe core's space leaves out."""
+    """A core with one FMA pipe at latency 5 (256-bit FMAs issued as two 128-bit halves) is
+    kept busy by 5 chains: its space admits tiles of 5-7 chains that a two-pipe core's space
+    leaves out."""
     one_pipe = VectorUnit(8, fma_per_cycle=1.0, fma_latency=5.0, loads_per_cycle=1.0)
-    zen1 = CpuInfo("test", (8,), 16, replace(AVX2.machine, units=(one_pipe,)))
+    one_pipe_cpu = CpuInfo("test", (8,), 16, replace(AVX2.machine, units=(one_pipe,)))
     con = contraction(_dense())
     accs = lambda space: {c[2] * c[3] * c[1] // 8 for c in space.coupled}  # noqa: E731
-    narrow, wide = accs(contraction_space(con, zen1)), accs(contraction_space(con, AVX2))
+    narrow, wide = accs(contraction_space(con, one_pipe_cpu)), accs(contraction_space(con, AVX2))
     assert min(wide) == 8 and wide < narrow and all(5 <= a < 8 for a in narrow - wide)
 
 

@@ -12,7 +12,7 @@ from raytune_kernels.cuda.features import blocks_per_sm, family, featurize_cuda,
 
 from tests.support.cuda_cases import CASES
 
-H100 = gpu_info("sm_90")
+SM90 = gpu_info("sm_90")
 
 
 def _configs(compute, n: int = 6) -> list[Config]:
@@ -33,7 +33,7 @@ def test_arch_figures():
 def test_every_family_gives_finite_features_of_one_length():
     lengths, families = set(), set()
     for name, compute in CASES.items():
-        rows = [featurize_cuda(compute, c, H100) for c in _configs(compute)]
+        rows = [featurize_cuda(compute, c, SM90) for c in _configs(compute)]
         assert all(math.isfinite(v) for row in rows for v in row), name
         lengths |= {len(row) for row in rows}
         families.add(family(compute))
@@ -46,7 +46,7 @@ def test_features_tell_configs_apart():
         cfgs = _configs(compute)
         if len(cfgs) < 2:
             continue
-        rows = {tuple(featurize_cuda(compute, c, H100)) for c in cfgs}
+        rows = {tuple(featurize_cuda(compute, c, SM90)) for c in cfgs}
         assert len(rows) == len(cfgs), name
 
 
@@ -58,9 +58,9 @@ def test_occupancy_follows_the_kernel_and_the_arch():
     bk, bm, bn = cfg["bk"], cfg["bm"], cfg["bn"]
     assert shared_bytes(render_cuda(compute, cfg)) in {4 * bk * (bm + bn + pad)
                                                        for pad in (0, 4, 8)}
-    assert blocks_per_sm(1024, 0, H100) == 2 and blocks_per_sm(64, 0, H100) == 32
-    assert blocks_per_sm(256, 100 << 10, H100) == 2
+    assert blocks_per_sm(1024, 0, SM90) == 2 and blocks_per_sm(64, 0, SM90) == 32
+    assert blocks_per_sm(256, 100 << 10, SM90) == 2
     assert blocks_per_sm(256, 100 << 10, gpu_info("sm_80")) == 1
     # more SMs: the same grid fills a smaller part of one wave
-    small = GpuInfo("sm_90", 66, H100.smem_per_sm, 2048, 32)
-    assert featurize_cuda(compute, cfg, small) != featurize_cuda(compute, cfg, H100)
+    small = GpuInfo("sm_90", 66, SM90.smem_per_sm, 2048, 32)
+    assert featurize_cuda(compute, cfg, small) != featurize_cuda(compute, cfg, SM90)

@@ -429,7 +429,7 @@ def test_the_small_cases_compile_for_both_archs():
 
 @needs_nvrtc
 def test_the_cubin_is_read_for_registers_shared_memory_and_stack_as_ptxas_reports_them():
-    """NVRTC 13 (seen on an H100) returns no ptxas report: the figures come from the cubin's
+    """NVRTC 13 returns no ptxas report: the figures come from the cubin's
     ELF sections, and agree with ptxas -v's report where NVRTC 12 gives one."""
     compared = 0
     for name, c in sorted(CASES.items()):

@@ -4,7 +4,7 @@ numbered exactly as llvmlite.ir spells and numbers them.
 llvmlite.ir builds an object per instruction, per operand list and per name, and formats
 each one through several layers of str.format: ~28 us an instruction, 60 ms for a
 ResNet-18 convolution candidate, the largest part of a build's CPU time (render 65 ms of
-~157 ms a trial on znver3). Here an instruction is one formatted line. The text is
+~157 ms a trial). Here an instruction is one formatted line. The text is
 byte-for-byte what llvmlite.ir produced for the same calls (tests/cpu/test_llvm_ir.py's
 goldens), so builds, their cache keys and the kernels are unchanged.
 
