@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 # name -> module that defines it, imported on first use
 _LAZY = {
     "capture": "raytune_kernels.frontend.capture",
+    "load": "raytune_kernels.compile.api",
+    "ArtifactError": "raytune_kernels.compile.artifact",
     "Graph": "raytune_kernels.frontend.graph",
     "Node": "raytune_kernels.frontend.graph",
     "CompiledNetwork": "raytune_kernels.compile.cpu_network",
@@ -238,10 +240,12 @@ def compile_network(model: "torch.nn.Module",
 
 
 __all__ = [
-    "Callback", "CallbackError", "CaptureError", "CompileError", "CompiledNetwork",
+    "ArtifactError", "Callback", "CallbackError", "CaptureError", "CompileError",
+    "CompiledNetwork",
     "Compute", "DynamicShapeError", "EpilogueOp", "GpuNetwork", "Graph", "Node", "Partition",
     "RaytuneError", "Record", "Target", "Task", "TensorSpec", "TuneError", "TuneRequest",
     "TuningResult", "UnknownModelError", "UnknownTargetError", "UnsupportedOpError",
-    "capture", "compile_network", "execute", "extract_tasks", "load_records", "parse_target",
+    "capture", "compile_network", "execute", "extract_tasks", "load", "load_records",
+    "parse_target",
     "partition", "tune_network", "tune_tasks",
 ]

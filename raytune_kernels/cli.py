@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -61,6 +62,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     from raytune_kernels import parse_target, zoo
     from raytune_kernels.compile.api import compile_network
+    from raytune_kernels.precision import tolerance
     from raytune_kernels.tune.records import missing_records
     from raytune_kernels.timing import TimingOptions, median, time_fn
 
@@ -93,11 +95,37 @@ def cmd_compile(args: argparse.Namespace) -> int:
         with torch.no_grad():
             eager = median(time_fn(lambda: model(*inputs), TimingOptions(3, 200, 7)))
         where = f"on the CPU, {args.threads} thread(s)"
-    print(f"checked against the model (difference <= 1e-3 of the output's scale)\n"
+    atol = tolerance(tgt.precision).network if tgt.kind == "cuda" else 1e-3
+    print(f"checked against the model (difference <= {atol:g} of the output's scale)\n"
           f"ours {ours * 1e3:.3f} ms, PyTorch eager {eager * 1e3:.3f} ms "
           f"({eager / ours:.2f}x), {where}")
     prof = net.profile(png=args.png, end_to_end=ours) if (args.profile or args.png) else None
     print(net.fidelity(ours, prof))
+    if args.output:
+        net.save(args.output)
+        print(f"saved to {args.output} ({os.path.getsize(args.output) / 2**20:.1f} MiB): "
+              f"raytune-kernels run {args.output} --benchmark")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Load a saved network, run it once on random inputs of its shapes, and time it."""
+    import time
+
+    import torch
+
+    from raytune_kernels.compile.api import load
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    net = load(args.file)
+    loaded = time.perf_counter() - start
+    outs = net(*net.random_inputs())
+    shapes = [tuple(o.shape) for o in (outs if isinstance(outs, tuple) else (outs,))]
+    print(f"loaded {args.file} in {loaded:.3f} s; output shape(s) {shapes}")
+    if args.benchmark:
+        print(f"{net.benchmark() * 1e3:.3f} ms per inference (median of repeats)")
     return 0
 
 
@@ -172,7 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one layout for the whole network instead of the ILP's choice")
     p.add_argument("--profile", action="store_true", help="print the per-layer table")
     p.add_argument("--png", default=None, help="save the per-layer bar chart here")
+    p.add_argument("-o", "--output", default=None,
+                   help="save the compiled network to this file (raytune-kernels run FILE, "
+                        "or raytune_kernels.load(FILE))")
     p.set_defaults(func=cmd_compile)
+    p = sub.add_parser("run", help="load a saved network and run it (no Ray, records or "
+                                   "tuning stack needed)")
+    p.add_argument("file", help="a file written by compile -o or net.save()")
+    p.add_argument("--benchmark", action="store_true", help="time it: median ms per call")
+    p.add_argument("--threads", type=int, default=None,
+                   help="PyTorch's threads for its steps (the kernels use the compiled count)")
+    p.set_defaults(func=cmd_run)
     p = sub.add_parser("plot", help="draw tuning curves from records (PNG)")
     p.add_argument("file", help=RECORDS)
     p.add_argument("-o", "--output", default="curve.png")

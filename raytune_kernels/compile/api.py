@@ -10,9 +10,11 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from raytune_kernels.compile.artifact import open_state
 from raytune_kernels.compile.choose import Solver
-from raytune_kernels.compile.cpu_network import compile_network_cpu, island_seconds, torch_seconds
-from raytune_kernels.compile.cuda_network import compile_network_cuda, target_arch
+from raytune_kernels.compile.cpu_network import (CompiledNetwork, compile_network_cpu,
+                                                 island_seconds, torch_seconds)
+from raytune_kernels.compile.cuda_network import GpuNetwork, compile_network_cuda, target_arch
 from raytune_kernels.cpu.machine import host_device
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import Partition
@@ -125,3 +127,17 @@ def pytorch_part_seconds(target: str | Target, skipped: Sequence[Task],
         return None
     total = sum(t.weight * torch_seconds(t.compute, threads) for t in skipped)
     return total + (island_seconds(part, inputs, threads) if part is not None else 0.0)
+
+
+def load(path: str, device=None):
+    """The network saved at `path` (net.save, or `raytune-kernels compile -o`), ready to
+    call: a CompiledNetwork or a GpuNetwork. Nothing is tuned, timed or solved, and neither
+    Ray, XGBoost, PuLP nor the records are needed. A file of another format version, a
+    truncated or altered file, a CPU without an instruction-set extension its kernels use,
+    or a GPU of another arch is refused with an ArtifactError saying which. `device`: for a
+    GPU network, the executor class (default: this machine's GPU through CuPy; one given,
+    such as the tests' emulator, runs what it is handed, unchecked)."""
+    header, state = open_state(path, check_machine=device is None)
+    if header["machine"]["kind"] == "cuda":
+        return GpuNetwork.from_state(state, device)
+    return CompiledNetwork.from_state(state)

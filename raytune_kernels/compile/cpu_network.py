@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from raytune_kernels.compile.artifact import cpu_machine, save
 from raytune_kernels.compile.choose import (TORCH, Solver, candidates_from_records, choose,
                                             estimated_latency, layout_family, prune,
                                             step_problem)
@@ -35,8 +36,9 @@ from raytune_kernels.cpu.probe import unusable_mcpu
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.row_kernels import ROW_OPS
-from raytune_kernels.cpu.border import border_runs, fill_kernel
-from raytune_kernels.cpu.runner import make_runner
+from raytune_kernels.cpu.border import border_runs, fill_ir, fill_kernel
+from raytune_kernels.cpu.build import build, keep
+from raytune_kernels.cpu.runner import Runner, make_runner
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info
 from raytune_kernels.cpu.schedules import lower, no_kernel_reason, space_for, writes_bordered
@@ -69,7 +71,7 @@ class CompiledNetwork(Reporting):
         self.part, self.graph, self.steps, self.threads = part, part.graph, steps, threads
         self.value_of = value_of
         self.plan, self.estimated_s = plan, estimated_s
-        self._in, self._out = inputs, outputs
+        self._in, self._out, self._aliases = inputs, outputs, list(aliases)
         self._arrays, refill = allocate(steps, inputs + outputs, aliases)
         self._in_views = [self.view(b) for b in inputs]
         self._out_views = [self.view(b) for b in outputs]
@@ -110,6 +112,7 @@ class CompiledNetwork(Reporting):
             for b in s.writes:
                 writer.setdefault(id(b), i)
         self._runs = [border_runs(b.layout, b.shape, below) for b, below in refill]  # alive
+        self._fill_values = sorted({b.border for b, _ in refill})
         fills: dict[int, list[tuple[Callable, list[int]]]] = {}
         for (b, _), runs in zip(refill, self._runs):
             call = (fill_kernel(b.border).fn, [self._arrays[id(b)].ctypes.data, runs.ctypes.data])
@@ -172,7 +175,43 @@ class CompiledNetwork(Reporting):
         for fn, args in self._segments:
             fn(*args)
 
+    def save(self, path: str) -> None:
+        """Write the network to one file (compile/artifact.py): raytune_kernels.load(path)
+        runs it in another process with neither Ray, XGBoost, PuLP nor the records."""
+        save(path, self.state(), cpu_machine(self.mcpu))
+
+    def state(self) -> dict:
+        """What a saved file holds to build this network again: the plan and its machine
+        code (the kernels' libraries travel inside their steps; the runners' and border
+        fills' by their IR)."""
+        index = {id(s): i for i, s in enumerate(self.steps)}
+        irs = [fn.ir for fn, _ in self._segments if isinstance(fn, Runner)]
+        irs += [fill_ir(v) for v in self._fill_values]
+        return {"part": self.part, "steps": self.steps, "inputs": self._in,
+                "outputs": self._out, "threads": self.threads, "plan": self.plan,
+                "estimated_s": self.estimated_s, "aliases": self._aliases,
+                "value_of": {index[k]: v for k, v in self.value_of.items()},
+                "examples": self.examples, "mcpu": self.mcpu,
+                "native": {ir: build(ir, persist=True).library for ir in irs}}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "CompiledNetwork":
+        """The network of a saved state: nothing built but the buffers, nothing timed."""
+        for ir, library in state["native"].items():
+            keep(ir, None, library)
+        steps = state["steps"]
+        net = cls(state["part"], steps, state["inputs"], state["outputs"], state["threads"],
+                  state["plan"], state["estimated_s"],
+                  {id(steps[i]): v for i, v in state["value_of"].items()}, state["aliases"])
+        net.examples, net.mcpu = state["examples"], state["mcpu"]
+        return net
+
     examples: "Sequence[torch.Tensor] | None" = None  # the inputs it was compiled with
+    mcpu: str | None = None  # the CPU its kernels were built for (None: the host)
+
+    def random_inputs(self, seed: int = 0) -> list[torch.Tensor]:
+        """Random inputs of the compiled shapes (token ids in the examples' range)."""
+        return self._random_inputs(seed)
 
     def _random_inputs(self, seed: int = 0) -> list[torch.Tensor]:
         return random_inputs([b.shape for b in self._in], self.examples, seed)
@@ -388,7 +427,7 @@ def compile_network_cpu(model: torch.nn.Module,
     estimated = estimated_latency(part, best, others)
     net = CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
                           estimated, planner.value_of, planner.aliases)
-    net.examples = inputs
+    net.examples, net.mcpu = inputs, tgt.mcpu
     if verbose:
         print(f"compiled {len(planner.steps)} steps "
               f"({sum(s.kind == 'kernel' for s in planner.steps)} kernels, "

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from raytune_kernels.compile.choose import TORCH
+from raytune_kernels.compile.step_fns import ConcatInto, Glue, Narrow, Reference
 from raytune_kernels.cpu.build import LoadedKernel, aligned, build
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.llvm.ir import render
@@ -25,8 +26,7 @@ from raytune_kernels.errors import CompileError
 from raytune_kernels.layout.costs import fastest_transform, transform_kernel
 from raytune_kernels.layout.graph import NCHW, Candidate
 from raytune_kernels.measure import MeasureOptions
-from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep, run_glue
-from raytune_kernels.frontend.reference import reference
+from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -188,7 +188,7 @@ class Planner:
                 return
             final = Buf(compute.output.numel, out_shape)
             self._torch(f"{step.layer} (narrow)", "glue", (step.layer,), [out], final,
-                        lambda t: t.view(rows, -1)[:, :n].reshape(out_shape), 0.0, None)
+                        Narrow(rows, n, tuple(out_shape)), 0.0, None)
             out = final
         self._produce(step.output, out, NCHW if internal else out_label)
 
@@ -201,12 +201,10 @@ class Planner:
             self.produced[node.name] = (self.aliases[-1], NCHW)
             return
         out = Buf(math.prod(shape), shape)
-        fn = lambda *xs, _n=node: run_glue(_n, dict(zip(_n.inputs, xs)))  # noqa: E731
         kind = "torch" if node.op == "torch" else "glue"  # an island runs PyTorch's op
-        self._torch(node.name, kind, (node.layer,), args, out, fn, 0.0, None)
+        self._torch(node.name, kind, (node.layer,), args, out, Glue(node), 0.0, None)
         if node.op == "concat":  # written in place: no temporary, no second copy
-            self.steps[-1].into = lambda out, *xs, _d=node.attr("dim"): torch.cat(xs, _d,
-                                                                                  out=out)
+            self.steps[-1].into = ConcatInto(node.attr("dim"))
         self._produce(node.name, out, NCHW)
 
     def _scratch(self, b) -> np.ndarray:
@@ -322,7 +320,7 @@ def operand_names(compute, cfg: Config) -> list[str]:
 
 
 def _torch_fn(compute) -> Callable:
-    return lambda *xs: reference(compute, *xs)
+    return Reference(compute)
 
 
 # ------------------------------------------------------------------------ buffer planning

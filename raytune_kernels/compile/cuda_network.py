@@ -26,6 +26,7 @@ The plan is made in compile/cuda_plan.py; this module runs it.
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Callable, Iterable, Protocol, Sequence
 
@@ -39,6 +40,7 @@ from raytune_kernels.layout.graph import Candidate
 from raytune_kernels.compile.cuda_plan import (NCHW, Const, GBuf, GpuPlan, GpuStep,
                                                choose_layouts, physical_shape, plan_network,
                                                step_candidates, to_layout)
+from raytune_kernels.compile.artifact import save
 from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
                                              random_inputs, scaled_error)
 from raytune_kernels.errors import CompileError
@@ -187,6 +189,33 @@ class GpuNetwork(Reporting):
             raise CompileError(f"capturing the network as one CUDA graph failed "
                                f"({type(exc).__name__}: {exc}); compile with graph=False "
                                "to launch its steps one by one") from exc
+
+    def save(self, path: str) -> None:
+        """Write the network to one file (compile/artifact.py): raytune_kernels.load(path)
+        runs it on a GPU of the same arch with neither Ray, XGBoost, PuLP nor records."""
+        save(path, self.state(), {"kind": "cuda", "arch": self.plan.arch})
+
+    def state(self) -> dict:
+        """The plan (cubins, packed constants, offsets, torch steps) a saved file holds."""
+        index = {id(s): i for i, s in enumerate(self.plan.steps)}
+        plan = dataclasses.replace(self.plan, value_of={index[k]: v for k, v in
+                                                        self.plan.value_of.items()})
+        return {"plan": plan, "graph": self.graph, "examples": self.examples}
+
+    @classmethod
+    def from_state(cls, state: dict, device: "type[Device] | None" = None) -> "GpuNetwork":
+        """The network of a saved state on `device` (default: this machine's GPU)."""
+        plan = state["plan"]
+        plan = dataclasses.replace(plan, value_of={id(plan.steps[i]): v for i, v in
+                                                   plan.value_of.items()})
+        device = device or _gpu_device()
+        net = cls(plan, device(plan), graph=state["graph"])
+        net.examples = state["examples"]
+        return net
+
+    def random_inputs(self, seed: int = 0) -> list[torch.Tensor]:
+        """Random inputs of the compiled shapes (token ids in the examples' range)."""
+        return random_inputs([v.shape for v in self._in_views], self.examples, seed)
 
     def view(self, buf: GBuf) -> torch.Tensor:
         """A buffer as a tensor in its physical (stored) shape."""

@@ -19,11 +19,11 @@ from raytune_kernels.cuda.render import (cuda_layouts, operand_layouts, render_c
 from raytune_kernels.space import Config
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
 from raytune_kernels.layout.graph import Candidate
+from raytune_kernels.compile.step_fns import Glue, Reference
 from raytune_kernels.compile.choose import TORCH, Solver, candidates_from_records, choose
 from raytune_kernels.errors import CompileError
-from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep, run_glue
+from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep
 from raytune_kernels.tune.records import Record
-from raytune_kernels.frontend.reference import reference
 
 NCHW, NHWC = "NCHW", "NHWC"
 ALIGN = 64  # floats: arena offsets on 256 bytes, as cudaMalloc aligns (float4 loads)
@@ -129,6 +129,17 @@ def to_layout(x: torch.Tensor, src: str, dst: str) -> torch.Tensor:
                        "GPU path")
 
 
+@dataclass(frozen=True)
+class ToLayout:
+    """to_layout as a value (a planned transform step pickles with its plan)."""
+
+    src: str
+    dst: str
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return to_layout(x, self.src, self.dst)
+
+
 def same_order(shape: tuple[int, ...], a: str, b: str) -> bool:
     """Whether layouts a and b hold a value's elements in the same memory order (equal,
     or a 4-D value with one channel or one pixel): then changing layout copies nothing."""
@@ -172,7 +183,7 @@ class Planner:
         else:
             physical_shape(buf.shape, layout)  # fails early for a layout we cannot store
             out = GBuf(buf.size, buf.shape, layout)
-            fn = lambda x, a=have, b=layout: to_layout(x, a, b)  # noqa: E731
+            fn = ToLayout(have, layout)
             self.steps.append(GpuStep(f"{name}: {have} -> {layout}", "transform", (),
                                       [buf], out, fn=fn))
             self.copies[(name, layout)] = out
@@ -188,7 +199,7 @@ class Planner:
         if cand.config == TORCH:  # fallback="torch": torch's kernel on the device tensors
             ops = [self.operand(a) for a in step.args]
             out = GBuf(compute.output.numel, compute.output.shape)
-            fn = lambda *xs, c=compute: reference(c, *xs)  # noqa: E731
+            fn = Reference(compute)
             self._add(GpuStep(step.layer, TORCH, (step.layer,), ops, out, cand.seconds,
                               key=step.key, fn=fn), step.output)
             return
@@ -242,7 +253,7 @@ class Planner:
             self.aliases.append(GBuf(math.prod(shape), shape, alias=ops[0]))
             self.produced[node.name] = (self.aliases[-1], NCHW)
             return
-        fn = lambda *xs, n=node: run_glue(n, dict(zip(n.inputs, xs)))  # noqa: E731
+        fn = Glue(node)
         kind = "torch" if node.op == "torch" else "glue"  # an island runs PyTorch's op
         self._add(GpuStep(node.name, kind, (node.layer,), ops,
                           GBuf(math.prod(shape), shape), fn=fn), node.name)

@@ -328,6 +328,7 @@ class LoadedKernel:
 
     def __init__(self, library: bytes, name: str, n_buffers: int):
         start = time.perf_counter()
+        self.library, self.name, self.n_buffers = library, name, n_buffers
         # named by this process, so that one killed mid-measurement (a crashing candidate:
         # SIGSEGV skips every cleanup) can be swept by the next (sweep_stale_dirs)
         self._dir = tempfile.TemporaryDirectory(prefix=f"rk_load_{os.getpid()}_")
@@ -342,6 +343,11 @@ class LoadedKernel:
 
     def __call__(self, pointers: list[int], threads: int) -> None:
         self.fn(*pointers, threads)
+
+    def __reduce__(self):
+        """Pickled as its library's bytes, loaded again where it is unpickled (a saved
+        network: compile/artifact.py)."""
+        return LoadedKernel, (self.library, self.name, self.n_buffers)
 
 
 def sweep_stale_dirs() -> int:

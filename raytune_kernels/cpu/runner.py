@@ -58,6 +58,7 @@ class Runner:
     kernels: list  # the kernel functions, kept alive with their libraries' owners
     loaded: LoadedKernel
     threads: int
+    ir: str = ""  # the runner's LLVM IR (a saved network carries its library by it)
 
     def __post_init__(self) -> None:
         self._args = (ctypes.c_void_p(self.table.ctypes.data), ctypes.c_int32(self.threads))
@@ -71,8 +72,9 @@ def make_runner(calls: Sequence[tuple[ctypes._CFuncPtr, Sequence[int]]],
     """The runner of `calls` (each a kernel function and its pointer arguments, as
     addresses): its IR built (or found on disk) and loaded, its table filled."""
     words = [w for fn, pointers in calls for w in (address(fn), *pointers)]
-    built = build(runner_ir([len(p) for _, p in calls]), persist=True)
+    ir = runner_ir([len(p) for _, p in calls])
+    built = build(ir, persist=True)
     if built.error:
         raise CompileError(f"the network's native runner did not build: {built.error}")
     return Runner(np.array(words, dtype=np.uint64), [fn for fn, _ in calls],
-                  LoadedKernel(built.library, NAME, 1), threads)
+                  LoadedKernel(built.library, NAME, 1), threads, ir)

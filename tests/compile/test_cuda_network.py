@@ -429,3 +429,17 @@ def test_resnet18_is_planned_in_one_layout_with_transforms_only_at_its_ends(resn
     assert [s.kind for s in dear.steps] == ["kernel"] * 23
     assert all(s.out.layout == NCHW for s in dear.steps)
     assert dear.plan.layout_plan.cost > net.plan.layout_plan.cost
+
+
+def test_a_saved_gpu_network_loads_and_runs_the_same(case, net, tmp_path):
+    from raytune_kernels.compile.api import load
+    from raytune_kernels.compile.artifact import read
+
+    path = str(tmp_path / "tiny.rkn")
+    net.save(path)
+    assert read(path)[0]["machine"] == {"kind": "cuda", "arch": ARCH}
+    back = load(path, device=EmulatorDevice)
+    assert back.graph == net.graph and back.device.captures == int(net.graph)
+    assert [s.binary for s in back.steps] == [s.binary for s in net.steps]
+    x = net.random_inputs(seed=2)
+    assert torch.equal(back(*x), net(*x))

@@ -1,0 +1,132 @@
+"""Deployment benchmark: compile once, save, load in a fresh process, and torch.compile.
+
+    python bench/deploy.py resnet18 --threads 2 [--records FILE] [--rounds 9]
+
+From the records (default: this CPU's bench/results/<cpu>/network_MODEL_<threads>threads.jsonl),
+compiles the model (compile_s), saves it (file MiB), loads it in fresh processes in which
+ray, xgboost and pulp cannot be imported (load_s: the median of --loads processes, timing
+raytune_kernels.compile.artifact.load alone; import_s: the imports before it), checks the
+loaded network gives the same output bit for bit, then times compile_network's network and
+torch.compile(model, backend="raytune_kernels") from the same records, interleaved round by
+round, and reports the median of per-round ratios with its spread. Last line of stdout:
+one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from raytune_kernels.compile.api import compile_network  # noqa: E402
+from raytune_kernels.cpu.build import host_cpu  # noqa: E402
+from raytune_kernels.timing import TimingOptions, median, time_fn  # noqa: E402
+
+CHILD = textwrap.dedent("""
+    import importlib.abc, json, sys, time
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in ("ray", "xgboost", "pulp"):
+                raise ImportError("blocked: " + name)
+    sys.meta_path.insert(0, Block())
+    start = time.perf_counter()
+    import torch
+    from raytune_kernels.compile.api import load
+    imported = time.perf_counter()
+    net = load(sys.argv[1])
+    loaded = time.perf_counter()
+    torch.set_num_threads(int(sys.argv[3]))
+    x, want = torch.load(sys.argv[2])
+    same = bool(torch.equal(net(*x), want))
+    print(json.dumps({"import_s": imported - start, "load_s": loaded - imported,
+                      "same": same}))
+""")
+
+
+def load_in_fresh_processes(path: str, io: str, threads: int, n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+        run = subprocess.run([sys.executable, "-c", CHILD, path, io, str(threads)],
+                             capture_output=True, text=True, timeout=600,
+                             cwd=os.path.dirname(HERE))
+        if run.returncode:
+            raise SystemExit(f"loading in a fresh process failed:\n{run.stderr[-3000:]}")
+        out.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def interleaved(fns: dict, rounds: int) -> dict[str, list[float]]:
+    """Each variant timed once a round, the order rotated each round."""
+    names, times = list(fns), {n: [] for n in fns}
+    opts = TimingOptions(warmup=3, min_repeat_ms=200, repeats=3)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(median(time_fn(fns[name], opts)))
+    return times
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--records", default=None)
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--loads", type=int, default=5)
+    args = p.parse_args()
+    from raytune_kernels import zoo
+
+    cpu = host_cpu()[0]
+    records = args.records or os.path.join(
+        HERE, "results", cpu, f"network_{args.model}_{args.threads}threads.jsonl")
+    torch.set_num_threads(args.threads)
+    model, inputs = zoo.load(args.model)
+    start = time.perf_counter()
+    net = compile_network(model, inputs, records, threads=args.threads)
+    compile_s = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as d:
+        path, io = os.path.join(d, "net.rkn"), os.path.join(d, "io.pt")
+        start = time.perf_counter()
+        net.save(path)
+        save_s, size = time.perf_counter() - start, os.path.getsize(path)
+        x = net.random_inputs(seed=1)
+        torch.save((x, net(*x)), io)
+        loads = load_in_fresh_processes(path, io, args.threads, args.loads)
+    torch._dynamo.reset()
+    dyn = torch.compile(model, backend="raytune_kernels",
+                        options={"records": records, "threads": args.threads})
+    with torch.no_grad():
+        dyn(*inputs)  # Dynamo captures and we compile here, outside the timing
+        times = interleaved({"compile_network": lambda: net(*inputs),
+                             "torch.compile backend": lambda: dyn(*inputs)}, args.rounds)
+    ratios = sorted(b / a for a, b in zip(times["compile_network"],
+                                         times["torch.compile backend"]))
+    for name, ts in times.items():
+        print(f"{name:24s} {median(ts) * 1e3:8.3f} ms  (rounds {min(ts) * 1e3:.3f}-"
+              f"{max(ts) * 1e3:.3f})")
+    result = {"bench": "deploy", "model": args.model, "cpu": cpu, "threads": args.threads,
+              "records": os.path.relpath(records, os.path.dirname(HERE)),
+              "compile_s": compile_s, "save_s": save_s, "file_mib": size / 2**20,
+              "load_s": median([r["load_s"] for r in loads]),
+              "load_s_all": [r["load_s"] for r in loads],
+              "import_s": median([r["import_s"] for r in loads]),
+              "loaded_same_output": all(r["same"] for r in loads),
+              "ours_ms": median(times["compile_network"]) * 1e3,
+              "dynamo_ms": median(times["torch.compile backend"]) * 1e3,
+              "dynamo_over_ours": {"median": median(ratios), "min": ratios[0],
+                                   "max": ratios[-1]},
+              "rounds_ms": {k: [t * 1e3 for t in v] for k, v in times.items()},
+              "torch": torch.__version__}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

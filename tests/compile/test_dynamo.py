@@ -1,0 +1,81 @@
+"""raytune_kernels as a torch.compile backend: reached by its name through torch's entry
+point, each graph Dynamo captures (a graph break makes several) compiled by compile_network
+with the module's parameters bound as constants, the results equal to eager; a graph
+compile_network refuses stays PyTorch's, named in a warning."""
+import warnings
+
+import pytest
+import torch
+
+from raytune_kernels.compile.dynamo import backend, bind_parameters
+
+compiled = []
+
+
+class Broken(torch.nn.Module):
+    """Two convs with a graph break between them (a Python-side print)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.b = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        print("a graph break")
+        return torch.sigmoid(self.b(y)) + 1
+
+
+def _spy(gm, example_inputs, **kw):
+    run = backend(gm, example_inputs, **kw)
+    compiled.append(run)
+    return run
+
+
+def test_the_backend_is_found_by_name_and_matches_eager():
+    torch.manual_seed(0)
+    model, x = Broken().eval(), torch.randn(1, 3, 12, 12)
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend="raytune_kernels", options={"threads": 1})
+    with torch.no_grad():
+        assert torch.allclose(fast(x), model(x), rtol=1e-4, atol=1e-5)
+        x2 = torch.randn(1, 3, 12, 12)
+        assert torch.allclose(fast(x2), model(x2), rtol=1e-4, atol=1e-5)
+
+
+def test_each_graph_of_a_graph_break_is_compiled_by_us():
+    compiled.clear()
+    torch._dynamo.reset()
+    model, x = Broken().eval(), torch.randn(1, 3, 12, 12)
+    with torch.no_grad():
+        torch.compile(model, backend=_spy)(x)
+    nets = [getattr(run, "network", None) for run in compiled]
+    assert len(nets) == 2 and all(n is not None for n in nets)
+    for net in nets:  # the weights are constants of ours, the data the only input
+        assert len(net.graph.inputs) == 1 and net.graph.params
+
+
+def test_parameters_become_constants_and_data_stays_an_input():
+    got = {}
+
+    def keep(gm, example_inputs, **kw):
+        got["gm"], got["inputs"] = gm, example_inputs
+        return gm.forward
+    torch._dynamo.reset()
+    model = torch.nn.Conv2d(3, 4, 3).eval()
+    with torch.no_grad():
+        torch.compile(model, backend=keep)(torch.randn(1, 3, 8, 8))
+    bound, slots = bind_parameters(got["gm"], got["inputs"])
+    assert [type(x) for x in got["inputs"]].count(torch.nn.Parameter) == 2
+    assert len(slots) == 1 and len(list(bound.parameters())) == 2
+    data = got["inputs"][slots[0]]
+    assert torch.equal(bound(data)[0], got["gm"](*got["inputs"])[0])
+
+
+def test_a_graph_we_refuse_stays_pytorchs_with_a_warning():
+    torch._dynamo.reset()
+    model, x = Broken().eval(), torch.randn(1, 3, 12, 12)
+    fast = torch.compile(model, backend="raytune_kernels", options={"fallback": "everything"})
+    with torch.no_grad(), pytest.warns(UserWarning, match="left a graph of .* to PyTorch: "
+                                                          "CompileError: fallback must be"):
+        assert torch.allclose(fast(x), model(x), atol=1e-6)
