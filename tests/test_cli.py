@@ -30,18 +30,18 @@ def test_tasks_from_a_factory_file(tmp_path, capsys):
 
 
 def test_tasks_runs_unknown_ops_as_islands_and_strict_refuses_them(tmp_path, capsys):
-    path = tmp_path / "softplus.py"
+    path = tmp_path / "softshrink.py"
     path.write_text(textwrap.dedent("""
         import torch
         def make():
-            net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Softplus())
+            net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Softshrink())
             return net, (torch.randn(2, 8),)
     """))
-    with pytest.warns(UserWarning, match="Softplus in '1'"):
+    with pytest.warns(UserWarning, match="Softshrink in '1'"):
         assert main(["tasks", f"{path}:make"]) == 0
     assert "dense 2x8 -> 2x4 +bias" in capsys.readouterr().out
     assert main(["tasks", f"{path}:make", "--strict"]) == 2
-    assert "unsupported op 'Softplus' in layer '1'" in capsys.readouterr().err
+    assert "unsupported op 'Softshrink' in layer '1'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -23,10 +23,12 @@ ANCHOR_OPS = frozenset({
     "conv2d", "dense", "matmul", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "softmax", "layer_norm", "reduce",
 })
-# Data-movement ops: executed between tasks, never tuned as a task of their own.
+# Data-movement ops: executed between tasks, never tuned as a task of their own; with them
+# the integer glue of position ids (compare, cumsum, gather, argmax: frontend/integers.py).
 # "torch" nodes are islands (frontend/island.py)
 GLUE_OPS = frozenset({"reshape", "permute", "concat", "index", "pad", "roll", "expand",
-                      "repeat", "embedding", "torch"})
+                      "repeat", "embedding", "compare", "cumsum", "gather", "argmax",
+                      "torch"})
 ALL_OPS = ELEMENTWISE_OPS | ANCHOR_OPS | GLUE_OPS
 
 

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from raytune_kernels.errors import DynamicShapeError
 from raytune_kernels.frontend.builder import Builder, Ctx, T, need_param, norm_dim, pair, tensor_arg
 from raytune_kernels.frontend.attention import h_sdpa
+from raytune_kernels.frontend.integers import (COMPARE_FNS, h_argmax, h_cast, h_compare,
+                                               h_cumsum, h_gather)
 from raytune_kernels.frontend.reference import REDUCE_FNS
 from raytune_kernels.frontend.movement import h_einsum, h_expand, h_pad, h_roll, h_slice
 from raytune_kernels.frontend.slicing import h_getitem, h_select, h_split, h_unbind
@@ -85,6 +87,9 @@ def _s_roll(input, shifts, dims=None): ...
 def _s_einsum(equation, *operands, path=None): ...
 def _s_embedding_aten(weight, indices, padding_idx=-1, scale_grad_by_freq=False,
                       sparse=False): ...
+def _s_cumsum(input, dim, dtype=None): ...
+def _s_gather(input, dim, index, sparse_grad=False): ...
+def _s_argmax(input, dim=None, keepdim=False): ...
 
 
 # ---- helpers ----
@@ -621,6 +626,10 @@ def h_layer_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("layer_norm", [x, w, bias], attrs, out, ctx)
 
 
+# the Python operators of the comparisons (x != c in a traced forward)
+_OPERATORS = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
+              "gt": operator.gt, "ge": operator.ge}
+
 _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((F.conv2d, torch.conv2d, "aten::conv2d"), _s_conv2d, h_conv2d),
     ((F.linear, "aten::linear"), _s_linear, h_dense),
@@ -713,7 +722,13 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
       "aten::swapdims"), _s_transpose, h_transpose),
     (("contiguous", "clone", "detach", "aten::contiguous", "aten::clone", "aten::alias",
       "aten::detach", torch.clone), _s_any, h_alias),
-]
+    (("to", "type_as", "float", "int", "long", "type", "aten::to", "aten::_to_copy",
+      "aten::type_as"), _s_any, h_cast),
+    ((torch.cumsum, "cumsum", "aten::cumsum"), _s_cumsum, h_cumsum),
+    ((torch.gather, "gather", "aten::gather"), _s_gather, h_gather),
+    ((torch.argmax, "argmax", "aten::argmax"), _s_argmax, h_argmax),
+] + [((COMPARE_FNS[k], k, f"aten::{k}", _OPERATORS[k]), _s_binary, h_compare(k))
+     for k in COMPARE_FNS]
 
 TABLE: dict[Any, tuple[Callable, Callable]] = {
     key: (stub, handler) for keys, stub, handler in _TORCH_FUNCS for key in keys

@@ -16,6 +16,7 @@ import torch
 
 from raytune_kernels.errors import UnsupportedOpError
 from raytune_kernels.frontend.graph import ANCHOR_OPS, ELEMENTWISE_OPS, GLUE_OPS, Graph, Node
+from raytune_kernels.frontend.integers import COMPARE_FNS
 from raytune_kernels.frontend.slicing import decode_index
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.task import Compute, EpilogueOp, Task, TensorSpec
@@ -203,8 +204,9 @@ def run_glue(n: Node, env: dict[str, torch.Tensor]) -> torch.Tensor:
         return env[n.inputs[0]].permute(n.attr("dims"))
     if n.op == "concat":
         return torch.cat([env[v] for v in n.inputs], n.attr("dim"))
-    if n.op == "index":  # constant indexing and slicing (frontend/ops.py h_getitem)
-        return env[n.inputs[0]][decode_index(n.attr("index"))]
+    if n.op == "index":  # indexing and slicing (frontend/slicing.py h_getitem)
+        computed = tuple(env[v] for v in n.inputs[1:])
+        return env[n.inputs[0]][decode_index(n.attr("index"), computed)]
     if n.op == "pad":
         return torch.nn.functional.pad(env[n.inputs[0]], n.attr("pad"), n.attr("mode"),
                                        n.attr("value"))
@@ -216,6 +218,15 @@ def run_glue(n: Node, env: dict[str, torch.Tensor]) -> torch.Tensor:
         return env[n.inputs[0]].repeat(n.attr("repeats"))
     if n.op == "embedding":  # ids live in float32 buffers (exact below 2**24)
         return torch.nn.functional.embedding(env[n.inputs[0]].long(), env[n.inputs[1]])
+    if n.op == "compare":  # ones where it holds, in float32 as every value
+        other = env[n.inputs[1]] if len(n.inputs) > 1 else n.attr("scalar")
+        return COMPARE_FNS[n.attr("kind")](env[n.inputs[0]], other).to(torch.float32)
+    if n.op == "cumsum":
+        return torch.cumsum(env[n.inputs[0]], n.attr("dim"), dtype=torch.float32)
+    if n.op == "gather":
+        return torch.gather(env[n.inputs[0]], n.attr("dim"), env[n.inputs[1]].long())
+    if n.op == "argmax":
+        return torch.argmax(env[n.inputs[0]], n.attr("dim"), n.attr("keepdim")).float()
     if n.op == "torch":  # a PyTorch island (frontend/island.py)
         return n.attr("fn")(*(env[v] for v in n.inputs))
     raise ValueError(f"'{n.op}' is not a glue op")

@@ -8,12 +8,21 @@ from raytune_kernels.frontend.builder import Builder, Ctx, T, norm_dim, tensor_a
 
 
 def h_getitem(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    """Indexing by constants (ints, slices, None, ..., constant index tensors): glue."""
+    """Indexing by constants (ints, slices, None, ..., constant index tensors) and by
+    integer tensors computed at run time (CLIP's pooled token, at the argmax of the ids):
+    glue, whose extra inputs are those index tensors."""
     x, index = tensor_arg(a["input"], ctx), a["index"]
     items = index if isinstance(index, tuple) else (index,)
-    if any(isinstance(i, T) for i in items):
-        raise ctx.unsupported("indexing by a computed tensor")
-    return b.node("index", [x], {"index": encode_index(items)}, out, ctx)
+    computed = [i for i in items if isinstance(i, T)]
+    if any(i.value.dtype == torch.bool or i.value.is_floating_point() for i in computed):
+        raise ctx.unsupported("indexing by a computed mask or float tensor")
+    slots = iter(range(len(computed)))
+    items = tuple(_Input(next(slots)) if isinstance(i, T) else i for i in items)
+    return b.node("index", [x, *computed], {"index": encode_index(items)}, out, ctx)
+
+
+class _Input(int):
+    """The position of a run-time index tensor among an index node's extra inputs."""
 
 
 def h_select(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
@@ -48,17 +57,24 @@ def encode_index(items: tuple) -> tuple:
     """An index as hashable data: slices, ints, None, Ellipsis and constant tensors."""
     out = []
     for i in items:
-        if isinstance(i, slice):
+        if isinstance(i, _Input):
+            out.append(("input", int(i)))
+        elif isinstance(i, slice):
             out.append(("slice", i.start, i.stop, i.step))
         elif i is None or i is Ellipsis:
             out.append(("none",) if i is None else ("ellipsis",))
         elif isinstance(i, (int, torch.Tensor)) and not isinstance(i, bool):
             out.append(("item", i))
+        elif isinstance(i, list):  # x[:, [0, 2]]: the same index as a tensor
+            out.append(("item", torch.tensor(i)))
         else:
             raise TypeError(f"index item of type {type(i).__name__}")
     return tuple(out)
 
 
-def decode_index(code: tuple) -> tuple:
+def decode_index(code: tuple, computed: tuple = ()) -> tuple:
+    """The index `code` stands for, its run-time index tensors taken from `computed` (held
+    as float32 graph values: made integers again)."""
     return tuple(slice(*c[1:]) if c[0] == "slice" else None if c[0] == "none"
-                 else Ellipsis if c[0] == "ellipsis" else c[1] for c in code)
+                 else Ellipsis if c[0] == "ellipsis"
+                 else computed[c[1]].long() if c[0] == "input" else c[1] for c in code)

@@ -101,24 +101,24 @@ def test_layer_names_are_module_paths():
     assert [n.layer for n in graph.nodes] == ["0", "1.0", "1.1"]
 
 
-class Cumsum(nn.Module):
+class Cumprod(nn.Module):
     def forward(self, x):
-        return torch.cumsum(x, 1)
+        return torch.cumprod(x, 1)
 
 
 def test_strict_capture_names_the_unsupported_op_and_layer():
-    model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.Sequential(nn.ReLU(), Cumsum()))
+    model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.Sequential(nn.ReLU(), Cumprod()))
     with pytest.raises(rk.UnsupportedOpError) as info:
         rk.capture(model, (torch.randn(1, 3, 4, 4),), strict=True)
-    assert info.value.op == "cumsum" and info.value.layer.startswith("1.1")
-    assert "cumsum" in str(info.value) and "'1.1" in str(info.value)
+    assert info.value.op == "cumprod" and info.value.layer.startswith("1.1")
+    assert "cumprod" in str(info.value) and "'1.1" in str(info.value)
 
 
 def test_strict_capture_names_an_unknown_module_type():
-    model = nn.Sequential(nn.Linear(4, 4), nn.Softplus())
-    with pytest.raises(rk.UnsupportedOpError, match="'Softplus' in layer '1'"):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Softshrink())
+    with pytest.raises(rk.UnsupportedOpError, match="'Softshrink' in layer '1'"):
         rk.capture(model, (torch.randn(2, 4),), strict=True)
-    with pytest.raises(rk.UnsupportedOpError, match="'Softplus' in layer '1'"):
+    with pytest.raises(rk.UnsupportedOpError, match="'Softshrink' in layer '1'"):
         rk.extract_tasks(model, (torch.randn(2, 4),), strict=True)
 
 
