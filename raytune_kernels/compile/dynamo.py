@@ -5,8 +5,8 @@
 
 TorchDynamo hands the backend each graph it captured (a graph break splits a function into
 several) with example inputs; the backend compiles each with compile_network from the
-records and returns a callable for it. Dynamo passes a module's parameters as graph inputs:
-they are bound back into the graph as constants (bind_parameters) (so weights are packed once, as in
+records and returns a callable for it. Dynamo passes a module's parameters and buffers as graph
+inputs: they are bound back into the graph as constants (bind_parameters) (so weights are packed once, as in
 compile_network), and the compiled callable takes the data inputs alone. A graph that
 compile_network refuses stays PyTorch's, with a warning naming why; an op it has no node
 for runs as a PyTorch island inside ours, as in compile_network. Inference only: a call
@@ -29,14 +29,15 @@ from raytune_kernels.errors import RaytuneError
 
 def bind_parameters(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]
                     ) -> tuple[torch.fx.GraphModule, list[int]]:
-    """A copy of `gm` whose parameter inputs are its own constants (get_attr nodes), and
-    the positions of the data inputs it still takes, in order."""
-    graph = copy.deepcopy(gm.graph)
+    """A copy of `gm` whose parameter and buffer inputs are its own constants (get_attr
+    nodes, taken as they are now: an inference compile, as compile_network packs weights
+    once), and the positions of the data inputs it still takes, in order."""
+    state = [_module_state(n, x) for n, x in zip(_placeholders(gm.graph), inputs)]
+    graph = copy.deepcopy(gm.graph)  # the copy's nodes lose Dynamo's metadata
     root = torch.nn.Module()
     slots = []
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    for i, (node, x) in enumerate(zip(placeholders, inputs)):
-        if not isinstance(x, torch.nn.Parameter):
+    for i, (node, x) in enumerate(zip(_placeholders(graph), inputs)):
+        if not state[i]:
             slots.append(i)
             continue
         name = f"param{i}"
@@ -45,6 +46,25 @@ def bind_parameters(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]
             node.replace_all_uses_with(graph.get_attr(name))
         graph.erase_node(node)
     return torch.fx.GraphModule(root, graph).eval(), slots
+
+
+def _placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    return [n for n in graph.nodes if n.op == "placeholder"]
+
+
+def _module_state(node: torch.fx.Node, x) -> bool:
+    """Whether a graph input is a module's parameter or buffer (BatchNorm's running
+    statistics): a Parameter, or reached through a module's _parameters or _buffers by
+    the source Dynamo records for it."""
+    if isinstance(x, torch.nn.Parameter):
+        return True
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    while source is not None:
+        if getattr(source, "member", None) in ("_parameters", "_buffers") or \
+                "ParamBuffer" in type(source).__name__:
+            return True
+        source = getattr(source, "base", None)
+    return False
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor],
