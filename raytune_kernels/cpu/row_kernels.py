@@ -47,11 +47,30 @@ def row_shape(c: Compute) -> RowShape:
         raise RowLoweringError(f"softmax over axis {c.attr('dim')} (only the last axis)")
     if c.op == "layer_norm" and len(c.attr("normalized_shape")) != 1:
         raise RowLoweringError("layer norm over more than the last axis")
-    if c.op == "elementwise" and len(shape) == 4:
+    if c.op == "elementwise" and len(shape) == 4 and not _rows_of_last_axis(c):
         if shape[0] != 1:
             raise RowLoweringError("batched NCHW elementwise tasks")
         return RowShape(shape[1], shape[2] * shape[3], shape[1])
     return RowShape(math.prod(shape[:-1]), shape[-1], None)
+
+
+def _rows_of_last_axis(c: Compute) -> bool:
+    """Whether a 4-D elementwise task reads as rows of its last axis rather than as NCHW
+    channels: an operand holds one value per last-axis row (Qwen3's per-head RMSNorm
+    scale, (1, S, H, 1) on (1, S, H, D)), and every operand reads that way."""
+    out = c.output.shape
+    rows, per_row = math.prod(out[:-1]), False
+    for op in c.epilogue:
+        for spec in op.operands:
+            size, dims = math.prod(spec.shape), [i for i, d in enumerate(spec.shape) if d != 1]
+            if op.op in ("bias", "affine"):
+                if op.axis is None or op.axis % len(out) != len(out) - 1:
+                    return False
+            elif size == rows and spec.shape[-1] == 1 and size != c.output.numel:
+                per_row = True
+            elif size != c.output.numel and dims != [len(spec.shape) - 1]:
+                return False
+    return per_row
 
 
 def row_space(c: Compute, lanes_options: tuple[int, ...]) -> Space:
@@ -167,6 +186,9 @@ def _operand_load(name: str, spec, shape: RowShape, row: Affine, lanes: int, tot
     axes = len(spec.shape)
     if shape.channels is not None and size == shape.channels and dims == [axes - 3]:
         return LdScalar(Access(name, Affine((("r", 1),))))  # (C, 1, 1): one per row
+    if shape.channels is not None and size == shape.n and all(d >= axes - 2 for d in dims):
+        # (1, 1, H, W): the same row for every channel (rotary cos/sin over heads)
+        return Ld(Access(name, Affine((("j", lanes),))))
     if shape.channels is None and size == shape.n and dims == [axes - 1]:
         return Ld(Access(name, Affine((("j", lanes),))))  # along the row
     if shape.channels is None and size == shape.rows and spec.shape[-1] == 1:

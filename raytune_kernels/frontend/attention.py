@@ -1,8 +1,10 @@
 """scaled_dot_product_attention as the ops it stands for, so attention runs in our kernels:
 matmul(q, k^T) with the scale fused into its epilogue, the additive mask (a causal mask
 is a constant of -inf above the diagonal), a row softmax, and matmul(p, v). A boolean
-mask that is a constant becomes the same additive form; one computed at run time, dropout
-and grouped-query attention are left to PyTorch (an island)."""
+mask that is a constant becomes the same additive form; one computed at run time and
+dropout are left to PyTorch (an island). Grouped-query and multi-query attention (fewer
+key/value heads than query heads, with enable_gqa or one key/value head broadcast) repeat
+each key/value head for its group of query heads (glue), as Hugging Face's repeat_kv."""
 from __future__ import annotations
 
 import math
@@ -18,15 +20,16 @@ def h_sdpa(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     v = tensor_arg(a["value"], ctx, "value")
     if a.get("dropout_p"):
         raise ctx.unsupported("attention dropout (call model.eval())")
-    if a.get("enable_gqa") or q.value.shape[:-2] != k.value.shape[:-2]:
-        raise ctx.unsupported("grouped-query attention (query and key heads differ)")
+    groups = _groups(q.value, k.value, bool(a.get("enable_gqa")), ctx)
     scale = a.get("scale") or 1.0 / math.sqrt(q.value.shape[-1])
     dims = list(range(k.value.dim()))
     dims[-2], dims[-1] = dims[-1], dims[-2]
-    kt_value = k.value.permute(dims)
+    kt_value = k.value.repeat_interleave(groups, -3).permute(dims)
     scores = q.value @ kt_value
     # every refusal comes before the first node: a refused call leaves nothing behind
     mask = _additive_mask(b, a.get("attn_mask"), bool(a.get("is_causal")), scores, ctx)
+    if groups > 1:
+        k, v = _repeat_heads(b, k, groups, ctx), _repeat_heads(b, v, groups, ctx)
     kt = b.node("permute", [k], {"dims": tuple(dims)}, kt_value, ctx)
     s = b.node("matmul", [q, kt], {}, scores, ctx)
     scores = scores * scale
@@ -37,6 +40,30 @@ def h_sdpa(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     probs = torch.softmax(scores, dim=-1)
     p = b.node("softmax", [s], {"dim": scores.dim() - 1}, probs, ctx)
     return b.node("matmul", [p, v], {}, out, ctx)
+
+
+def _groups(q: torch.Tensor, k: torch.Tensor, gqa: bool, ctx: Ctx) -> int:
+    """How many query heads share each key/value head (1 when their shapes agree)."""
+    if q.shape[:-2] == k.shape[:-2]:
+        return 1
+    if q.dim() < 3 or q.shape[:-3] != k.shape[:-3] or q.shape[-3] % k.shape[-3] or \
+            not (gqa or k.shape[-3] == 1):
+        raise ctx.unsupported(f"attention of query heads {tuple(q.shape[:-2])} to key "
+                              f"heads {tuple(k.shape[:-2])}")
+    return q.shape[-3] // k.shape[-3]
+
+
+def _repeat_heads(b: Builder, x: T, groups: int, ctx: Ctx) -> T:
+    """Each head of x (..., H, S, D) repeated `groups` times in a row: a reshape to
+    (..., H, 1, S, D), an expand to (..., H, groups, S, D), a reshape to (..., H*groups,
+    S, D) (glue)."""
+    v = x.value
+    one = v.unsqueeze(-3)
+    wide = one.expand(*v.shape[:-2], groups, *v.shape[-2:])
+    out = v.repeat_interleave(groups, -3)
+    y = b.node("reshape", [x], {"shape": tuple(one.shape)}, one, ctx)
+    y = b.node("expand", [y], {"shape": tuple(wide.shape)}, wide, ctx)
+    return b.node("reshape", [y], {"shape": tuple(out.shape)}, out, ctx)
 
 
 def _additive_mask(b: Builder, mask, causal: bool, scores: torch.Tensor, ctx: Ctx

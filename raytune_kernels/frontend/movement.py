@@ -1,5 +1,5 @@
 """Data movement by constants as glue (run by PyTorch between kernels, no task of their own):
-slices, constant and reflect padding, roll, expand; and einsum of two operands as the
+slices, constant and reflect padding, roll, expand, stack; and einsum of two operands as the
 permutes, reshapes and one batched matmul it stands for, so its FLOPs run in our kernels."""
 from __future__ import annotations
 
@@ -57,6 +57,18 @@ def h_expand(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
             else a["args"]
         return b.node("repeat", [x], {"repeats": tuple(int(r) for r in reps)}, out, ctx)
     return b.node("expand", [x], {"shape": tuple(out.shape)}, out, ctx)
+
+
+def h_stack(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """torch.stack: each tensor given an axis of 1 at `dim` (a reshape), then one concat
+    (GPT-J's interleaved rotary embedding stacks the two halves)."""
+    xs = [tensor_arg(t, ctx) for t in a["tensors"]]
+    dim = norm_dim(int(a["dim"]), out.dim())
+    parts = []
+    for x in xs:
+        value = x.value.unsqueeze(dim)
+        parts.append(b.node("reshape", [x], {"shape": tuple(value.shape)}, value, ctx))
+    return b.node("concat", parts, {"dim": dim}, out, ctx)
 
 
 def h_einsum(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:

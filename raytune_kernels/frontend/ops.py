@@ -19,8 +19,9 @@ from raytune_kernels.frontend.attention import h_sdpa
 from raytune_kernels.frontend.integers import (COMPARE_FNS, h_argmax, h_cast, h_compare,
                                                h_cumsum, h_gather)
 from raytune_kernels.frontend.reference import REDUCE_FNS
-from raytune_kernels.frontend.movement import h_einsum, h_expand, h_pad, h_roll, h_slice
-from raytune_kernels.frontend.slicing import h_getitem, h_select, h_split, h_unbind
+from raytune_kernels.frontend.movement import (h_einsum, h_expand, h_pad, h_roll, h_slice,
+                                               h_stack)
+from raytune_kernels.frontend.slicing import h_getitem, h_index, h_select, h_split, h_unbind
 
 
 # ---- signatures: one stub per calling convention; binding normalises args/kwargs ----
@@ -88,6 +89,7 @@ def _s_einsum(equation, *operands, path=None): ...
 def _s_embedding_aten(weight, indices, padding_idx=-1, scale_grad_by_freq=False,
                       sparse=False): ...
 def _s_cumsum(input, dim, dtype=None): ...
+def _s_index(input, indices): ...
 def _s_gather(input, dim, index, sparse_grad=False): ...
 def _s_argmax(input, dim=None, keepdim=False): ...
 
@@ -129,6 +131,9 @@ def h_matmul(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     x, y = tensor_arg(a["input"], ctx), tensor_arg(a["other"], ctx, "other")
     if x.value.dim() < 2 or y.value.dim() < 2:
         raise ctx.unsupported("matmul with a 1-D operand (reshape it to 2-D)")
+    if y.ref in b.params and y.value.dim() == 2:  # x @ W (Falcon's, GPT-2's linears): a dense
+        w = b.param(b.unique(f"{ctx.layer}.weight_t"), y.value.T.contiguous())
+        return b.node("dense", [x, w], {}, out, ctx)
     return b.node("matmul", [x, y], {}, out, ctx)
 
 
@@ -177,6 +182,7 @@ def binary(op: str) -> Callable:
         if a.get("alpha", 1) != 1 or a.get("rounding_mode") is not None:
             raise ctx.unsupported("alpha or rounding_mode arguments")
         x, y = a["input"], a["other"]
+        x, y = _one_value(b, x, y, out), _one_value(b, y, x, out)
         if isinstance(x, T) and isinstance(y, T):
             return b.node(op, [x, y], {}, out, ctx)
         tensor, const, reverse = (x, y, False) if isinstance(x, T) else (y, x, True)
@@ -185,6 +191,15 @@ def binary(op: str) -> Callable:
         attrs = {"scalar": _scalar(const), "reverse": reverse and op in ("sub", "div")}
         return b.node(op, [tensor_arg(tensor, ctx)], attrs, out, ctx)
     return handler
+
+
+def _one_value(b: Builder, v: Any, other: Any, out: torch.Tensor) -> Any:
+    """A constant one-element tensor (Gemma's embedding normalizer, torch.tensor(8.0))
+    as the scalar it holds, where the other operand has the result's shape already."""
+    if isinstance(v, T) and v.ref in b.params and v.value.numel() == 1 and \
+            isinstance(other, T) and other.ref not in b.params and other.value.shape == out.shape:
+        return float(v.value)
+    return v
 
 
 def h_pow(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
@@ -683,6 +698,7 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((torch.transpose, "transpose", "aten::transpose"), _s_transpose, h_transpose),
     ((torch.t, "t", "aten::t"), _s_any, h_t),
     ((torch.cat, torch.concat, "aten::cat"), _s_cat, h_cat),
+    ((torch.stack, "aten::stack"), _s_cat, h_stack),
     ((F.softmax, torch.softmax, "softmax", "aten::softmax"), _s_softmax, h_softmax),
     (("aten::_softmax",), _s_softmax_aten, h_softmax),
     ((F.layer_norm, "aten::layer_norm"), _s_layernorm, h_layer_norm),
@@ -706,6 +722,7 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     (("aten::upsample_bicubic2d",), _s_any, h_upsample_aten("bicubic")),
     ((torch.norm, "norm", "aten::norm"), _s_norm, h_vector_norm),
     ((operator.getitem,), _s_getitem, h_getitem),
+    (("aten::index",), _s_index, h_index),
     ((torch.select, "select", "aten::select"), _s_select, h_select),
     ((torch.addmm, "aten::addmm"), _s_addmm, h_addmm),
     ((F.scaled_dot_product_attention, "aten::scaled_dot_product_attention"), _s_sdpa, h_sdpa),

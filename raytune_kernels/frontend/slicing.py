@@ -25,6 +25,13 @@ class _Input(int):
     """The position of a run-time index tensor among an index node's extra inputs."""
 
 
+def h_index(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """aten.index(x, [None, ..., t]): what x[..., [i, j]] exports to; a None there takes
+    the whole dim (glue, as h_getitem)."""
+    items = tuple(slice(None) if i is None else i for i in a["indices"])
+    return h_getitem(b, {"input": a["input"], "index": items}, out, ctx)
+
+
 def h_select(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """x.select(dim, i), x[:, 0]: one index along one dim (glue)."""
     x = tensor_arg(a["input"], ctx)

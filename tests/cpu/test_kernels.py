@@ -70,6 +70,26 @@ def test_elementwise_task_with_a_channel_operand_compiles_and_interprets():
         assert torch.allclose(unpack(task.compute, cfg, bufs["out"]), expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("out, operand", [
+    ((1, 4, 16, 8), (1, 1, 16, 8)),  # rotary cos/sin: one table for every head
+    ((1, 16, 4, 8), (1, 16, 4, 1)),  # Qwen3's per-head RMSNorm: one scale per last-axis row
+])
+def test_elementwise_operands_of_decoder_layers_lower_in_every_config(out, operand):
+    """The operands of a decoder layer's elementwise tasks: the same row for every
+    channel, and one value per row of the last axis (the task then reads last-axis rows),
+    run by the interpreter and by the built kernel in every config of its space."""
+    from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
+    compute = Compute("elementwise", (TensorSpec(out),), TensorSpec(out), (),
+                      (EpilogueOp("mul", (TensorSpec(operand),)), EpilogueOp("neg")))
+    ops = [torch.randn(out), torch.randn(operand)]
+    expected = reference(compute, *ops)
+    for cfg in space_for(compute, cpu_info()):
+        bufs = pack(compute, cfg, ops)
+        interpret(lower(compute, cfg), bufs)
+        assert torch.allclose(unpack(compute, cfg, bufs["out"]), expected, atol=1e-6), cfg
+        assert torch.allclose(run_candidate(compute, cfg, ops, 2), expected, atol=1e-6), cfg
+
+
 class MobileNetV3Block(torch.nn.Module):
     """Hardswish after a depthwise conv, squeeze-excite written as a spatial mean with a
     hardsigmoid gate, and stochastic-depth-style dropout: all lowered to our kernels."""

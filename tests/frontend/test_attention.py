@@ -66,3 +66,20 @@ def test_a_boolean_mask_computed_at_run_time_stays_pytorchs():
     # the mask is our glue (a comparison); the attention on it stays PyTorch's
     assert [n.op for n in graph.nodes] == ["index", "compare", "torch"]
     assert torch.allclose(execute(partition(graph), [q])[0], Computed()(q), equal_nan=True)
+
+
+@pytest.mark.parametrize("kv_heads, gqa", [(2, True), (1, False), (1, True)])
+def test_grouped_and_multi_query_attention_repeat_key_heads_with_no_island(kv_heads, gqa):
+    """Fewer key/value heads than query heads: enable_gqa (Llama's through SDPA) or one
+    head broadcast (Falcon's multi-query); each key/value head serves its group."""
+    class Grouped(nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+    q, k, v = torch.randn(1, 4, 8, 16), torch.randn(1, kv_heads, 8, 16), \
+        torch.randn(1, kv_heads, 8, 16)
+    graph = rk.capture(Grouped(), (q, k, v), strict=True)
+    assert [n.op for n in graph.nodes].count("expand") == 2
+    got = execute(partition(graph), [q, k, v])[0]
+    assert torch.allclose(got, Grouped()(q, k, v), atol=1e-5, rtol=1e-5)
+

@@ -1,4 +1,5 @@
-"""Data movement by constants (slices, pad, roll, expand, repeat, swapaxes) as glue, and
+"""Data movement by constants (slices, pad, roll, expand, repeat, swapaxes, stack, indexing
+by lists) as glue, and
 two-operand einsum as permutes, reshapes and one batched matmul: captured with no island
 and checked against PyTorch."""
 import pytest
@@ -42,6 +43,8 @@ def _check(fn, *xs, want_ops=()):
     (lambda x: torch.relu(x).repeat(1, 2, 1, 2), "repeat"),
     (lambda x: torch.relu(x)[:, 1:3, ::2, 1:-1], "index"),
     (lambda x: torch.relu(x).swapaxes(1, 3) + 1.0, "permute"),
+    (lambda x: torch.stack((-x[..., 1::2], x[..., :6:2]), dim=-1).flatten(-2), "concat"),
+    (lambda x: torch.relu(x)[:, [2, 0]], "index"),
 ])
 def test_movement_ops_are_glue_and_match(fn, op):
     torch.manual_seed(0)
@@ -59,6 +62,36 @@ def test_slices_through_export_are_glue():
     graph = rk.capture(Sliced(), (x,), strict=True)
     assert "index" in {n.op for n in graph.nodes}
     assert torch.equal(execute(partition(graph), [x])[0], Sliced()(x))
+
+
+def test_indexing_by_a_list_through_export_is_glue():
+    """x[..., [i], :] (Falcon's multi-query key) reaches the graph as aten.index."""
+    class Picked(nn.Module):
+        def forward(self, x):
+            if x.shape[-1] > 4:  # control flow on a shape: fx cannot trace it, export can
+                x = x[..., [-2], :] * x[..., :-2, :]
+            return x
+    x = torch.randn(1, 3, 6, 8)
+    graph = rk.capture(Picked(), (x,), strict=True)
+    assert "index" in {n.op for n in graph.nodes}
+    assert torch.equal(execute(partition(graph), [x])[0], Picked()(x))
+
+
+def test_a_matmul_by_a_constant_matrix_is_a_dense_and_a_one_element_constant_a_scalar():
+    """x @ W with W a parameter (Falcon's linear layers) is a dense, which has kernels for
+    any leading dims; x * torch.tensor(c) (Gemma's embedding scale) multiplies by c."""
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 12))
+
+        def forward(self, x):
+            return (x @ self.w) * torch.tensor(3.0)
+    model, x = Scaled(), torch.randn(1, 5, 8)
+    graph = rk.capture(model, (x,), strict=True)
+    assert [(n.op, n.attr("scalar")) for n in graph.nodes] == [("dense", None), ("mul", 3.0)]
+    with torch.no_grad():
+        assert torch.allclose(execute(partition(graph), [x])[0], model(x), atol=1e-5)
 
 
 @pytest.mark.parametrize("equation, shapes", [
