@@ -165,10 +165,25 @@ def _token_ids(vocab_size: int, length: int = 128) -> torch.Tensor:
                          generator=torch.Generator().manual_seed(0))
 
 
+# Decoder LMs at GPT-2-small scale (their default configs are 1-7B parameters): 12 layers,
+# hidden 768, 12 query heads sharing 4 key/value heads where the family has grouped-query
+# attention, a 32000-token vocabulary. The KV cache is off: capture turns it off anyway.
+DECODER = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+               num_attention_heads=12, num_key_value_heads=4, vocab_size=32000,
+               max_position_embeddings=512, use_cache=False)
+DECODERS = {"LlamaForCausalLM": ("LlamaConfig", {}), "Qwen2ForCausalLM": ("Qwen2Config", {}),
+            "MistralForCausalLM": ("MistralConfig", {}),
+            "GPTNeoXForCausalLM": ("GPTNeoXConfig", {"num_key_value_heads": None}),
+            "PhiForCausalLM": ("PhiConfig", {}), "GemmaForCausalLM": ("GemmaConfig",
+                                                                   {"head_dim": 64}),
+            "Phi3ForCausalLM": ("Phi3Config", {"pad_token_id": 0, "eos_token_id": 0})}
+
+
 def hf_models() -> dict[str, Factory]:
     """BertModel, GPT2Model and ViTModel with their default configs (BERT-base: 12 layers;
-    GPT-2 small; ViT-B/16): name -> factory() -> (model, inputs). Text models take token ids
-    int64 (1, 128); ViT takes pixel_values (1, 3, 224, 224)."""
+    GPT-2 small; ViT-B/16), and the DECODERS families at DECODER's size: name -> factory()
+    -> (model, inputs). Text models take token ids int64 (1, 128); ViT takes pixel_values
+    (1, 3, 224, 224)."""
     tf = _import_optional("transformers")
 
     def text(model_cls: str, config_cls: str, **options) -> Factory:
@@ -184,10 +199,16 @@ def hf_models() -> dict[str, Factory]:
         shape = (1, config.num_channels, config.image_size, config.image_size)
         return tf.ViTModel(config).eval(), (_image(shape),)
 
+    def decoder(model_cls: str, config_cls: str, extra: dict) -> Factory:
+        options = {k: v for k, v in {**DECODER, **extra}.items() if v is not None}
+        return text(model_cls, config_cls, **options)
+
     return {"BertModel": text("BertModel", "BertConfig"),
             # inference without a KV cache: the cache object is not a tensor output
             "GPT2Model": text("GPT2Model", "GPT2Config", use_cache=False),
-            "ViTModel": vit}
+            "ViTModel": vit,
+            **{name: decoder(name, config, extra) for name, (config, extra) in DECODERS.items()
+               if hasattr(tf, name)}}
 
 
 # ------------------------------------------------------------------------------ all of them

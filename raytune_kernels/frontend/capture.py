@@ -10,6 +10,11 @@ into a constant.
 
 A call with no node of its own becomes a PyTorch island (frontend/island.py) with one
 warning that names each; strict=True refuses it instead, naming the op and its layer.
+
+A Hugging Face decoder returns its KV cache (a DynamicCache) beside its logits, which
+neither torch.fx nor torch.export carries out of a graph: capture turns the cache off
+(config.use_cache = False, kept after the capture like eval mode), so the model and the
+compiled network both return the tensors alone.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Ten
     with `strict`, the first such call is refused (UnsupportedOpError)."""
     inputs = _check_inputs(example_inputs)
     model.eval()
+    _no_cache(model)
     try:
         gm = torch.fx.symbolic_trace(model, concrete_args=_left_out(model, len(inputs)))
     except Exception:  # control flow on shapes, or a module fx cannot trace: export may
@@ -53,6 +59,15 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Ten
                       f"(strict=True refuses them): " + "; ".join(list(named)[:12])
                       + ("; ..." if len(named) > 12 else ""), stacklevel=2)
     return graph
+
+
+def _no_cache(model: nn.Module) -> None:
+    """Turn off the KV cache of every Hugging Face config in `model` (see the module
+    docstring): a forward then returns no cache object."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", False) is True:
+            config.use_cache = False
 
 
 def _left_out(model: nn.Module, given: int) -> dict[str, Any] | None:

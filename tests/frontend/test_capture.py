@@ -267,3 +267,24 @@ def test_a_squeeze_conv_whose_channels_do_not_fill_vectors_is_padded():
     from raytune_kernels.cpu.schedules import no_kernel_reason
     from raytune_kernels.cpu.machine import cpu_info
     assert [no_kernel_reason(t.compute, cpu_info()) for t in tasks] == [None] * len(tasks)
+
+
+class _Cached(nn.Module):
+    """A Hugging Face-like decoder: with config.use_cache its forward also returns a cache
+    object, which no graph carries out."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("Config", (), {"use_cache": True})()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return (y, object()) if self.config.use_cache else (y,)
+
+
+def test_capture_turns_a_models_kv_cache_off_so_only_tensors_come_out():
+    model, x = _Cached(), torch.randn(2, 4)
+    graph = rk.capture(model, (x,), strict=True)
+    assert model.config.use_cache is False and len(graph.outputs) == 1
+    assert torch.allclose(execute(partition(graph), [x])[0], model(x)[0], atol=1e-6)

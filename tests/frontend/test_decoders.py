@@ -1,0 +1,81 @@
+"""Hugging Face decoder language models, small configs with random weights (2 layers,
+hidden 64, vocabulary 128, 16 token ids): each is captured with no PyTorch island (its
+KV cache turned off, rotary embeddings, grouped-query attention, RMSNorm, gated MLPs,
+the causal mask folded at capture), compiled untuned at 1 thread, and compared with the
+model on new token ids. Skipped without transformers."""
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+from raytune_kernels.compile.api import compile_network
+from raytune_kernels.compile.report import output_error
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+NEOX = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            vocab_size=128, max_position_embeddings=64)
+# family: (model class, config class, config options)
+FAMILIES = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", SMALL),
+    "llama_base": ("LlamaModel", "LlamaConfig", SMALL),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", SMALL),
+    "mistral": ("MistralForCausalLM", "MistralConfig", SMALL),
+    "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", NEOX),
+    "phi": ("PhiForCausalLM", "PhiConfig", SMALL),
+}
+MORE_FAMILIES = {
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(SMALL, head_dim=16)),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(SMALL, head_dim=16)),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(SMALL, head_dim=16)),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(SMALL, pad_token_id=0)),
+    "stablelm": ("StableLmForCausalLM", "StableLmConfig", SMALL),
+    "olmo": ("OlmoForCausalLM", "OlmoConfig", dict(SMALL, pad_token_id=0)),
+    "falcon": ("FalconForCausalLM", "FalconConfig", dict(hidden_size=64, num_hidden_layers=2,
+                                                         num_attention_heads=4, vocab_size=128)),
+    "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128,
+                                                   n_positions=64, rotary_dim=8, bos_token_id=0,
+                                                   eos_token_id=0)),
+}
+
+
+def _transformers():
+    """transformers, imported behind bench/models.py's torchvision guard (the registry's
+    torchvision cannot load its C++ ops beside this torch); skips the test without it."""
+    spec = importlib.util.spec_from_file_location("bench_models", ROOT / "bench" / "models.py")
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    models.guard_torchvision_import()
+    return pytest.importorskip("transformers")
+
+
+def _ids(seed: int) -> torch.Tensor:
+    return torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(seed))
+
+
+def _compiles_with_no_island(family: tuple) -> float:
+    tf = _transformers()
+    model_cls, config_cls, options = family
+    if not hasattr(tf, model_cls):
+        pytest.skip(f"this transformers has no {model_cls}")
+    torch.manual_seed(0)
+    model = getattr(tf, model_cls)(getattr(tf, config_cls)(**options)).eval()
+    net = compile_network(model, (_ids(0),), None, target="llvm", threads=1)
+    islands = [n.attr("what") for n in net.part.graph.nodes if n.op == "torch"]
+    assert islands == [], islands
+    assert not model.config.use_cache  # the cache is no output of the graph
+    with torch.no_grad():
+        return output_error(net(_ids(1)), model(_ids(1)))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_decoder_lm_captures_with_no_island_and_compiles(name):
+    assert _compiles_with_no_island(FAMILIES[name]) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MORE_FAMILIES)
+def test_more_decoder_families_capture_with_no_island_and_compile(name):
+    assert _compiles_with_no_island(MORE_FAMILIES[name]) < 1e-4  # Gemma2: tanh soft-capping
