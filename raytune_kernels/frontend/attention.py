@@ -14,7 +14,7 @@ import torch
 from raytune_kernels.frontend.builder import Builder, Ctx, T, tensor_arg
 
 
-def h_sdpa(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def sdpa_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     q = tensor_arg(a["query"], ctx, "query")
     k = tensor_arg(a["key"], ctx, "key")
     v = tensor_arg(a["value"], ctx, "value")

@@ -372,101 +372,105 @@ def _mparam(b: Builder, ctx: Ctx, module: nn.Module, attr: str) -> T | None:
     return None if value is None else b.param(f"{ctx.layer}.{attr}", value)
 
 
-def m_conv(b, m: nn.Conv2d, x, out, ctx):
+def conv2d_module_handler(b, m: nn.Conv2d, x, out, ctx):
     if m.padding_mode != "zeros":
         raise ctx.unsupported(f"padding_mode={m.padding_mode!r}")
     a = {"input": x, "weight": _mparam(b, ctx, m, "weight"), "bias": _mparam(b, ctx, m, "bias"),
          "stride": m.stride, "padding": m.padding, "dilation": m.dilation, "groups": m.groups}
-    return ops.h_conv2d(b, a, out, ctx)
+    return ops.conv2d_handler(b, a, out, ctx)
 
 
-def m_linear(b, m: nn.Linear, x, out, ctx):
+def linear_module_handler(b, m: nn.Linear, x, out, ctx):
     a = {"input": x, "weight": _mparam(b, ctx, m, "weight"), "bias": _mparam(b, ctx, m, "bias")}
-    return ops.h_dense(b, a, out, ctx)
+    return ops.dense_handler(b, a, out, ctx)
 
 
-def m_bn(b, m: nn.modules.batchnorm._BatchNorm, x, out, ctx):
+def batch_norm_module_handler(b, m: nn.modules.batchnorm._BatchNorm, x, out, ctx):
     a = {"input": x, "running_mean": m.running_mean, "running_var": m.running_var,
          "weight": m.weight, "bias": m.bias, "training": m.training, "eps": m.eps}
     if isinstance(a["weight"], torch.Tensor):
         a["weight"], a["bias"] = m.weight.detach(), m.bias.detach()
-    return ops.h_batch_norm(b, a, out, ctx)
+    return ops.batch_norm_handler(b, a, out, ctx)
 
 
-def _m_unary(op: str):
+def _unary_module_handler(op: str):
     return lambda b, m, x, out, ctx: ops.unary(op)(b, {"input": x}, out, ctx)
 
 
-def m_gelu(b, m: nn.GELU, x, out, ctx):
-    return ops.h_gelu(b, {"input": x, "approximate": m.approximate}, out, ctx)
+def gelu_module_handler(b, m: nn.GELU, x, out, ctx):
+    return ops.gelu_handler(b, {"input": x, "approximate": m.approximate}, out, ctx)
 
 
-def m_hardtanh(b, m: nn.Hardtanh, x, out, ctx):
-    return ops.h_hardtanh(b, {"input": x, "min_val": m.min_val, "max_val": m.max_val}, out, ctx)
+def hardtanh_module_handler(b, m: nn.Hardtanh, x, out, ctx):
+    return ops.hardtanh_handler(b, {"input": x, "min_val": m.min_val, "max_val": m.max_val}, out,
+                                ctx)
 
 
-def m_max_pool(b, m: nn.MaxPool2d, x, out, ctx):
+def max_pool_module_handler(b, m: nn.MaxPool2d, x, out, ctx):
     a = {"input": x, "kernel_size": m.kernel_size, "stride": m.stride, "padding": m.padding,
          "dilation": m.dilation, "ceil_mode": m.ceil_mode, "return_indices": m.return_indices}
-    return ops.h_max_pool(b, a, out, ctx)
+    return ops.max_pool_handler(b, a, out, ctx)
 
 
-def m_avg_pool(b, m: nn.AvgPool2d, x, out, ctx):
+def avg_pool_module_handler(b, m: nn.AvgPool2d, x, out, ctx):
     a = {"input": x, "kernel_size": m.kernel_size, "stride": m.stride, "padding": m.padding,
          "ceil_mode": m.ceil_mode, "count_include_pad": m.count_include_pad,
          "divisor_override": m.divisor_override}
-    return ops.h_avg_pool(b, a, out, ctx)
+    return ops.avg_pool_handler(b, a, out, ctx)
 
 
-def m_softmax(b, m: nn.Softmax, x, out, ctx):
-    return ops.h_softmax(b, {"input": x, "dim": m.dim}, out, ctx)
+def softmax_module_handler(b, m: nn.Softmax, x, out, ctx):
+    return ops.softmax_handler(b, {"input": x, "dim": m.dim}, out, ctx)
 
 
-def m_layer_norm(b, m: nn.LayerNorm, x, out, ctx):
+def layer_norm_module_handler(b, m: nn.LayerNorm, x, out, ctx):
     a = {"input": x, "normalized_shape": m.normalized_shape, "eps": m.eps,
          "weight": _mparam(b, ctx, m, "weight"), "bias": _mparam(b, ctx, m, "bias")}
-    return ops.h_layer_norm(b, a, out, ctx)
+    return ops.layer_norm_handler(b, a, out, ctx)
 
 
-def m_group_norm(b, m: nn.GroupNorm, x, out, ctx):
+def group_norm_module_handler(b, m: nn.GroupNorm, x, out, ctx):
     a = {"input": x, "num_groups": m.num_groups, "eps": m.eps,
          "weight": _mparam(b, ctx, m, "weight"), "bias": _mparam(b, ctx, m, "bias")}
-    return ops.h_group_norm(b, a, out, ctx)
+    return ops.group_norm_handler(b, a, out, ctx)
 
 
-def m_instance_norm(b, m: nn.modules.instancenorm._InstanceNorm, x, out, ctx):
+def instance_norm_module_handler(b, m: nn.modules.instancenorm._InstanceNorm, x, out, ctx):
     a = {"input": x, "eps": m.eps, "weight": _mparam(b, ctx, m, "weight"),
          "bias": _mparam(b, ctx, m, "bias"), "running_mean": m.running_mean,
          "running_var": m.running_var,
          "use_input_stats": m.training or not m.track_running_stats}
-    return ops.h_instance_norm(b, a, out, ctx)
+    return ops.instance_norm_handler(b, a, out, ctx)
 
 
-def m_upsample(b, m: nn.Upsample, x, out, ctx):
+def upsample_module_handler(b, m: nn.Upsample, x, out, ctx):
     a = {"input": x, "size": m.size, "scale_factor": m.scale_factor, "mode": m.mode,
          "align_corners": m.align_corners,
          "recompute_scale_factor": m.recompute_scale_factor}
-    return ops.h_interpolate(b, a, out, ctx)
+    return ops.interpolate_handler(b, a, out, ctx)
 
 
 _MODULES = {
-    nn.Conv2d: m_conv, nn.Linear: m_linear,
-    nn.BatchNorm1d: m_bn, nn.BatchNorm2d: m_bn,
-    nn.ReLU: _m_unary("relu"), nn.ReLU6: _m_unary("relu6"), nn.Sigmoid: _m_unary("sigmoid"),
-    nn.SiLU: _m_unary("silu"), nn.Tanh: _m_unary("tanh"), nn.GELU: m_gelu,
-    nn.Hardtanh: m_hardtanh, nn.Hardswish: _m_unary("hardswish"),
-    nn.Hardsigmoid: _m_unary("hardsigmoid"), nn.Mish: _m_unary("mish"),
-    nn.MaxPool2d: m_max_pool, nn.AvgPool2d: m_avg_pool,
-    nn.AdaptiveAvgPool2d: lambda b, m, x, out, ctx: ops.h_adaptive_avg(
+    nn.Conv2d: conv2d_module_handler, nn.Linear: linear_module_handler,
+    nn.BatchNorm1d: batch_norm_module_handler, nn.BatchNorm2d: batch_norm_module_handler,
+    nn.ReLU: _unary_module_handler("relu"), nn.ReLU6: _unary_module_handler("relu6"),
+    nn.Sigmoid: _unary_module_handler("sigmoid"), nn.SiLU: _unary_module_handler("silu"),
+    nn.Tanh: _unary_module_handler("tanh"), nn.GELU: gelu_module_handler,
+    nn.Hardtanh: hardtanh_module_handler, nn.Hardswish: _unary_module_handler("hardswish"),
+    nn.Hardsigmoid: _unary_module_handler("hardsigmoid"), nn.Mish: _unary_module_handler("mish"),
+    nn.MaxPool2d: max_pool_module_handler, nn.AvgPool2d: avg_pool_module_handler,
+    nn.AdaptiveAvgPool2d: lambda b, m, x, out, ctx: ops.adaptive_avg_handler(
         b, {"input": x, "output_size": m.output_size}, out, ctx),
-    nn.Flatten: lambda b, m, x, out, ctx: ops.h_reshape(b, {"input": x}, out, ctx),
-    nn.Unflatten: lambda b, m, x, out, ctx: ops.h_reshape(b, {"input": x}, out, ctx),
-    nn.Softmax: m_softmax, nn.LayerNorm: m_layer_norm, nn.GroupNorm: m_group_norm,
-    nn.InstanceNorm1d: m_instance_norm, nn.InstanceNorm2d: m_instance_norm,
-    nn.Upsample: m_upsample,
-    nn.Embedding: lambda b, m, x, out, ctx: ops.h_embedding(
+    nn.Flatten: lambda b, m, x, out, ctx: ops.reshape_handler(b, {"input": x}, out, ctx),
+    nn.Unflatten: lambda b, m, x, out, ctx: ops.reshape_handler(b, {"input": x}, out, ctx),
+    nn.Softmax: softmax_module_handler, nn.LayerNorm: layer_norm_module_handler,
+    nn.GroupNorm: group_norm_module_handler,
+    nn.InstanceNorm1d: instance_norm_module_handler,
+    nn.InstanceNorm2d: instance_norm_module_handler,
+    nn.Upsample: upsample_module_handler,
+    nn.Embedding: lambda b, m, x, out, ctx: ops.embedding_handler(
         b, {"input": x, "weight": _mparam(b, ctx, m, "weight"), "max_norm": m.max_norm}, out,
         ctx),
-    nn.Dropout: lambda b, m, x, out, ctx: ops.h_alias(b, {"input": x}, out, ctx),
-    nn.Identity: lambda b, m, x, out, ctx: ops.h_alias(b, {"input": x}, out, ctx),
+    nn.Dropout: lambda b, m, x, out, ctx: ops.alias_handler(b, {"input": x}, out, ctx),
+    nn.Identity: lambda b, m, x, out, ctx: ops.alias_handler(b, {"input": x}, out, ctx),
 }

@@ -27,7 +27,7 @@ def exact_cast(src: torch.dtype, dst: torch.dtype) -> bool:
     return dst == torch.float32 or (not dst.is_floating_point and dst != torch.bool)
 
 
-def h_cast(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def cast_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """x.to(dtype) / type_as / float() / long() ...: the value itself when exact_cast."""
     x = tensor_arg(a["input"], ctx)
     if tuple(out.shape) != tuple(x.value.shape) or not isinstance(out, torch.Tensor):
@@ -38,7 +38,7 @@ def h_cast(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return T(x.ref, out)
 
 
-def h_compare(kind: str):
+def compare_handler(kind: str):
     """x.ne(c), x == y, ...: a glue node giving 1.0 where the comparison holds, else 0.0."""
     def handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
         x, y = a["input"], a["other"]
@@ -52,7 +52,7 @@ def h_compare(kind: str):
     return handler
 
 
-def h_cumsum(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def cumsum_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """torch.cumsum along a dim: a glue node (a running sum of ids or of a mask)."""
     x = tensor_arg(a["input"], ctx)
     if a.get("dtype") is not None and not exact_cast(x.value.dtype, a["dtype"]):
@@ -61,7 +61,7 @@ def h_cumsum(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
 
 
 
-def h_gather(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def gather_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """torch.gather(x, dim, ids): glue; a constant table or index (an integer buffer) is
     made a parameter first."""
     x = _graph_value(b, a["input"], ctx, "table")
@@ -70,7 +70,7 @@ def h_gather(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("gather", [x, ids], {"dim": dim}, out, ctx)
 
 
-def h_argmax(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def argmax_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """argmax along a dim (the first largest, as PyTorch): glue giving float32 indices."""
     x = tensor_arg(a["input"], ctx)
     if a["dim"] is None:

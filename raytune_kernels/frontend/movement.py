@@ -9,7 +9,7 @@ from raytune_kernels.frontend.builder import Builder, Ctx, T, norm_dim, tensor_a
 from raytune_kernels.frontend.slicing import encode_index
 
 
-def h_slice(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def slice_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """aten.slice(x, dim, start, end, step): what x[..., a:b:c] exports to."""
     x = tensor_arg(a["input"], ctx)
     dim = norm_dim(int(a["dim"]), x.value.dim())
@@ -22,7 +22,7 @@ def h_slice(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
-def h_pad(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def pad_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """F.pad with constant amounts; the value of constant padding is kept."""
     x = tensor_arg(a["input"], ctx)
     if a["mode"] not in PAD_MODES:
@@ -34,7 +34,7 @@ def h_pad(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("pad", [x], {"pad": pad, "mode": a["mode"], "value": value}, out, ctx)
 
 
-def h_roll(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def roll_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """torch.roll by constant shifts along given dims (Swin's shifted windows)."""
     x = tensor_arg(a["input"], ctx)
     shifts, dims = a["shifts"], a["dims"]
@@ -47,7 +47,7 @@ def h_roll(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
                   out, ctx)
 
 
-def h_expand(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def expand_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """expand / expand_as / broadcast_to / repeat to a constant shape."""
     x = tensor_arg(a["input"], ctx)
     if tuple(out.shape) == tuple(x.value.shape):
@@ -59,7 +59,7 @@ def h_expand(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("expand", [x], {"shape": tuple(out.shape)}, out, ctx)
 
 
-def h_stack(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def stack_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """torch.stack: each tensor given an axis of 1 at `dim` (a reshape), then one concat
     (GPT-J's interleaved rotary embedding stacks the two halves)."""
     xs = [tensor_arg(t, ctx) for t in a["tensors"]]
@@ -71,7 +71,7 @@ def h_stack(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("concat", parts, {"dim": dim}, out, ctx)
 
 
-def h_einsum(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def einsum_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """A two-operand einsum without repeated or summed-alone indices: the operands permuted
     to (batch, rows, contracted) and (batch, contracted, columns), one batched matmul, and
     the result permuted to the equation's order."""

@@ -15,83 +15,84 @@ import torch.nn.functional as F
 
 from raytune_kernels.errors import DynamicShapeError
 from raytune_kernels.frontend.builder import Builder, Ctx, T, need_param, norm_dim, pair, tensor_arg
-from raytune_kernels.frontend.attention import h_sdpa
-from raytune_kernels.frontend.integers import (COMPARE_FNS, h_argmax, h_cast, h_compare,
-                                               h_cumsum, h_gather)
+from raytune_kernels.frontend.attention import sdpa_handler
+from raytune_kernels.frontend.integers import (COMPARE_FNS, argmax_handler, cast_handler,
+                                               compare_handler, cumsum_handler, gather_handler)
 from raytune_kernels.frontend.reference import REDUCE_FNS
-from raytune_kernels.frontend.movement import (h_einsum, h_expand, h_pad, h_roll, h_slice,
-                                               h_stack)
-from raytune_kernels.frontend.slicing import h_getitem, h_index, h_select, h_split, h_unbind
+from raytune_kernels.frontend.movement import (einsum_handler, expand_handler, pad_handler,
+                                               roll_handler, slice_handler, stack_handler)
+from raytune_kernels.frontend.slicing import (getitem_handler, index_handler, select_handler,
+                                              split_handler, unbind_handler)
 
 
 # ---- signatures: one stub per calling convention; binding normalises args/kwargs ----
 
-def _s_conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1): ...
-def _s_linear(input, weight, bias=None): ...
-def _s_addsub(input, other, alpha=1): ...
-def _s_mul(input, other): ...
-def _s_div(input, other, rounding_mode=None): ...
-def _s_unary(input, inplace=False): ...
-def _s_gelu(input, approximate="none"): ...
-def _s_hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False): ...
-def _s_bn_f(input, running_mean, running_var, weight=None, bias=None, training=False,
-            momentum=0.1, eps=1e-5): ...
-def _s_bn_aten(input, weight, bias, running_mean, running_var, training, momentum, eps,
-               cudnn_enabled=True): ...
-def _s_maxpool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False): ...
-def _s_avgpool(input, kernel_size, stride=None, padding=0, ceil_mode=False,
-               count_include_pad=True, divisor_override=None): ...
-def _s_adaptive(input, output_size): ...
-def _s_softmax(input, dim=None, _stacklevel=3, dtype=None): ...
-def _s_softmax_aten(input, dim, half_to_float=False): ...
-def _s_layernorm(input, normalized_shape, weight=None, bias=None, eps=1e-5,
-                 cudnn_enable=True): ...
-def _s_matmul(input, other): ...
-def _s_cat(tensors, dim=0): ...
-def _s_transpose(input, dim0, dim1): ...
-def _s_permute(input, *dims): ...
-def _s_any(input, *args, **kwargs): ...
-def _s_dropout(input, p=0.5, training=False, inplace=False): ...
-def _s_stochastic_depth(input, p, mode, training=True): ...
-def _s_mean(input, dim=None, keepdim=False, dtype=None): ...
-def _s_amax(input, dim=(), keepdim=False): ...
-def _s_where(condition, input, other): ...
-def _s_masked_fill(input, mask, value): ...
-def _s_group_norm(input, num_groups, weight=None, bias=None, eps=1e-5): ...
-def _s_group_norm_aten(input, num_groups, weight=None, bias=None, eps=1e-5,
-                       cudnn_enabled=True): ...
-def _s_instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
-                     use_input_stats=True, momentum=0.1, eps=1e-5): ...
-def _s_interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
-                   recompute_scale_factor=None, antialias=False): ...
-def _s_norm(input, p="fro", dim=None, keepdim=False, dtype=None): ...
-def _s_vector_norm(input, ord=2, dim=None, keepdim=False, dtype=None): ...
-def _s_getitem(input, index): ...
-def _s_split(input, split, dim=0): ...
-def _s_unbind(input, dim=0): ...
-def _s_select(input, dim, index): ...
-def _s_addmm(input, mat1, mat2, beta=1, alpha=1): ...
-def _s_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-            enable_gqa=False): ...
-def _s_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
-                 scale_grad_by_freq=False, sparse=False): ...
-def _s_pow(input, exponent): ...
-def _s_clamp(input, min=None, max=None): ...
-def _s_clamp_min(input, min): ...
-def _s_clamp_max(input, max): ...
-def _s_binary(input, other): ...
-def _s_slice(input, dim=0, start=None, end=None, step=1): ...
-def _s_pad(input, pad, mode="constant", value=None): ...
-def _s_constant_pad(input, pad, value=0.0, mode="constant"): ...
-def _s_roll(input, shifts, dims=None): ...
-def _s_einsum(equation, *operands, path=None): ...
-def _s_embedding_aten(weight, indices, padding_idx=-1, scale_grad_by_freq=False,
-                      sparse=False): ...
-def _s_cumsum(input, dim, dtype=None): ...
-def _s_index(input, indices): ...
-def _s_gather(input, dim, index, sparse_grad=False): ...
-def _s_argmax(input, dim=None, keepdim=False): ...
+def _conv2d_stub(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1): ...
+def _linear_stub(input, weight, bias=None): ...
+def _add_sub_stub(input, other, alpha=1): ...
+def _mul_stub(input, other): ...
+def _div_stub(input, other, rounding_mode=None): ...
+def _unary_stub(input, inplace=False): ...
+def _gelu_stub(input, approximate="none"): ...
+def _hardtanh_stub(input, min_val=-1.0, max_val=1.0, inplace=False): ...
+def _batch_norm_stub(input, running_mean, running_var, weight=None, bias=None, training=False,
+                     momentum=0.1, eps=1e-5): ...
+def _batch_norm_aten_stub(input, weight, bias, running_mean, running_var, training, momentum, eps,
+                          cudnn_enabled=True): ...
+def _max_pool_stub(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                   return_indices=False): ...
+def _avg_pool_stub(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+                   count_include_pad=True, divisor_override=None): ...
+def _adaptive_avg_pool_stub(input, output_size): ...
+def _softmax_stub(input, dim=None, _stacklevel=3, dtype=None): ...
+def _softmax_aten_stub(input, dim, half_to_float=False): ...
+def _layer_norm_stub(input, normalized_shape, weight=None, bias=None, eps=1e-5,
+                     cudnn_enable=True): ...
+def _matmul_stub(input, other): ...
+def _cat_stub(tensors, dim=0): ...
+def _transpose_stub(input, dim0, dim1): ...
+def _permute_stub(input, *dims): ...
+def _any_stub(input, *args, **kwargs): ...
+def _dropout_stub(input, p=0.5, training=False, inplace=False): ...
+def _stochastic_depth_stub(input, p, mode, training=True): ...
+def _mean_stub(input, dim=None, keepdim=False, dtype=None): ...
+def _amax_stub(input, dim=(), keepdim=False): ...
+def _where_stub(condition, input, other): ...
+def _masked_fill_stub(input, mask, value): ...
+def _group_norm_stub(input, num_groups, weight=None, bias=None, eps=1e-5): ...
+def _group_norm_aten_stub(input, num_groups, weight=None, bias=None, eps=1e-5,
+                          cudnn_enabled=True): ...
+def _instance_norm_stub(input, running_mean=None, running_var=None, weight=None, bias=None,
+                        use_input_stats=True, momentum=0.1, eps=1e-5): ...
+def _interpolate_stub(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                      recompute_scale_factor=None, antialias=False): ...
+def _norm_stub(input, p="fro", dim=None, keepdim=False, dtype=None): ...
+def _vector_norm_stub(input, ord=2, dim=None, keepdim=False, dtype=None): ...
+def _getitem_stub(input, index): ...
+def _split_stub(input, split, dim=0): ...
+def _unbind_stub(input, dim=0): ...
+def _select_stub(input, dim, index): ...
+def _addmm_stub(input, mat1, mat2, beta=1, alpha=1): ...
+def _sdpa_stub(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False): ...
+def _embedding_stub(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+                    scale_grad_by_freq=False, sparse=False): ...
+def _pow_stub(input, exponent): ...
+def _clamp_stub(input, min=None, max=None): ...
+def _clamp_min_stub(input, min): ...
+def _clamp_max_stub(input, max): ...
+def _binary_stub(input, other): ...
+def _slice_stub(input, dim=0, start=None, end=None, step=1): ...
+def _pad_stub(input, pad, mode="constant", value=None): ...
+def _constant_pad_stub(input, pad, value=0.0, mode="constant"): ...
+def _roll_stub(input, shifts, dims=None): ...
+def _einsum_stub(equation, *operands, path=None): ...
+def _embedding_aten_stub(weight, indices, padding_idx=-1, scale_grad_by_freq=False,
+                         sparse=False): ...
+def _cumsum_stub(input, dim, dtype=None): ...
+def _index_stub(input, indices): ...
+def _gather_stub(input, dim, index, sparse_grad=False): ...
+def _argmax_stub(input, dim=None, keepdim=False): ...
 
 
 # ---- helpers ----
@@ -110,7 +111,7 @@ def _conv_padding(padding: Any, weight: torch.Tensor, dilation: tuple, ctx: Ctx)
 
 # ---- handlers: (builder, bound args, concrete output, ctx) -> T ----
 
-def h_conv2d(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def conv2d_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     x, w = tensor_arg(a["input"], ctx), need_param(b, a["weight"], ctx, "weight")
     if x.value.dim() != 4:
         raise ctx.unsupported(f"conv2d on a {x.value.dim()}-D input (batched NCHW only)")
@@ -121,13 +122,13 @@ def h_conv2d(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("conv2d", ins, attrs, out, ctx)
 
 
-def h_dense(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def dense_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     x, w = tensor_arg(a["input"], ctx), need_param(b, a["weight"], ctx, "weight")
     ins = [x, w] + ([need_param(b, a["bias"], ctx, "bias")] if a["bias"] is not None else [])
     return b.node("dense", ins, {}, out, ctx)
 
 
-def h_matmul(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def matmul_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     x, y = tensor_arg(a["input"], ctx), tensor_arg(a["other"], ctx, "other")
     if x.value.dim() < 2 or y.value.dim() < 2:
         raise ctx.unsupported("matmul with a 1-D operand (reshape it to 2-D)")
@@ -145,7 +146,7 @@ def _affine(b: Builder, x: T, mean, var, weight, bias, eps: float, out, ctx: Ctx
     return b.node("affine", [x, s, t], {"axis": 1}, out, ctx)
 
 
-def h_batch_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def batch_norm_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a["training"]:
         raise ctx.unsupported("batch norm in training mode (call model.eval())")
     val = lambda k: a[k].value if isinstance(a[k], T) else a[k]  # noqa: E731
@@ -161,14 +162,14 @@ def unary(op: str) -> Callable:
     return handler
 
 
-def h_gelu(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def gelu_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     op = {"none": "gelu", "tanh": "gelu_tanh"}[a["approximate"]]
     return b.node(op, [tensor_arg(a["input"], ctx)], {}, out, ctx)
 
 
-def h_hardtanh(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    return h_clamp(b, {"input": a["input"], "min": a["min_val"], "max": a["max_val"]}, out,
-                   ctx)
+def hardtanh_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    return clamp_handler(b, {"input": a["input"], "min": a["min_val"], "max": a["max_val"]}, out,
+                         ctx)
 
 
 def _scalar(v: Any) -> float | None:
@@ -202,7 +203,7 @@ def _one_value(b: Builder, v: Any, other: Any, out: torch.Tensor) -> Any:
     return v
 
 
-def h_pow(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def pow_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """x ** c for the constant exponents networks use: RMSNorm's square, roots, GELU-tanh's
     cube; any integer exponent up to 16 in magnitude by repeated multiplication (square
     and multiply), a negative one as the reciprocal of that."""
@@ -238,7 +239,7 @@ def _integer_power(b: Builder, x: T, n: int, ctx: Ctx) -> T:
     return power
 
 
-def h_clamp(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def clamp_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """clamp / clamp_min / clamp_max / hardtanh by constants: a maximum then a minimum
     with scalars (relu6 stays one op)."""
     x = tensor_arg(a["input"], ctx)
@@ -257,7 +258,7 @@ def h_clamp(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return T(x.ref, out)
 
 
-def h_max_pool(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def max_pool_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a["return_indices"]:
         raise ctx.unsupported("max pooling that returns indices")
     k, x = pair(a["kernel_size"]), tensor_arg(a["input"], ctx)
@@ -284,7 +285,7 @@ def _ceil_overhang(b: Builder, x: T, attrs: dict, out: torch.Tensor, ctx: Ctx) -
                                "value": float("-inf")}, grown, ctx)
 
 
-def h_avg_pool(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def avg_pool_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a["divisor_override"] is not None:
         raise ctx.unsupported("avg pooling with divisor_override")
     k = pair(a["kernel_size"])
@@ -294,7 +295,7 @@ def h_avg_pool(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("avg_pool2d", [tensor_arg(a["input"], ctx)], attrs, out, ctx)
 
 
-def h_adaptive_avg(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def adaptive_avg_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     x = tensor_arg(a["input"], ctx)
     (h, w), (oh, ow) = x.value.shape[-2:], out.shape[-2:]
     if h % oh == 0 and w % ow == 0:  # an ordinary average pool: one compute definition
@@ -305,14 +306,14 @@ def h_adaptive_avg(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("adaptive_avg_pool2d", [x], {"output_size": (oh, ow)}, out, ctx)
 
 
-def h_reshape(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def reshape_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     x = tensor_arg(a["input"], ctx)
     if tuple(out.shape) == tuple(x.value.shape):
         return T(x.ref, out)
     return b.node("reshape", [x], {"shape": tuple(out.shape)}, out, ctx)
 
 
-def h_alias(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def alias_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a.get("training"):
         raise ctx.unsupported("dropout in training mode (call model.eval())")
     x = tensor_arg(a["input"], ctx)
@@ -328,13 +329,13 @@ def _permute(b: Builder, x: T, dims: tuple, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("permute", [x], {"dims": dims}, out, ctx)
 
 
-def h_permute(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def permute_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     dims = a["dims"][0] if len(a["dims"]) == 1 and isinstance(a["dims"][0], (list, tuple)) \
         else a["dims"]
     return _permute(b, tensor_arg(a["input"], ctx), tuple(dims), out, ctx)
 
 
-def h_transpose(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def transpose_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     x = tensor_arg(a["input"], ctx)
     dims = list(range(x.value.dim()))
     i, j = norm_dim(a["dim0"], len(dims)), norm_dim(a["dim1"], len(dims))
@@ -342,30 +343,30 @@ def h_transpose(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return _permute(b, x, tuple(dims), out, ctx)
 
 
-def h_t(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def t_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     x = tensor_arg(a["input"], ctx)
     return _permute(b, x, tuple(reversed(range(x.value.dim()))), out, ctx)
 
 
-def h_cat(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def cat_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     xs = [tensor_arg(t, ctx) for t in a["tensors"]]
     return b.node("concat", xs, {"dim": norm_dim(int(a["dim"]), out.dim())}, out, ctx)
 
 
-def h_stochastic_depth(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def stochastic_depth_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """torchvision's stochastic depth: the identity in eval mode."""
     if a["training"] and a["p"] > 0:
         raise ctx.unsupported("stochastic depth in training mode (call model.eval())")
     return T(tensor_arg(a["input"], ctx).ref, out)
 
 
-def h_mean(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def mean_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """A mean over the two spatial dims of an NCHW value (global pooling written as a
     mean, as in squeeze-excite blocks) is an average pool over the whole map; a mean over
-    any other dims is a row reduction (h_reduce)."""
+    any other dims is a row reduction (reduce_handler)."""
     x = tensor_arg(a["input"], ctx)
     if x.value.dim() != 4 or a["dtype"] is not None or _reduced_dims(a["dim"], 4) != [2, 3]:
-        return h_reduce("mean")(b, a, out, ctx)
+        return reduce_handler("mean")(b, a, out, ctx)
     h, w = x.value.shape[2:]
     attrs = {"kernel": (h, w), "stride": (h, w), "padding": (0, 0), "ceil_mode": False,
              "count_include_pad": True}
@@ -383,7 +384,7 @@ def _reduced_dims(dim, ndim: int) -> list[int]:
     return sorted({norm_dim(int(d), ndim) for d in dims})
 
 
-def h_reduce(kind: str) -> Callable:
+def reduce_handler(kind: str) -> Callable:
     """sum / mean / amax / amin over any dims: a "reduce" row task over the last axis.
     The reduced dims are moved last (a permute, when they are not last already) and
     flattened into one, so the task reads rows; its output keeps an axis of 1, which a
@@ -420,7 +421,7 @@ def reduce_dims(b: Builder, x: T, kind: str, dims: list[int], out: torch.Tensor,
     return b.node("reshape", [y], {"shape": tuple(out.shape)}, out, ctx)
 
 
-def h_vector_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def vector_norm_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """The 2-norm (sqrt of the sum of squares), 1-norm (sum of abs) and inf-norm (max of
     abs) over dims (torch.linalg.vector_norm, Tensor.norm; F.normalize's): elementwise
     ops around a reduce task."""
@@ -440,7 +441,7 @@ def h_vector_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("sqrt", [y], {}, out, ctx)
 
 
-def h_group_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def group_norm_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """group_norm: each sample's channel groups normalized by their own mean and variance,
     then the per-channel weight and bias."""
     x = tensor_arg(a["input"], ctx)
@@ -448,7 +449,7 @@ def h_group_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
                             float(a["eps"]), out, ctx)
 
 
-def h_instance_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def instance_norm_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """instance_norm: group norm with one channel per group; with running statistics
     instead of the input's (track_running_stats in eval), a per-channel affine."""
     x = tensor_arg(a["input"], ctx)
@@ -498,7 +499,7 @@ def normalize_groups(b: Builder, x: T, groups: int, weight, bias, eps: float,
     return b.node("affine", [y, w, t], {"axis": 1}, out, ctx)
 
 
-def h_interpolate(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def interpolate_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """Resizing an NCHW image (interpolate, nn.Upsample): nearest by whole factors as an
     expand (glue, no arithmetic); every other linear, separable mode (bilinear, bicubic,
     area, nearest by other factors) as two denses by constant resampling matrices, along
@@ -535,16 +536,16 @@ def h_interpolate(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("permute", [y], {"dims": (0, 1, 3, 2)}, out, ctx)
 
 
-def h_upsample_aten(mode: str) -> Callable:
+def upsample_aten_handler(mode: str) -> Callable:
     """aten's upsample ops (what torch.export leaves of interpolate): resized to the
     output's size, with align_corners where the mode has it (a scale-based mapping that
-    differs from the size-based one fails the check in h_interpolate: an island)."""
+    differs from the size-based one fails the check in interpolate_handler: an island)."""
     def handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
         rest = a.get("args", ())
         align = rest[1] if mode in ("bilinear", "bicubic") and len(rest) > 1 else None
         call = {"input": a["input"], "size": tuple(out.shape[2:]), "mode": mode,
                 "align_corners": align}
-        return h_interpolate(b, call, out, ctx)
+        return interpolate_handler(b, call, out, ctx)
     return handler
 
 
@@ -572,7 +573,7 @@ def _resampling(a: dict, v: torch.Tensor, axis: int) -> torch.Tensor:
     return moved.reshape(n_in, -1).T.contiguous()  # (out, in)
 
 
-def h_where(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def where_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """where(mask, x, fill) / where(mask, fill, x) / x.masked_fill(mask, fill) with a
     constant boolean mask and a constant scalar fill: an infinite fill (an attention mask)
     is the addition of a constant tensor (0 where x is kept, the fill elsewhere), exact;
@@ -599,12 +600,12 @@ def h_where(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("add", [y, add], {}, out, ctx)
 
 
-def h_masked_fill(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    return h_where(b, {"condition": a["mask"], "input": a["value"], "other": a["input"]},
-                   out, ctx)
+def masked_fill_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    return where_handler(b, {"condition": a["mask"], "input": a["value"], "other": a["input"]},
+                         out, ctx)
 
 
-def h_addmm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def addmm_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """bias + x @ w (GPT-2's Conv1D): a matmul with the bias added in its epilogue."""
     if a["beta"] != 1 or a["alpha"] != 1:
         raise ctx.unsupported("addmm with beta or alpha other than 1")
@@ -615,7 +616,7 @@ def h_addmm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("add", [y, bias], {}, out, ctx)
 
 
-def h_embedding(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def embedding_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """A table lookup by integer ids: glue (a gather PyTorch runs between our kernels)."""
     ids = tensor_arg(a.get("input", a.get("indices")), ctx, "indices")
     if a.get("max_norm") is not None:
@@ -624,14 +625,14 @@ def h_embedding(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("embedding", [ids, weight], {}, out, ctx)
 
 
-def h_softmax(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def softmax_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a["dim"] is None or a.get("dtype") is not None or a.get("half_to_float"):
         raise ctx.unsupported("softmax needs an explicit dim and no dtype change")
     x = tensor_arg(a["input"], ctx)
     return b.node("softmax", [x], {"dim": norm_dim(int(a["dim"]), out.dim())}, out, ctx)
 
 
-def h_layer_norm(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def layer_norm_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     x, shape = tensor_arg(a["input"], ctx), tuple(int(s) for s in a["normalized_shape"])
     w = need_param(b, a["weight"], ctx, "weight") if a["weight"] is not None \
         else b.param(f"{ctx.layer}.ln_weight", torch.ones(shape))
@@ -646,105 +647,109 @@ _OPERATORS = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": ope
               "gt": operator.gt, "ge": operator.ge}
 
 _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
-    ((F.conv2d, torch.conv2d, "aten::conv2d"), _s_conv2d, h_conv2d),
-    ((F.linear, "aten::linear"), _s_linear, h_dense),
+    ((F.conv2d, torch.conv2d, "aten::conv2d"), _conv2d_stub, conv2d_handler),
+    ((F.linear, "aten::linear"), _linear_stub, dense_handler),
     ((torch.matmul, operator.matmul, torch.bmm, "matmul", "bmm", "aten::matmul", "aten::bmm"),
-     _s_matmul, h_matmul),
-    ((F.batch_norm,), _s_bn_f, h_batch_norm),
-    (("aten::batch_norm",), _s_bn_aten, h_batch_norm),
-    ((torch.relu, F.relu, "relu", "relu_", "aten::relu", "aten::relu_"), _s_unary,
+     _matmul_stub, matmul_handler),
+    ((F.batch_norm,), _batch_norm_stub, batch_norm_handler),
+    (("aten::batch_norm",), _batch_norm_aten_stub, batch_norm_handler),
+    ((torch.relu, F.relu, "relu", "relu_", "aten::relu", "aten::relu_"), _unary_stub,
      unary("relu")),
-    ((F.relu6,), _s_unary, unary("relu6")),
-    ((F.hardtanh, "aten::hardtanh", "aten::hardtanh_"), _s_hardtanh, h_hardtanh),
-    ((F.gelu, "aten::gelu"), _s_gelu, h_gelu),
-    ((torch.sigmoid, F.sigmoid, "sigmoid", "aten::sigmoid"), _s_unary, unary("sigmoid")),
-    ((F.silu, "aten::silu", "aten::silu_"), _s_unary, unary("silu")),
-    ((torch.tanh, F.tanh, "tanh", "aten::tanh"), _s_unary, unary("tanh")),
-    ((F.hardswish, "aten::hardswish", "aten::hardswish_"), _s_unary, unary("hardswish")),
-    ((F.hardsigmoid, "aten::hardsigmoid", "aten::hardsigmoid_"), _s_unary,
+    ((F.relu6,), _unary_stub, unary("relu6")),
+    ((F.hardtanh, "aten::hardtanh", "aten::hardtanh_"), _hardtanh_stub, hardtanh_handler),
+    ((F.gelu, "aten::gelu"), _gelu_stub, gelu_handler),
+    ((torch.sigmoid, F.sigmoid, "sigmoid", "aten::sigmoid"), _unary_stub, unary("sigmoid")),
+    ((F.silu, "aten::silu", "aten::silu_"), _unary_stub, unary("silu")),
+    ((torch.tanh, F.tanh, "tanh", "aten::tanh"), _unary_stub, unary("tanh")),
+    ((F.hardswish, "aten::hardswish", "aten::hardswish_"), _unary_stub, unary("hardswish")),
+    ((F.hardsigmoid, "aten::hardsigmoid", "aten::hardsigmoid_"), _unary_stub,
      unary("hardsigmoid")),
-    ((F.mish, "aten::mish", "aten::mish_"), _s_unary, unary("mish")),
-    ((torch.exp, "exp", "aten::exp"), _s_unary, unary("exp")),
-    ((torch.erf, torch.special.erf, "erf", "aten::erf", "aten::special_erf"), _s_unary,
+    ((F.mish, "aten::mish", "aten::mish_"), _unary_stub, unary("mish")),
+    ((torch.exp, "exp", "aten::exp"), _unary_stub, unary("exp")),
+    ((torch.erf, torch.special.erf, "erf", "aten::erf", "aten::special_erf"), _unary_stub,
      unary("erf")),
-    ((torch.sqrt, "sqrt", "aten::sqrt"), _s_unary, unary("sqrt")),
-    ((torch.rsqrt, "rsqrt", "aten::rsqrt"), _s_unary, unary("rsqrt")),
-    ((torch.square, "square", "aten::square"), _s_unary, unary("square")),
-    ((torch.neg, operator.neg, "neg", "aten::neg"), _s_unary, unary("neg")),
-    ((torch.abs, operator.abs, "abs", "aten::abs"), _s_unary, unary("abs")),
-    ((torch.pow, operator.pow, "pow", "aten::pow"), _s_pow, h_pow),
+    ((torch.sqrt, "sqrt", "aten::sqrt"), _unary_stub, unary("sqrt")),
+    ((torch.rsqrt, "rsqrt", "aten::rsqrt"), _unary_stub, unary("rsqrt")),
+    ((torch.square, "square", "aten::square"), _unary_stub, unary("square")),
+    ((torch.neg, operator.neg, "neg", "aten::neg"), _unary_stub, unary("neg")),
+    ((torch.abs, operator.abs, "abs", "aten::abs"), _unary_stub, unary("abs")),
+    ((torch.pow, operator.pow, "pow", "aten::pow"), _pow_stub, pow_handler),
     ((torch.clamp, torch.clip, "clamp", "clip", "clamp_", "aten::clamp", "aten::clip",
-      "aten::clamp_"), _s_clamp, h_clamp),
-    ((torch.clamp_min, "clamp_min", "aten::clamp_min"), _s_clamp_min, h_clamp),
-    ((torch.clamp_max, "clamp_max", "aten::clamp_max"), _s_clamp_max, h_clamp),
-    ((torch.maximum, "maximum", "aten::maximum"), _s_binary, binary("maximum")),
-    ((torch.minimum, "minimum", "aten::minimum"), _s_binary, binary("minimum")),
+      "aten::clamp_"), _clamp_stub, clamp_handler),
+    ((torch.clamp_min, "clamp_min", "aten::clamp_min"), _clamp_min_stub, clamp_handler),
+    ((torch.clamp_max, "clamp_max", "aten::clamp_max"), _clamp_max_stub, clamp_handler),
+    ((torch.maximum, "maximum", "aten::maximum"), _binary_stub, binary("maximum")),
+    ((torch.minimum, "minimum", "aten::minimum"), _binary_stub, binary("minimum")),
     ((operator.add, operator.iadd, torch.add, "add", "add_", "aten::add", "aten::add_"),
-     _s_addsub, binary("add")),
-    ((operator.sub, operator.isub, torch.sub, "sub", "sub_", "aten::sub"), _s_addsub,
+     _add_sub_stub, binary("add")),
+    ((operator.sub, operator.isub, torch.sub, "sub", "sub_", "aten::sub"), _add_sub_stub,
      binary("sub")),
     ((operator.mul, operator.imul, torch.mul, "mul", "mul_", "aten::mul", "aten::mul_"),
-     _s_mul, binary("mul")),
-    ((operator.truediv, operator.itruediv, torch.div, "div", "div_", "aten::div"), _s_div,
+     _mul_stub, binary("mul")),
+    ((operator.truediv, operator.itruediv, torch.div, "div", "div_", "aten::div"), _div_stub,
      binary("div")),
-    ((F.max_pool2d, torch.max_pool2d, "aten::max_pool2d"), _s_maxpool, h_max_pool),
-    ((F.avg_pool2d, "aten::avg_pool2d"), _s_avgpool, h_avg_pool),
-    ((F.adaptive_avg_pool2d, "aten::adaptive_avg_pool2d"), _s_adaptive, h_adaptive_avg),
+    ((F.max_pool2d, torch.max_pool2d, "aten::max_pool2d"), _max_pool_stub, max_pool_handler),
+    ((F.avg_pool2d, "aten::avg_pool2d"), _avg_pool_stub, avg_pool_handler),
+    ((F.adaptive_avg_pool2d, "aten::adaptive_avg_pool2d"), _adaptive_avg_pool_stub,
+     adaptive_avg_handler),
     ((torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze, "flatten", "view",
       "reshape", "squeeze", "unsqueeze", "unflatten", "view_as", "reshape_as",
       "aten::flatten", "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::squeeze",
-      "aten::unsqueeze", "aten::unflatten"), _s_any, h_reshape),
-    ((torch.permute, "permute", "aten::permute"), _s_permute, h_permute),
-    ((torch.transpose, "transpose", "aten::transpose"), _s_transpose, h_transpose),
-    ((torch.t, "t", "aten::t"), _s_any, h_t),
-    ((torch.cat, torch.concat, "aten::cat"), _s_cat, h_cat),
-    ((torch.stack, "aten::stack"), _s_cat, h_stack),
-    ((F.softmax, torch.softmax, "softmax", "aten::softmax"), _s_softmax, h_softmax),
-    (("aten::_softmax",), _s_softmax_aten, h_softmax),
-    ((F.layer_norm, "aten::layer_norm"), _s_layernorm, h_layer_norm),
-    ((F.dropout, "aten::dropout"), _s_dropout, h_alias),
-    (("torchvision.ops.stochastic_depth.stochastic_depth",), _s_stochastic_depth,
-     h_stochastic_depth),
-    ((torch.mean, "mean", "aten::mean"), _s_mean, h_mean),
-    ((torch.sum, "sum", "aten::sum"), _s_mean, h_reduce("sum")),
-    ((torch.amax, "amax", "aten::amax"), _s_amax, h_reduce("max")),
-    ((torch.amin, "amin", "aten::amin"), _s_amax, h_reduce("min")),
-    ((torch.linalg.vector_norm, "aten::linalg_vector_norm"), _s_vector_norm, h_vector_norm),
-    ((F.group_norm,), _s_group_norm, h_group_norm),
-    ((torch.where, "where", "aten::where"), _s_where, h_where),
-    ((torch.masked_fill, "masked_fill", "aten::masked_fill"), _s_masked_fill, h_masked_fill),
-    (("aten::group_norm",), _s_group_norm_aten, h_group_norm),
-    ((F.instance_norm,), _s_instance_norm, h_instance_norm),
-    ((F.interpolate, F.upsample), _s_interpolate, h_interpolate),
-    (("aten::upsample_nearest2d",), _s_any, h_upsample_aten("nearest")),
-    (("aten::_upsample_nearest_exact2d",), _s_any, h_upsample_aten("nearest-exact")),
-    (("aten::upsample_bilinear2d",), _s_any, h_upsample_aten("bilinear")),
-    (("aten::upsample_bicubic2d",), _s_any, h_upsample_aten("bicubic")),
-    ((torch.norm, "norm", "aten::norm"), _s_norm, h_vector_norm),
-    ((operator.getitem,), _s_getitem, h_getitem),
-    (("aten::index",), _s_index, h_index),
-    ((torch.select, "select", "aten::select"), _s_select, h_select),
-    ((torch.addmm, "aten::addmm"), _s_addmm, h_addmm),
-    ((F.scaled_dot_product_attention, "aten::scaled_dot_product_attention"), _s_sdpa, h_sdpa),
-    ((F.embedding,), _s_embedding, h_embedding),
-    (("aten::embedding",), _s_embedding_aten, h_embedding),
-    (("aten::slice",), _s_slice, h_slice),
-    ((F.pad, "aten::pad"), _s_pad, h_pad),
-    ((torch.constant_pad_nd, "aten::constant_pad_nd"), _s_constant_pad, h_pad),
-    ((torch.roll, "roll", "aten::roll"), _s_roll, h_roll),
+      "aten::unsqueeze", "aten::unflatten"), _any_stub, reshape_handler),
+    ((torch.permute, "permute", "aten::permute"), _permute_stub, permute_handler),
+    ((torch.transpose, "transpose", "aten::transpose"), _transpose_stub, transpose_handler),
+    ((torch.t, "t", "aten::t"), _any_stub, t_handler),
+    ((torch.cat, torch.concat, "aten::cat"), _cat_stub, cat_handler),
+    ((torch.stack, "aten::stack"), _cat_stub, stack_handler),
+    ((F.softmax, torch.softmax, "softmax", "aten::softmax"), _softmax_stub, softmax_handler),
+    (("aten::_softmax",), _softmax_aten_stub, softmax_handler),
+    ((F.layer_norm, "aten::layer_norm"), _layer_norm_stub, layer_norm_handler),
+    ((F.dropout, "aten::dropout"), _dropout_stub, alias_handler),
+    (("torchvision.ops.stochastic_depth.stochastic_depth",), _stochastic_depth_stub,
+     stochastic_depth_handler),
+    ((torch.mean, "mean", "aten::mean"), _mean_stub, mean_handler),
+    ((torch.sum, "sum", "aten::sum"), _mean_stub, reduce_handler("sum")),
+    ((torch.amax, "amax", "aten::amax"), _amax_stub, reduce_handler("max")),
+    ((torch.amin, "amin", "aten::amin"), _amax_stub, reduce_handler("min")),
+    ((torch.linalg.vector_norm, "aten::linalg_vector_norm"), _vector_norm_stub,
+     vector_norm_handler),
+    ((F.group_norm,), _group_norm_stub, group_norm_handler),
+    ((torch.where, "where", "aten::where"), _where_stub, where_handler),
+    ((torch.masked_fill, "masked_fill", "aten::masked_fill"), _masked_fill_stub,
+     masked_fill_handler),
+    (("aten::group_norm",), _group_norm_aten_stub, group_norm_handler),
+    ((F.instance_norm,), _instance_norm_stub, instance_norm_handler),
+    ((F.interpolate, F.upsample), _interpolate_stub, interpolate_handler),
+    (("aten::upsample_nearest2d",), _any_stub, upsample_aten_handler("nearest")),
+    (("aten::_upsample_nearest_exact2d",), _any_stub, upsample_aten_handler("nearest-exact")),
+    (("aten::upsample_bilinear2d",), _any_stub, upsample_aten_handler("bilinear")),
+    (("aten::upsample_bicubic2d",), _any_stub, upsample_aten_handler("bicubic")),
+    ((torch.norm, "norm", "aten::norm"), _norm_stub, vector_norm_handler),
+    ((operator.getitem,), _getitem_stub, getitem_handler),
+    (("aten::index",), _index_stub, index_handler),
+    ((torch.select, "select", "aten::select"), _select_stub, select_handler),
+    ((torch.addmm, "aten::addmm"), _addmm_stub, addmm_handler),
+    ((F.scaled_dot_product_attention, "aten::scaled_dot_product_attention"), _sdpa_stub,
+     sdpa_handler),
+    ((F.embedding,), _embedding_stub, embedding_handler),
+    (("aten::embedding",), _embedding_aten_stub, embedding_handler),
+    (("aten::slice",), _slice_stub, slice_handler),
+    ((F.pad, "aten::pad"), _pad_stub, pad_handler),
+    ((torch.constant_pad_nd, "aten::constant_pad_nd"), _constant_pad_stub, pad_handler),
+    ((torch.roll, "roll", "aten::roll"), _roll_stub, roll_handler),
     ((torch.broadcast_to, "expand", "expand_as", "broadcast_to", "repeat", "aten::expand",
-      "aten::expand_as", "aten::broadcast_to", "aten::repeat"), _s_any, h_expand),
-    ((torch.einsum, "aten::einsum"), _s_einsum, h_einsum),
+      "aten::expand_as", "aten::broadcast_to", "aten::repeat"), _any_stub, expand_handler),
+    ((torch.einsum, "aten::einsum"), _einsum_stub, einsum_handler),
     ((torch.swapaxes, torch.swapdims, "swapaxes", "swapdims", "aten::swapaxes",
-      "aten::swapdims"), _s_transpose, h_transpose),
+      "aten::swapdims"), _transpose_stub, transpose_handler),
     (("contiguous", "clone", "detach", "aten::contiguous", "aten::clone", "aten::alias",
-      "aten::detach", torch.clone), _s_any, h_alias),
+      "aten::detach", torch.clone), _any_stub, alias_handler),
     (("to", "type_as", "float", "int", "long", "type", "aten::to", "aten::_to_copy",
-      "aten::type_as"), _s_any, h_cast),
-    ((torch.cumsum, "cumsum", "aten::cumsum"), _s_cumsum, h_cumsum),
-    ((torch.gather, "gather", "aten::gather"), _s_gather, h_gather),
-    ((torch.argmax, "argmax", "aten::argmax"), _s_argmax, h_argmax),
-] + [((COMPARE_FNS[k], k, f"aten::{k}", _OPERATORS[k]), _s_binary, h_compare(k))
+      "aten::type_as"), _any_stub, cast_handler),
+    ((torch.cumsum, "cumsum", "aten::cumsum"), _cumsum_stub, cumsum_handler),
+    ((torch.gather, "gather", "aten::gather"), _gather_stub, gather_handler),
+    ((torch.argmax, "argmax", "aten::argmax"), _argmax_stub, argmax_handler),
+] + [((COMPARE_FNS[k], k, f"aten::{k}", _OPERATORS[k]), _binary_stub, compare_handler(k))
      for k in COMPARE_FNS]
 
 TABLE: dict[Any, tuple[Callable, Callable]] = {
@@ -778,8 +783,8 @@ def shape_only(target: Any) -> bool:
 # ops that return several tensors and have a handler: (names, stub, handler)
 _SPLITS: list[tuple[tuple, Callable, Callable]] = [
     ((torch.chunk, torch.split, "chunk", "split", "split_with_sizes", "aten::chunk",
-      "aten::split", "aten::split_with_sizes"), _s_split, h_split),
-    ((torch.unbind, "unbind", "aten::unbind"), _s_unbind, h_unbind),
+      "aten::split", "aten::split_with_sizes"), _split_stub, split_handler),
+    ((torch.unbind, "unbind", "aten::unbind"), _unbind_stub, unbind_handler),
 ]
 SPLIT_STUBS = {handler: stub for _, stub, handler in _SPLITS}
 _SPLIT_TABLE = {key: handler for keys, _, handler in _SPLITS for key in keys}

@@ -204,7 +204,7 @@ def run_glue(n: Node, env: dict[str, torch.Tensor]) -> torch.Tensor:
         return env[n.inputs[0]].permute(n.attr("dims"))
     if n.op == "concat":
         return torch.cat([env[v] for v in n.inputs], n.attr("dim"))
-    if n.op == "index":  # indexing and slicing (frontend/slicing.py h_getitem)
+    if n.op == "index":  # indexing and slicing (frontend/slicing.py getitem_handler)
         computed = tuple(env[v] for v in n.inputs[1:])
         return env[n.inputs[0]][decode_index(n.attr("index"), computed)]
     if n.op == "pad":

@@ -7,7 +7,7 @@ import torch
 from raytune_kernels.frontend.builder import Builder, Ctx, T, norm_dim, tensor_arg
 
 
-def h_getitem(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def getitem_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """Indexing by constants (ints, slices, None, ..., constant index tensors) and by
     integer tensors computed at run time (CLIP's pooled token, at the argmax of the ids):
     glue, whose extra inputs are those index tensors."""
@@ -25,14 +25,14 @@ class _Input(int):
     """The position of a run-time index tensor among an index node's extra inputs."""
 
 
-def h_index(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def index_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """aten.index(x, [None, ..., t]): what x[..., [i, j]] exports to; a None there takes
-    the whole dim (glue, as h_getitem)."""
+    the whole dim (glue, as getitem_handler)."""
     items = tuple(slice(None) if i is None else i for i in a["indices"])
-    return h_getitem(b, {"input": a["input"], "index": items}, out, ctx)
+    return getitem_handler(b, {"input": a["input"], "index": items}, out, ctx)
 
 
-def h_select(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+def select_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """x.select(dim, i), x[:, 0]: one index along one dim (glue)."""
     x = tensor_arg(a["input"], ctx)
     if isinstance(a["index"], T):
@@ -41,7 +41,7 @@ def h_select(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("index", [x], {"index": encode_index(index)}, out, ctx)
 
 
-def h_split(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
+def split_handler(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
     """chunk / split / split_with_sizes: one slice of the input per output (glue)."""
     x = tensor_arg(a["input"], ctx)
     dim, start, parts = norm_dim(int(a["dim"]), x.value.dim()), 0, []
@@ -53,7 +53,7 @@ def h_split(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
     return parts
 
 
-def h_unbind(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
+def unbind_handler(b: Builder, a: dict, outs: list[torch.Tensor], ctx: Ctx) -> list[T]:
     x = tensor_arg(a["input"], ctx)
     dim = norm_dim(int(a["dim"]), x.value.dim())
     return [b.node("index", [x], {"index": encode_index((slice(None),) * dim + (i,))}, o, ctx)

@@ -197,7 +197,7 @@ def test_torchvision_stochastic_depth_is_found_by_its_qualified_name():
         return input
     stochastic_depth.__module__ = "torchvision.ops.stochastic_depth"
     stochastic_depth.__qualname__ = "stochastic_depth"
-    assert ops.lookup(stochastic_depth)[1] is ops.h_stochastic_depth
+    assert ops.lookup(stochastic_depth)[1] is ops.stochastic_depth_handler
     assert ops.lookup(torch.relu) is not None and ops.lookup(lambda x: x) is None
 
 
