@@ -32,13 +32,13 @@ def test_tune_network_then_resume(ray_session, tmp_path):
 
 
 class WithIsland(Tiny):
-    def forward(self, x):  # cumsum has no node of ours: it runs PyTorch between our kernels
-        return self.fc(torch.cumsum(torch.relu(self.conv(x)), dim=3).flatten(1))
+    def forward(self, x):  # cumprod has no node of ours: it runs PyTorch between our kernels
+        return self.fc(torch.cumprod(torch.relu(self.conv(x)), dim=3).flatten(1))
 
 
 def test_estimate_includes_the_islands_pytorch_time(ray_session, tmp_path):
     model, x = WithIsland().eval(), torch.randn(1, 16, 8, 8)
-    with pytest.warns(UserWarning, match="cumsum"):
+    with pytest.warns(UserWarning, match="cumprod"):
         result = rk.tune_network(model, (x,), trials=8, batch=4, verbose=False)
     tasks = rk.extract_tasks(model, (x,))
     kernels = sum(t.weight * result.best[t.key].median for t in tasks)
