@@ -1,6 +1,7 @@
 """Deployment benchmark: compile once, save, load in a fresh process, and torch.compile.
 
     python bench/deploy.py resnet18 --threads 2 [--records FILE] [--rounds 9]
+    python bench/deploy.py hf/BertModel ...      # bench/models.py's names too
 
 From the records (default: this CPU's bench/results/<cpu>/network_MODEL_<threads>threads.jsonl),
 compiles the model (compile_s), saves it (file MiB), loads it in fresh processes in which
@@ -26,6 +27,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 from raytune_kernels.compile.api import compile_network  # noqa: E402
 from raytune_kernels.cpu.build import host_cpu  # noqa: E402
@@ -82,13 +84,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--loads", type=int, default=5)
     args = p.parse_args()
-    from raytune_kernels import zoo
+    from network import load_model
 
     cpu = host_cpu()[0]
     records = args.records or os.path.join(
-        HERE, "results", cpu, f"network_{args.model}_{args.threads}threads.jsonl")
+        HERE, "results", cpu, f"network_{args.model.replace('/', '_')}_{args.threads}"
+        "threads.jsonl")
+    if not os.path.exists(records):
+        print(f"no records at {records}: every task runs untuned", file=sys.stderr)
+        records = None
     torch.set_num_threads(args.threads)
-    model, inputs = zoo.load(args.model)
+    model, inputs = load_model(args.model)
     start = time.perf_counter()
     net = compile_network(model, inputs, records, threads=args.threads)
     compile_s = time.perf_counter() - start
@@ -113,7 +119,7 @@ def main() -> None:
         print(f"{name:24s} {median(ts) * 1e3:8.3f} ms  (rounds {min(ts) * 1e3:.3f}-"
               f"{max(ts) * 1e3:.3f})")
     result = {"bench": "deploy", "model": args.model, "cpu": cpu, "threads": args.threads,
-              "records": os.path.relpath(records, os.path.dirname(HERE)),
+              "records": records and os.path.relpath(records, os.path.dirname(HERE)),
               "compile_s": compile_s, "save_s": save_s, "file_mib": size / 2**20,
               "load_s": median([r["load_s"] for r in loads]),
               "load_s_all": [r["load_s"] for r in loads],
