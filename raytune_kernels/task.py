@@ -36,18 +36,23 @@ class TensorSpec:
 # references (frontend/reference.py), the loop-nest interpreter, the LLVM math
 # (cpu/llvm/math_ops.py) and the CUDA epilogue (cuda/epilogue.py); tests/test_task.py
 # checks each implements exactly these names. "bias" and "affine" are channel ops.
+# "prelu" and "elu" are activations with a parameter, which they take as binary ops take
+# their second operand (a scalar, or a tensor: PReLU's per-channel slopes).
 UNARY_OPS = ("relu", "relu6", "gelu", "gelu_tanh", "sigmoid", "silu", "tanh", "hardswish",
-             "hardsigmoid", "mish", "exp", "erf", "sqrt", "rsqrt", "square", "neg", "abs")
-BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum")
+             "hardsigmoid", "mish", "exp", "erf", "sqrt", "rsqrt", "square", "neg", "abs",
+             "softplus")
+BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum", "prelu", "elu")
 
 
 @dataclass(frozen=True)
 class EpilogueOp:
     """One elementwise step applied to the accumulator before the store.
 
-    `bias` and `affine` broadcast their operands along `axis` of the output; `add`, `sub`,
-    `mul`, `div` take either one tensor operand (numpy broadcasting) or a `scalar`;
-    `reverse` means operand-op-acc (for sub and div). Unary ops take nothing.
+    `bias` and `affine` broadcast their operands along `axis` of the output; the binary
+    ops (`add`, `sub`, `mul`, `div`, `maximum`, `minimum`, `prelu`: x if x >= 0 else a*x,
+    `elu`: x if x > 0 else a*(e^x - 1)) take either one tensor operand a (numpy
+    broadcasting) or a `scalar`; `reverse` means operand-op-acc. Unary ops take nothing
+    (`softplus` is log(1 + e^x), PyTorch's with beta 1).
     """
 
     op: str

@@ -77,8 +77,9 @@ def test_every_layer_implements_exactly_the_op_vocabulary():
     implement exactly those, and the interpreter agrees with the reference on each."""
     import numpy as np
 
-    from raytune_kernels.cpu.llvm.math_ops import UNARY
+    from raytune_kernels.cpu.llvm.math_ops import PARAMETRIC, UNARY
     from raytune_kernels.cpu.loopnest import BINARY_NP, UNARY_NP
+    from raytune_kernels.cuda.epilogue import epilogue_lines
     from raytune_kernels.cuda.epilogue import unary as cuda_unary
     from raytune_kernels.frontend.graph import BINARY_OPS as GRAPH_BINARY
     from raytune_kernels.frontend.graph import UNARY_OPS as GRAPH_UNARY
@@ -90,8 +91,17 @@ def test_every_layer_implements_exactly_the_op_vocabulary():
         assert set(implemented) == set(UNARY_OPS)
     for implemented in (GRAPH_BINARY, BINARY_FNS, BINARY_NP):
         assert set(implemented) == set(BINARY_OPS)
+    # the LLVM math's binary ops: four instructions, maximum and minimum, the parametric
+    assert set(BINARY_OPS) == {"add", "sub", "mul", "div", "maximum", "minimum"} | set(PARAMETRIC)
     x = torch.linspace(-8, 8, 101)
     for op in UNARY_OPS:
         assert cuda_unary(op, "v")  # renders, or raises naming the op
         np.testing.assert_allclose(UNARY_NP[op](x.double().numpy()), UNARY_FNS[op](x.double()),
+                                   rtol=1e-6, atol=1e-6, err_msg=op)
+    for op in BINARY_OPS:
+        compute = Compute("elementwise", (TensorSpec((101,)),), TensorSpec((101,)),
+                          epilogue=(EpilogueOp(op, scalar=0.5),))
+        assert epilogue_lines(compute, "v", [])  # renders
+        np.testing.assert_allclose(BINARY_NP[op](x.double().numpy(), 0.5),
+                                   BINARY_FNS[op](x.double(), torch.tensor(0.5).double()),
                                    rtol=1e-6, atol=1e-6, err_msg=op)

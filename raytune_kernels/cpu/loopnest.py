@@ -301,9 +301,12 @@ UNARY_NP = {
     "mish": lambda x: x * np.tanh(np.logaddexp(0.0, x)), "exp": np.exp,
     "erf": np.vectorize(math.erf), "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "square": np.square, "neg": np.negative, "abs": np.abs,
+    "softplus": lambda x: np.logaddexp(0.0, x),
 }
 BINARY_NP = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-             "maximum": np.maximum, "minimum": np.minimum}
+             "maximum": np.maximum, "minimum": np.minimum,
+             "prelu": lambda x, a: np.where(x >= 0, x, a * x),
+             "elu": lambda x, a: np.where(x > 0, x, a * np.expm1(np.minimum(x, 0.0)))}
 
 
 def apply_epilogue_np(step: EpiStep, acc: np.ndarray, operands: list[np.ndarray]) -> np.ndarray:

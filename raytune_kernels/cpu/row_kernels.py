@@ -175,7 +175,20 @@ def epilogue_expr(op, value, loads: list):
         other = loads[0] if loads else Num(op.scalar)
         name = {"maximum": "max", "minimum": "min"}.get(op.op, op.op)
         return Bin(name, other, value) if op.reverse else Bin(name, value, other)
+    if op.op in ("prelu", "elu"):
+        other = loads[0] if loads else Num(op.scalar)
+        x, a = (other, value) if op.reverse else (value, other)
+        return _parametric(op.op, x, a)
     return Un(op.op, value)
+
+
+def _parametric(op: str, x, a):
+    """prelu and elu as row expressions: max(x, 0) + a * min(x, 0), and
+    max(x, 0) + a * (e^min(x, 0) - 1)."""
+    below = Bin("min", x, Num(0.0))
+    if op == "elu":
+        below = Bin("sub", Un("exp", below), Num(1.0))
+    return Bin("add", Bin("max", x, Num(0.0)), Bin("mul", a, below))
 
 
 def _operand_load(name: str, spec, shape: RowShape, row: Affine, lanes: int, total: int):

@@ -17,6 +17,9 @@ import numpy as np
 from raytune_kernels.task import BINARY_OPS, UNARY_OPS, Compute, EpilogueOp, TensorSpec
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _CALL = {"maximum": "fmaxf", "minimum": "fminf"}
+# activations with a parameter a: C expressions of x and a (both plain names or reads)
+_PARAMETRIC = {"prelu": "({x} >= 0.0f) ? {x} : {a} * {x}",
+               "elu": "({x} > 0.0f) ? {x} : {a} * expm1f({x})"}
 
 
 class CudaLoweringError(ValueError):
@@ -57,6 +60,8 @@ def unary(op: str, v: str) -> str:
         return f"{v} * fminf(fmaxf({v} + 3.0f, 0.0f), 6.0f) / 6.0f"
     if op == "mish":
         return f"{v} * tanhf(log1pf(expf({v})))"
+    if op == "softplus":
+        return f"fmaxf({v}, 0.0f) + log1pf(expf(-fabsf({v})))"
     simple = {"exp": "expf({})", "erf": "erff({})", "sqrt": "sqrtf({})", "rsqrt": "rsqrtf({})",
               "square": "({0} * {0})", "neg": "(-{})", "abs": "fabsf({})"}
     if op in simple:
@@ -140,7 +145,9 @@ def epilogue_lines(compute: Compute, var: str, reads: list[str]) -> list[str]:
                 raise CudaLoweringError(f"'{op.op}' has neither a tensor operand nor a scalar")
             other = args[0] if args else flit(op.scalar)
             left, right = (other, var) if op.reverse else (var, other)
-            if op.op in _CALL:  # NaN in, NaN out, as torch.maximum (fmaxf drops a NaN)
+            if op.op in _PARAMETRIC:
+                lines.append(f"{var} = {_PARAMETRIC[op.op].format(x=left, a=right)};")
+            elif op.op in _CALL:  # NaN in, NaN out, as torch.maximum (fmaxf drops a NaN)
                 lines.append(f"{var} = ({left} != {left} || {right} != {right}) ? "
                              f"{left} + {right} : {_CALL[op.op]}({left}, {right});")
             else:

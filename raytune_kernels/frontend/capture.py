@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from raytune_kernels.frontend import ops
+from raytune_kernels.frontend.activations import MODULES as ACTIVATION_MODULES
 from raytune_kernels.errors import CaptureError, DynamicShapeError, UnsupportedOpError
 from raytune_kernels.frontend.builder import Builder, Ctx, T, bind
 from raytune_kernels.frontend.graph import Graph
@@ -473,4 +474,5 @@ _MODULES = {
         ctx),
     nn.Dropout: lambda b, m, x, out, ctx: ops.alias_handler(b, {"input": x}, out, ctx),
     nn.Identity: lambda b, m, x, out, ctx: ops.alias_handler(b, {"input": x}, out, ctx),
+    **ACTIVATION_MODULES,
 }

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from raytune_kernels.errors import DynamicShapeError
 from raytune_kernels.frontend.builder import Builder, Ctx, T, need_param, norm_dim, pair, tensor_arg
+from raytune_kernels.frontend.activations import FUNCTIONS as ACTIVATIONS
 from raytune_kernels.frontend.attention import sdpa_handler
 from raytune_kernels.frontend.integers import (COMPARE_FNS, argmax_handler, cast_handler,
                                                compare_handler, cumsum_handler, gather_handler)
@@ -750,7 +751,7 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((torch.gather, "gather", "aten::gather"), _gather_stub, gather_handler),
     ((torch.argmax, "argmax", "aten::argmax"), _argmax_stub, argmax_handler),
 ] + [((COMPARE_FNS[k], k, f"aten::{k}", _OPERATORS[k]), _binary_stub, compare_handler(k))
-     for k in COMPARE_FNS]
+     for k in COMPARE_FNS] + ACTIVATIONS
 
 TABLE: dict[Any, tuple[Callable, Callable]] = {
     key: (stub, handler) for keys, stub, handler in _TORCH_FUNCS for key in keys

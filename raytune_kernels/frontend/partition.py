@@ -138,7 +138,7 @@ class _Cutter:
             g.epilogue.append(EpilogueOp(n.op, scalar=n.attr("scalar"),
                                          reverse=bool(n.attr("reverse"))))
         elif others:
-            reverse = n.inputs[0] != acc and n.op in ("sub", "div")
+            reverse = n.inputs[0] != acc and n.op in _ORDERED
             g.epilogue.append(EpilogueOp(n.op, (self.spec(others[0]),), reverse=reverse))
         else:
             g.epilogue.append(EpilogueOp(n.op))
@@ -147,6 +147,10 @@ class _Cutter:
     def compute(self, g: _Group) -> Compute:
         return Compute(g.op, tuple(self.spec(v) for v in g.inputs), self.spec(g.tail),
                        g.attrs, tuple(g.epilogue))
+
+
+# binary ops whose operands do not commute: with the accumulator second, reversed
+_ORDERED = ("sub", "div", "prelu", "elu")
 
 
 def partition(graph: Graph) -> Partition:

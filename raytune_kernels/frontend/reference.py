@@ -64,10 +64,12 @@ UNARY_FNS = {
     "sigmoid": torch.sigmoid, "silu": F.silu, "tanh": torch.tanh,
     "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "mish": F.mish, "exp": torch.exp,
     "erf": torch.erf, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "square": torch.square,
-    "neg": torch.neg, "abs": torch.abs,
+    "neg": torch.neg, "abs": torch.abs, "softplus": F.softplus,
 }
 BINARY_FNS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-              "maximum": torch.maximum, "minimum": torch.minimum}
+              "maximum": torch.maximum, "minimum": torch.minimum,
+              "prelu": lambda x, a: torch.where(x >= 0, x, a * x),
+              "elu": lambda x, a: torch.where(x > 0, x, a * torch.expm1(x))}
 
 
 def apply_epilogue(op: EpilogueOp, acc: torch.Tensor, args: list) -> torch.Tensor:

@@ -250,7 +250,7 @@ def test_epilogue_operands_broadcast_on_the_right_axis():
 
 
 @pytest.mark.parametrize("op", ["mish", "exp", "erf", "sqrt", "rsqrt", "square", "neg", "abs",
-                                "gelu", "sigmoid", "tanh", "silu"])
+                                "gelu", "sigmoid", "tanh", "silu", "softplus"])
 def test_epilogue_math_matches_torch_over_a_wide_range(op):
     """Each unary op in the LLVM kernel (a dense's epilogue) on values from -40 to 40:
     overflow, underflow and the tails of every approximation, against PyTorch's."""
@@ -266,6 +266,27 @@ def test_epilogue_math_matches_torch_over_a_wide_range(op):
     assert torch.equal(finite, torch.isfinite(got)), op
     assert torch.allclose(got[finite], expected[finite], rtol=2e-6, atol=1e-6), \
         (op, (got - expected)[finite].abs().max().item())
+
+
+@pytest.mark.parametrize("anchor", ["dense", "elementwise"])
+@pytest.mark.parametrize("op", ["prelu", "elu"])
+def test_activations_with_a_parameter_match_torch_in_tiles_and_rows(op, anchor):
+    """prelu and elu on values from -40 to 40, by a scalar (LeakyReLU's slope, ELU's alpha)
+    and by a tensor along the last axis (PReLU's slopes): in a dense's tile epilogue and in
+    a row kernel's, by the interpreter and by the built kernel, in sampled configs."""
+    from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
+    x = torch.linspace(-40, 40, 16 * 64).reshape(64, 16)
+    epilogue = (EpilogueOp(op, scalar=0.3), EpilogueOp(op, (TensorSpec((16,)),)))
+    inputs = (TensorSpec((64, 16)), TensorSpec((16, 16)))[:2 if anchor == "dense" else 1]
+    compute = Compute(anchor, inputs, TensorSpec((64, 16)), (), epilogue)
+    ops = [x, torch.eye(16)][:len(inputs)] + [torch.linspace(-1, 2, 16)]
+    expected = reference(compute, *ops)
+    for cfg in list(space_for(compute, cpu_info()).sample(random.Random(i)) for i in range(3)):
+        bufs = pack(compute, cfg, ops)
+        interpret(lower(compute, cfg), bufs)
+        for got in (unpack(compute, cfg, bufs["out"]), run_candidate(compute, cfg, ops, 1)):
+            assert torch.allclose(got, expected, rtol=2e-6, atol=1e-6), \
+                (cfg, (got - expected).abs().max().item())
 
 
 @pytest.mark.parametrize("kind", ["sum", "mean", "max", "min"])

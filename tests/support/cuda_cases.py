@@ -125,4 +125,13 @@ CASES: dict[str, Compute] = {
     "elementwise_broadcast": make("elementwise", ((2, 3, 4),),
                                   epilogue=(broadcast((3, 1), "add"), unary("tanh"),
                                             residual("div"))),
+    # activations with a parameter: PReLU's per-channel slopes, LeakyReLU's and ELU's scalar
+    "conv1x1_prelu_channels": conv((1, 8, 6, 6), 16, 1,
+                                   epilogue=(bias(), broadcast((1, 16, 1, 1), "prelu"))),
+    "dense_leaky_elu_softplus": make("dense", ((3, 24), (20, 24)),
+                                     epilogue=(bias(1), scalar("prelu", 0.1),
+                                               scalar("elu", 1.3), unary("softplus"))),
+    "elementwise_elu_channels": make("elementwise", ((1, 6, 5, 5),),
+                                     epilogue=(broadcast((1, 6, 1, 1), "elu"),
+                                               unary("softplus"))),
 }

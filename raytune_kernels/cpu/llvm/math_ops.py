@@ -3,7 +3,9 @@
 exp is vectorised here (llvm.exp would become one libm call per lane): range reduction
 x = n ln2 + r, a degree-6 polynomial for e^r (Cephes' expf coefficients, relative error
 about 1e-7), and 2^n built in the exponent bits. erf for the exact GELU uses Abramowitz &
-Stegun 7.1.26 (absolute error below 1.5e-7).
+Stegun 7.1.26 (absolute error below 1.5e-7). softplus is max(x, 0) + log1p(e^-|x|), with
+log1p(u) = 2 atanh(u / (u + 2)) by its odd series (u <= 1, so the ratio is at most 1/3 and
+nine terms leave a relative error near 1e-9, with no cancellation for small u).
 """
 from __future__ import annotations
 
@@ -19,11 +21,13 @@ _P = 0.3275911
 
 def apply(em, step: EpiStep, x, ops):
     b = em.b
-    if step.op in ("add", "sub", "mul", "div", "maximum", "minimum"):
+    if step.op in ("add", "sub", "mul", "div", "maximum", "minimum", "prelu", "elu"):
         other = ops[0] if ops else em.const(step.scalar)
         lhs, rhs = (other, x) if step.reverse else (x, other)
         if step.op in ("maximum", "minimum"):  # NaN in, NaN out, as torch.maximum
             return nan_select(em, lhs, rhs, "maxnum" if step.op == "maximum" else "minnum")
+        if step.op in PARAMETRIC:
+            return PARAMETRIC[step.op](em, lhs, rhs)
         return {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}[step.op](lhs, rhs)
     if step.op == "affine":
         return em.intrinsic("fma", x, ops[0], ops[1])
@@ -119,6 +123,41 @@ def mish(em, x):
     return b.select(b.fcmp_ordered(">", x, em.const(20.0)), x, y)
 
 
+_ATANH = tuple(2.0 / k for k in range(17, 0, -2))  # 2/17, 2/15, ..., 2/1
+
+
+def log1p_unit(em, u):
+    """log(1 + u) for 0 <= u <= 1: 2 atanh(s), s = u / (u + 2), by its odd series."""
+    b = em.b
+    s = b.fdiv(u, b.fadd(u, em.const(2.0)))
+    s2 = b.fmul(s, s)
+    y = em.const(_ATANH[0])
+    for c in _ATANH[1:]:
+        y = em.intrinsic("fma", y, s2, em.const(c))
+    return b.fmul(y, s)
+
+
+def softplus(em, x):
+    """log(1 + e^x) = max(x, 0) + log1p(e^-|x|): no overflow, exact in both tails."""
+    b = em.b
+    tail = log1p_unit(em, vexp(em, b.fneg(em.intrinsic("fabs", x))))
+    return b.fadd(relu(em, x), tail)
+
+
+def prelu(em, x, a):
+    """x where x >= 0, else a * x (NaN in, NaN out: the comparison fails, a * NaN)."""
+    return em.b.select(em.b.fcmp_ordered(">=", x, em.const(0.0)), x, em.b.fmul(a, x))
+
+
+def elu(em, x, a):
+    """x where x > 0, else a * (e^x - 1); e^x of min(x, 0), so the other side never
+    overflows."""
+    b = em.b
+    e = vexp(em, em.intrinsic("minnum", x, em.const(0.0)))
+    neg = b.fmul(a, b.fsub(e, em.const(1.0)))
+    return b.select(b.fcmp_ordered(">", x, em.const(0.0)), x, neg)
+
+
 def sqrt(em, x):
     return em.intrinsic("sqrt", x)
 
@@ -142,4 +181,6 @@ def vabs(em, x):
 UNARY = {"relu": relu, "relu6": relu6, "sigmoid": sigmoid, "tanh": tanh, "silu": silu,
          "gelu": gelu, "gelu_tanh": gelu_tanh, "hardswish": hardswish,
          "hardsigmoid": hardsigmoid, "mish": mish, "exp": vexp, "erf": erf, "sqrt": sqrt,
-         "rsqrt": rsqrt, "square": square, "neg": neg, "abs": vabs}
+         "rsqrt": rsqrt, "square": square, "neg": neg, "abs": vabs, "softplus": softplus}
+# the activations with a parameter, taken as binary ops take their second operand
+PARAMETRIC = {"prelu": prelu, "elu": elu}
