@@ -145,7 +145,7 @@ def _epilogue(c: Compute, value, names, shape: RowShape, row: Affine, lanes: int
     ndim = len(c.output.shape)
     for op in c.epilogue:
         if op.op in ("affine", "bias") and op.axis is not None:  # (C,) operands on an axis
-            loads = [_axis_load(next(it), op.axis % ndim, ndim, shape, lanes)
+            loads = [_axis_load(next(it), op.axis % ndim, c.output.shape, shape, lanes)
                      for _ in op.operands]
         else:
             loads = [_operand_load(next(it), spec, shape, row, lanes, total)
@@ -154,10 +154,15 @@ def _epilogue(c: Compute, value, names, shape: RowShape, row: Affine, lanes: int
     return value
 
 
-def _axis_load(name: str, axis: int, ndim: int, shape: RowShape, lanes: int):
+def _axis_load(name: str, axis: int, out: tuple, shape: RowShape, lanes: int):
     """A per-channel operand of an affine or bias along `axis`: one value per row of an
-    NCHW task (rows are channels), or a vector along the row when it is the last axis."""
+    NCHW task (rows are channels) or of rows whose only other axis is that one ((1, C, L):
+    a group norm's weights on a 1-D signal), or a vector along the row when it is the last
+    axis."""
+    ndim = len(out)
     if shape.channels is not None and axis == 1:
+        return LdScalar(Access(name, Affine((("r", 1),))))
+    if shape.channels is None and axis == ndim - 2 and math.prod(out[:axis]) == 1:
         return LdScalar(Access(name, Affine((("r", 1),))))
     if shape.channels is None and axis == ndim - 1:
         return Ld(Access(name, Affine((("j", lanes),))))

@@ -73,7 +73,7 @@ def _getitem_stub(input, index): ...
 def _split_stub(input, split, dim=0): ...
 def _unbind_stub(input, dim=0): ...
 def _select_stub(input, dim, index): ...
-def _addmm_stub(input, mat1, mat2, beta=1, alpha=1): ...
+def _addmm_stub(input, mat1, mat2, *, beta=1, alpha=1): ...
 def _sdpa_stub(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                enable_gqa=False): ...
 def _embedding_stub(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
@@ -186,6 +186,7 @@ def binary(op: str) -> Callable:
         x, y = a["input"], a["other"]
         x, y = _one_value(b, x, y, out), _one_value(b, y, x, out)
         if isinstance(x, T) and isinstance(y, T):
+            x, y = _run_time_at_full_shape(b, x, y, out, ctx)
             return b.node(op, [x, y], {}, out, ctx)
         tensor, const, reverse = (x, y, False) if isinstance(x, T) else (y, x, True)
         if _scalar(const) is None:
@@ -193,6 +194,19 @@ def binary(op: str) -> Callable:
         attrs = {"scalar": _scalar(const), "reverse": reverse and op in ("sub", "div")}
         return b.node(op, [tensor_arg(tensor, ctx)], attrs, out, ctx)
     return handler
+
+
+def _run_time_at_full_shape(b: Builder, x: T, y: T, out: torch.Tensor, ctx: Ctx) -> tuple:
+    """x and y, a run-time one expanded (glue) where only a constant has the result's
+    shape (WavLM's gated position bias): the task a binary op starts reads a run-time
+    value of its own shape."""
+    full = [v for v in (x, y) if v.ref not in b.params and v.value.shape == out.shape]
+    if full:
+        return x, y
+    grow = x if x.ref not in b.params else y
+    wide = b.node("expand", [grow], {"shape": tuple(out.shape)}, grow.value.expand(out.shape),
+                  ctx)
+    return (wide, y) if grow is x else (x, wide)
 
 
 def _one_value(b: Builder, v: Any, other: Any, out: torch.Tensor) -> Any:
@@ -607,13 +621,23 @@ def masked_fill_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
 
 
 def addmm_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
-    """bias + x @ w (GPT-2's Conv1D): a matmul with the bias added in its epilogue."""
-    if a["beta"] != 1 or a["alpha"] != 1:
-        raise ctx.unsupported("addmm with beta or alpha other than 1")
+    """beta * input + alpha * (x @ w): addmm (GPT-2's Conv1D), baddbmm (WavLM's attention
+    with its position bias): a matmul with the scale and the addition in its epilogue
+    (beta 0 leaves the input out, as PyTorch ignores it then)."""
     bias, x = tensor_arg(a["input"], ctx, "bias"), tensor_arg(a["mat1"], ctx)
     w = tensor_arg(a["mat2"], ctx, "mat2")
+    alpha, beta = float(a["alpha"]), float(a["beta"])
     product = x.value @ w.value
     y = b.node("matmul", [x, w], {}, product, ctx)
+    if alpha != 1.0:
+        product = product * alpha
+        y = b.node("mul", [y], {"scalar": alpha, "reverse": False}, product, ctx)
+    if beta == 0.0:
+        return T(y.ref, out)
+    if beta != 1.0 and bias.ref in b.params:
+        bias = b.param(b.unique(f"{ctx.layer}.input_scaled"), bias.value * beta)
+    elif beta != 1.0:
+        bias = b.node("mul", [bias], {"scalar": beta, "reverse": False}, bias.value * beta, ctx)
     return b.node("add", [y, bias], {}, out, ctx)
 
 
@@ -729,7 +753,8 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((operator.getitem,), _getitem_stub, getitem_handler),
     (("aten::index",), _index_stub, index_handler),
     ((torch.select, "select", "aten::select"), _select_stub, select_handler),
-    ((torch.addmm, "aten::addmm"), _addmm_stub, addmm_handler),
+    ((torch.addmm, torch.baddbmm, "aten::addmm", "aten::baddbmm"), _addmm_stub,
+     addmm_handler),
     ((F.scaled_dot_product_attention, "aten::scaled_dot_product_attention"), _sdpa_stub,
      sdpa_handler),
     ((F.embedding,), _embedding_stub, embedding_handler),

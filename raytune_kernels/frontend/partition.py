@@ -116,7 +116,8 @@ class _Cutter:
     def _elementwise(self, n: Node) -> None:
         g = self._fusable(n)
         if g is None:
-            primary = next((v for v in n.inputs if self.shape[v] == n.shape), None)
+            primary = next((v for v in n.inputs if self.shape[v] == n.shape
+                            and v not in self.graph.params), None)
             if primary is None:
                 raise UnsupportedOpError(n.op, n.layer,
                                          "an elementwise op that broadcasts every operand")

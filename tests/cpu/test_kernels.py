@@ -90,6 +90,20 @@ def test_elementwise_operands_of_decoder_layers_lower_in_every_config(out, opera
         assert torch.allclose(run_candidate(compute, cfg, ops, 2), expected, atol=1e-6), cfg
 
 
+def test_a_per_channel_operand_on_rows_of_a_1d_signal_lowers_in_every_config():
+    """A group norm's weights on (1, C, L) (a speech feature extractor's): an affine along
+    axis 1 of last-axis rows, one value per row."""
+    from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
+    out = TensorSpec((1, 6, 20))
+    compute = Compute("elementwise", (out,), out, (),
+                      (EpilogueOp("affine", (TensorSpec((6,)),) * 2, axis=1),
+                       EpilogueOp("gelu")))
+    ops = [torch.randn(1, 6, 20), torch.randn(6), torch.randn(6)]
+    expected = reference(compute, *ops)
+    for cfg in space_for(compute, cpu_info()):
+        assert torch.allclose(run_candidate(compute, cfg, ops, 2), expected, atol=1e-5), cfg
+
+
 class MobileNetV3Block(torch.nn.Module):
     """Hardswish after a depthwise conv, squeeze-excite written as a spatial mean with a
     hardsigmoid gate, and stochastic-depth-style dropout: all lowered to our kernels."""

@@ -94,6 +94,27 @@ def test_a_matmul_by_a_constant_matrix_is_a_dense_and_a_one_element_constant_a_s
         assert torch.allclose(execute(partition(graph), [x])[0], model(x), atol=1e-5)
 
 
+def test_baddbmm_and_a_run_time_value_broadcast_against_a_constant():
+    """WavLM's attention: baddbmm(bias, q, k^T, beta, alpha) is a matmul with the scale
+    and the addition in its epilogue; a run-time gate (4, 1) times a constant of the full
+    shape (4, 5) expands the gate first (glue), so the task reads a run-time value."""
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = nn.Parameter(torch.randn(2, 4, 5))
+
+        def forward(self, q, k, g):
+            s = torch.baddbmm(self.bias, q, k.transpose(1, 2), beta=0.5, alpha=0.25)
+            return s + torch.sigmoid(g) * self.bias[0]
+
+    model = Attention()
+    xs = (torch.randn(2, 4, 8), torch.randn(2, 5, 8), torch.randn(4, 1))
+    graph = rk.capture(model, xs, strict=True)
+    assert {"matmul", "expand"} <= {n.op for n in graph.nodes}
+    with torch.no_grad():
+        assert torch.allclose(execute(partition(graph), list(xs))[0], model(*xs), atol=1e-5)
+
+
 @pytest.mark.parametrize("equation, shapes", [
     ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
     ("bhid,bhjd->bhij", [(1, 2, 5, 8), (1, 2, 6, 8)]),
