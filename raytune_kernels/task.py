@@ -114,14 +114,19 @@ class Compute:
         extra = ""
         if self.op == "conv2d":
             k = self.inputs[1].shape
-            extra = (f" -> {k[0]}ch k{k[2]}x{k[3]} s{self.attr('stride')[0]}"
+            extra = (f" -> {k[0]}ch k{k[2]}x{k[3]} s{_pair_text(self.attr('stride'))}"
                      + (f" g{self.attr('groups')}" if self.attr("groups") != 1 else "")
-                     + (f" d{self.attr('dilation')[0]}" if self.attr("dilation") != (1, 1)
-                        else ""))
+                     + (f" d{_pair_text(self.attr('dilation'))}"
+                        if tuple(self.attr("dilation")) != (1, 1) else ""))
         elif self.op in ("dense", "matmul"):
             extra = f" -> {'x'.join(str(s) for s in self.output.shape)}"
         epi = "".join(f"+{e.op}" for e in self.epilogue)
         return f"{self.op} {shapes}{extra}{(' ' + epi) if epi else ''}"
+
+
+def _pair_text(v: tuple) -> str:
+    """A stride or dilation: one number when both axes agree (1-D convs differ: 1x2)."""
+    return str(v[0]) if v[0] == v[1] else f"{v[0]}x{v[1]}"
 
 
 def _plain(v: Any) -> Any:

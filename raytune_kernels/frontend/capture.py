@@ -35,6 +35,7 @@ from raytune_kernels.frontend.builder import Builder, Ctx, T, bind
 from raytune_kernels.frontend.graph import Graph
 from raytune_kernels.frontend.inline import export_call, inlinable
 from raytune_kernels.frontend.island import ISLAND, Island, MethodCall, island_of
+from raytune_kernels.frontend.conv1d import conv1d_module_handler, lift_unit_axis
 from raytune_kernels.frontend.passes import fold_affine, pad_channels, prune_params
 
 
@@ -52,7 +53,7 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Ten
         gm = _export(model, inputs)
     with torch.no_grad():
         graph = _Walker(gm, inputs, strict).run()
-    graph = prune_params(pad_channels(fold_affine(graph)))
+    graph = prune_params(pad_channels(fold_affine(lift_unit_axis(graph))))
     islands = [n for n in graph.nodes if n.op == ISLAND]
     if islands:
         named = dict.fromkeys(f"{n.attr('what')} in '{n.layer}'" for n in islands)
@@ -452,7 +453,8 @@ def upsample_module_handler(b, m: nn.Upsample, x, out, ctx):
 
 
 _MODULES = {
-    nn.Conv2d: conv2d_module_handler, nn.Linear: linear_module_handler,
+    nn.Conv2d: conv2d_module_handler, nn.Conv1d: conv1d_module_handler,
+    nn.Linear: linear_module_handler,
     nn.BatchNorm1d: batch_norm_module_handler, nn.BatchNorm2d: batch_norm_module_handler,
     nn.ReLU: _unary_module_handler("relu"), nn.ReLU6: _unary_module_handler("relu6"),
     nn.Sigmoid: _unary_module_handler("sigmoid"), nn.SiLU: _unary_module_handler("silu"),

@@ -17,6 +17,7 @@ from raytune_kernels.errors import DynamicShapeError
 from raytune_kernels.frontend.builder import Builder, Ctx, T, need_param, norm_dim, pair, tensor_arg
 from raytune_kernels.frontend.activations import FUNCTIONS as ACTIVATIONS
 from raytune_kernels.frontend.attention import sdpa_handler
+from raytune_kernels.frontend.conv1d import conv1d_handler
 from raytune_kernels.frontend.integers import (COMPARE_FNS, argmax_handler, cast_handler,
                                                compare_handler, cumsum_handler, gather_handler)
 from raytune_kernels.frontend.reference import REDUCE_FNS
@@ -673,6 +674,7 @@ _OPERATORS = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": ope
 
 _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((F.conv2d, torch.conv2d, "aten::conv2d"), _conv2d_stub, conv2d_handler),
+    ((F.conv1d, torch.conv1d, "aten::conv1d"), _conv2d_stub, conv1d_handler),
     ((F.linear, "aten::linear"), _linear_stub, dense_handler),
     ((torch.matmul, operator.matmul, torch.bmm, "matmul", "bmm", "aten::matmul", "aten::bmm"),
      _matmul_stub, matmul_handler),

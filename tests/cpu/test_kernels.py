@@ -104,6 +104,19 @@ def test_a_per_channel_operand_on_rows_of_a_1d_signal_lowers_in_every_config():
         assert torch.allclose(run_candidate(compute, cfg, ops, 2), expected, atol=1e-5), cfg
 
 
+def test_conv1d_tasks_match_reference_in_sampled_configs():
+    """1-D convs are conv2d tasks of height 1 (a 1 x k kernel, strided and dilated along
+    the width, depthwise too): sampled configs of their spaces compile and match."""
+    model = torch.nn.Sequential(torch.nn.Conv1d(8, 16, 5, stride=2, padding=2),
+                                torch.nn.GELU(),
+                                torch.nn.Conv1d(16, 16, 3, padding=2, dilation=2, groups=16))
+    tasks = rk.extract_tasks(model.eval(), (torch.randn(1, 8, 40),), strict=True)
+    convs = [t for t in tasks if t.compute.op == "conv2d"]
+    assert [t.compute.inputs[1].shape[2] for t in convs] == [1, 1]
+    for i, task in enumerate(convs):
+        check_configs(task, 4, seed=i)
+
+
 class MobileNetV3Block(torch.nn.Module):
     """Hardswish after a depthwise conv, squeeze-excite written as a spatial mean with a
     hardsigmoid gate, and stochastic-depth-style dropout: all lowered to our kernels."""

@@ -3,16 +3,13 @@ hidden 64, vocabulary 128, 16 token ids): each is captured with no PyTorch islan
 KV cache turned off, rotary embeddings, grouped-query attention, RMSNorm, gated MLPs,
 the causal mask folded at capture), compiled untuned at 1 thread, and compared with the
 model on new token ids. Skipped without transformers."""
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 
 from raytune_kernels.compile.api import compile_network
 from raytune_kernels.compile.report import output_error
+from tests.support.hf import transformers_or_skip
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
 NEOX = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -41,22 +38,12 @@ MORE_FAMILIES = {
 }
 
 
-def _transformers():
-    """transformers, imported behind bench/models.py's torchvision guard (the registry's
-    torchvision cannot load its C++ ops beside this torch); skips the test without it."""
-    spec = importlib.util.spec_from_file_location("bench_models", ROOT / "bench" / "models.py")
-    models = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(models)
-    models.guard_torchvision_import()
-    return pytest.importorskip("transformers")
-
-
 def _ids(seed: int) -> torch.Tensor:
     return torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(seed))
 
 
 def _compiles_with_no_island(family: tuple) -> float:
-    tf = _transformers()
+    tf = transformers_or_skip()
     model_cls, config_cls, options = family
     if not hasattr(tf, model_cls):
         pytest.skip(f"this transformers has no {model_cls}")

@@ -125,6 +125,13 @@ CASES: dict[str, Compute] = {
     "elementwise_broadcast": make("elementwise", ((2, 3, 4),),
                                   epilogue=(broadcast((3, 1), "add"), unary("tanh"),
                                             residual("div"))),
+    # 1-D convolutions, as the frontend gives them: height 1, a 1 x k kernel
+    "conv1d_s2_bias_gelu": make("conv2d", ((1, 8, 1, 21), (16, 8, 1, 5)),
+                                {"stride": (1, 2), "padding": (0, 2), "dilation": (1, 1),
+                                 "groups": 1}, (bias(), unary("gelu"))),
+    "conv1d_depthwise_dilated": make("conv2d", ((1, 16, 1, 19), (16, 1, 1, 3)),
+                                     {"stride": (1, 1), "padding": (0, 2), "dilation": (1, 2),
+                                      "groups": 16}, (bias(), unary("silu"))),
     # activations with a parameter: PReLU's per-channel slopes, LeakyReLU's and ELU's scalar
     "conv1x1_prelu_channels": conv((1, 8, 6, 6), 16, 1,
                                    epilogue=(bias(), broadcast((1, 16, 1, 1), "prelu"))),
