@@ -75,6 +75,7 @@ def _split_stub(input, split, dim=0): ...
 def _unbind_stub(input, dim=0): ...
 def _select_stub(input, dim, index): ...
 def _addmm_stub(input, mat1, mat2, *, beta=1, alpha=1): ...
+def _addcmul_stub(input, tensor1, tensor2, *, value=1): ...
 def _sdpa_stub(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                enable_gqa=False): ...
 def _embedding_stub(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
@@ -642,6 +643,19 @@ def addmm_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     return b.node("add", [y, bias], {}, out, ctx)
 
 
+def addcmul_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """input + value * t1 * t2 (ConvNeXt-V2's global response norm): two multiplications
+    and an addition, fused like any elementwise chain."""
+    t1, t2, value = a["tensor1"], a["tensor2"], a["value"]
+    concrete = lambda v: v.value if isinstance(v, T) else v  # noqa: E731
+    product = concrete(t1) * concrete(t2)
+    y = binary("mul")(b, {"input": t1, "other": t2}, product, ctx)
+    if value != 1:
+        product = product * value
+        y = binary("mul")(b, {"input": y, "other": value}, product, ctx)
+    return binary("add")(b, {"input": a["input"], "other": y}, out, ctx)
+
+
 def embedding_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """A table lookup by integer ids: glue (a gather PyTorch runs between our kernels)."""
     ids = tensor_arg(a.get("input", a.get("indices")), ctx, "indices")
@@ -757,6 +771,7 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((torch.select, "select", "aten::select"), _select_stub, select_handler),
     ((torch.addmm, torch.baddbmm, "aten::addmm", "aten::baddbmm"), _addmm_stub,
      addmm_handler),
+    ((torch.addcmul, "addcmul", "aten::addcmul"), _addcmul_stub, addcmul_handler),
     ((F.scaled_dot_product_attention, "aten::scaled_dot_product_attention"), _sdpa_stub,
      sdpa_handler),
     ((F.embedding,), _embedding_stub, embedding_handler),

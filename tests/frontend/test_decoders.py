@@ -66,3 +66,27 @@ def test_decoder_lm_captures_with_no_island_and_compiles(name):
 @pytest.mark.parametrize("name", MORE_FAMILIES)
 def test_more_decoder_families_capture_with_no_island_and_compile(name):
     assert _compiles_with_no_island(MORE_FAMILIES[name]) < 1e-4  # Gemma2: tanh soft-capping
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama", "gptj"])
+def test_a_decoder_lm_runs_on_the_emulated_gpu(name):
+    """The same capture compiled for CUDA (each task's untuned default config, built by
+    NVRTC) and run by the CPU CUDA emulator: rotary tables, grouped-query heads and
+    RMSNorm in our CUDA kernels, with no PyTorch step."""
+    from raytune_kernels.compile.cuda_network import compile_network_cuda
+    from raytune_kernels.cuda.build import nvrtc_unavailable
+    from tests.support import cuda_emulate
+    from tests.support.gpu_emulator import EmulatorDevice
+    if nvrtc_unavailable() is not None or cuda_emulate.compiler() is None:
+        pytest.skip("needs NVRTC and a C++ compiler for the CUDA emulator")
+    tf = transformers_or_skip()
+    model_cls, config_cls, options = {**FAMILIES, **MORE_FAMILIES}[name]
+    torch.manual_seed(0)
+    model = getattr(tf, model_cls)(getattr(tf, config_cls)(**options)).eval()
+    with pytest.warns(UserWarning, match="untuned default"):
+        net = compile_network_cuda(model, (_ids(0),), [], "cuda -arch=sm_90",
+                                   device=EmulatorDevice)
+    assert "torch" not in [s.kind for s in net.steps]
+    with torch.no_grad():
+        assert output_error(net(_ids(1)), model(_ids(1))) < 1e-5

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import raytune_kernels as rk
 from raytune_kernels.compile.api import compile_network
-from raytune_kernels.frontend.partition import partition
+from raytune_kernels.frontend.partition import execute, partition
 
 
 class Chains(nn.Module):
@@ -58,3 +58,23 @@ def test_forms_without_a_lowering_are_islands(fn):
     x = torch.randn(1, 4, 5)
     with pytest.raises(rk.UnsupportedOpError):
         rk.capture(One(), (x,), strict=True)
+
+
+def test_addcmul_is_two_multiplications_and_an_addition():
+    """ConvNeXt-V2's global response norm: x + addcmul(bias, weight, x * n)."""
+    class Grn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 1)
+            self.weight, self.bias = nn.Parameter(torch.randn(1, 8, 1, 1)), \
+                nn.Parameter(torch.randn(1, 8, 1, 1))
+
+        def forward(self, x):
+            y = self.conv(x)
+            return y + torch.addcmul(self.bias, self.weight, y * torch.sigmoid(y), value=0.5)
+
+    model, x = Grn().eval(), torch.randn(1, 4, 6, 6)
+    graph = rk.capture(model, (x,), strict=True)  # no island
+    assert [n.op for n in graph.nodes].count("mul") == 3
+    with torch.no_grad():
+        assert torch.allclose(execute(partition(graph), [x])[0], model(x), atol=1e-5)
