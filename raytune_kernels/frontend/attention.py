@@ -66,6 +66,32 @@ def _repeat_heads(b: Builder, x: T, groups: int, ctx: Ctx) -> T:
     return b.node("reshape", [y], {"shape": tuple(out.shape)}, out, ctx)
 
 
+def scores_mask_at_full_shape(b: Builder, x: T, y: T, out: torch.Tensor) -> tuple:
+    """x and y, a constant mask shared by every head (1, 1, S, S) added to or multiplying
+    attention scores computed outside SDPA (eager attention: Gemma2's soft-capped scores)
+    stored at the scores' full shape, as SDPA's masks are: the matmul's epilogue then
+    reads it like its output. Scores are a matmul's output, or elementwise ops on one."""
+    mask, scores = (x, y) if x.ref in b.params else (y, x)
+    if mask.ref not in b.params or scores.ref in b.params or out.dim() < 3 or \
+            scores.value.shape != out.shape or mask.value.shape == out.shape or \
+            tuple(mask.value.shape[-2:]) != tuple(out.shape[-2:]) or not _from_matmul(b, scores):
+        return x, y
+    name = f"{mask.ref}_at_{'x'.join(str(d) for d in out.shape)}"
+    full = T(name, b.params[name]) if name in b.params else \
+        b.param(name, mask.value.expand(out.shape).contiguous())
+    return (full, y) if mask is x else (x, full)
+
+
+def _from_matmul(b: Builder, v: T) -> bool:
+    """Whether `v` is a matmul's output, or an elementwise op on one, back along first
+    inputs."""
+    producer = {n.name: n for n in b.nodes}
+    node = producer.get(v.ref)
+    while node is not None and node.op in ("mul", "div", "add", "sub", "tanh"):
+        node = producer.get(node.inputs[0])
+    return node is not None and node.op == "matmul"
+
+
 def _additive_mask(b: Builder, mask, causal: bool, scores: torch.Tensor, ctx: Ctx
                    ) -> T | None:
     """The mask as a tensor added to the scores; None without one. A constant mask is

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from raytune_kernels.errors import DynamicShapeError
 from raytune_kernels.frontend.builder import Builder, Ctx, T, need_param, norm_dim, pair, tensor_arg
 from raytune_kernels.frontend.activations import FUNCTIONS as ACTIVATIONS
-from raytune_kernels.frontend.attention import sdpa_handler
+from raytune_kernels.frontend.attention import scores_mask_at_full_shape, sdpa_handler
 from raytune_kernels.frontend.conv1d import conv1d_handler
 from raytune_kernels.frontend.integers import (COMPARE_FNS, argmax_handler, cast_handler,
                                                compare_handler, cumsum_handler, gather_handler)
@@ -189,6 +189,7 @@ def binary(op: str) -> Callable:
         x, y = _one_value(b, x, y, out), _one_value(b, y, x, out)
         if isinstance(x, T) and isinstance(y, T):
             x, y = _run_time_at_full_shape(b, x, y, out, ctx)
+            x, y = scores_mask_at_full_shape(b, x, y, out)
             return b.node(op, [x, y], {}, out, ctx)
         tensor, const, reverse = (x, y, False) if isinstance(x, T) else (y, x, True)
         if _scalar(const) is None:

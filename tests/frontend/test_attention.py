@@ -83,3 +83,27 @@ def test_grouped_and_multi_query_attention_repeat_key_heads_with_no_island(kv_he
     got = execute(partition(graph), [q, k, v])[0]
     assert torch.allclose(got, Grouped()(q, k, v), atol=1e-5, rtol=1e-5)
 
+
+
+def test_an_eager_attention_mask_shared_by_every_head_is_read_at_the_scores_shape():
+    """Eager attention (Gemma2's, soft-capped) adds a causal mask of (1, 1, S, S) to the
+    scores of every head: it is stored at the scores' shape, so the matmul's epilogue
+    reads it like its output and the compiled network runs no PyTorch kernel."""
+    class Eager(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mask", torch.full((8, 8), float("-inf")).triu(1)[None, None])
+
+        def forward(self, q, k, v):
+            s = torch.tanh((q @ k.transpose(-1, -2)) * 0.25 / 5.0) * 5.0 + self.mask
+            return torch.softmax(s, dim=-1) @ v
+
+    q, k, v = (torch.randn(1, 4, 8, 16) for _ in range(3))
+    graph = rk.capture(Eager(), (q, k, v), strict=True)
+    scores = next(t.compute for t in partition(graph).tasks if t.compute.op == "matmul")
+    assert scores.epilogue[-1].op == "add" and \
+        scores.epilogue[-1].operands[0].shape == (1, 4, 8, 8)
+    net = compile_network(Eager(), (q, k, v), None, threads=1)
+    assert all(s.kind != "torch" for s in net.steps)
+    with torch.no_grad():
+        assert torch.allclose(net(q, k, v), Eager()(q, k, v), atol=1e-5)
