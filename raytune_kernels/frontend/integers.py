@@ -30,7 +30,7 @@ def exact_cast(src: torch.dtype, dst: torch.dtype) -> bool:
 def cast_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """x.to(dtype) / type_as / float() / long() ...: the value itself when exact_cast."""
     x = tensor_arg(a["input"], ctx)
-    if tuple(out.shape) != tuple(x.value.shape) or not isinstance(out, torch.Tensor):
+    if tuple(out.shape) != tuple(x.value.shape):
         raise ctx.unsupported("a cast that changes the shape")
     if not exact_cast(x.value.dtype, out.dtype):
         raise ctx.unsupported(f"a cast from {x.value.dtype} to {out.dtype} (casts that keep "
@@ -58,7 +58,6 @@ def cumsum_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     if a.get("dtype") is not None and not exact_cast(x.value.dtype, a["dtype"]):
         raise ctx.unsupported(f"a cumsum into {a['dtype']}")
     return b.node("cumsum", [x], {"dim": norm_dim(int(a["dim"]), x.value.dim())}, out, ctx)
-
 
 
 def gather_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
