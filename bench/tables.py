@@ -219,6 +219,18 @@ def coverage_row(run: Run) -> dict[str, str]:
             "untuned vs eager": f"{ratio:.2f}x" if ratio else "", "file": run.path}
 
 
+def deploy_row(run: Run) -> dict[str, str]:
+    d = run.data
+    ratio = d["dynamo_over_ours"]
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": f"bench/deploy.py {d['model']} --threads {d['threads']}",
+            "compile (s)": f"{d['compile_s']:.1f}", "file (MiB)": f"{d['file_mib']:.0f}",
+            "load (s)": f"{d['load_s']:.2f}", "ours (ms)": ms(d["ours_ms"]),
+            "torch.compile backend (ms)": ms(d["dynamo_ms"]),
+            "backend / ours": f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})",
+            "file": run.path}
+
+
 SHAPES = (
     Shape("Networks (bench/network.py)",
           "ours: the compiled network's median time; best other: the fastest of PyTorch's "
@@ -238,6 +250,12 @@ SHAPES = (
           lambda d: "trials_to_95" in d, search_row),
     Shape("Faults (bench/chaos.py)", "trials recorded despite the injected faults.",
           lambda d: "faults_injected" in d, chaos_row),
+    Shape("Deployment (bench/deploy.py)",
+          "load: a saved network loaded in a fresh process without Ray, XGBoost or PuLP "
+          "(median of processes, imports apart); backend / ours: torch.compile with our "
+          "backend over compile_network's network, same records, median (range) of "
+          "per-round ratios.",
+          lambda d: d.get("bench") == "deploy", deploy_row),
     Shape("Coverage (bench/coverage.py)",
           "models captured, and compiled untuned and checked against PyTorch; untuned vs "
           "eager: PyTorch eager's time over ours.",
