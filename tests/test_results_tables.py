@@ -62,6 +62,14 @@ def test_a_gpu_run_in_a_precision_reads_each_variants_milliseconds():
     assert tables.best_other(data) == ("compile reduce-overhead tf32", 0.31)
 
 
+def test_a_deployment_run_names_its_load_time_and_the_backend_ratio():
+    name = "znver5/deploy_resnet18_2threads.json"
+    row = _rows(RESULTS, {name: "2026-11-26"})[name]
+    assert (row["command"], row["load (s)"], row["threads"]) == (
+        "bench/deploy.py resnet18 --threads 2", "0.73", "2")
+    assert row["backend / ours"].startswith("1.117 (")
+
+
 def test_a_json_file_without_json_is_counted_and_its_log_read_instead():
     runs, unreadable = tables.read_runs(RESULTS, {})
     assert "znver3/network_resnet18_2threads_800_stop31.json" in unreadable

@@ -160,7 +160,7 @@ def test_records_of_another_arch_alone_are_refused_naming_it(case):
         cuda_records(other, ARCH, plain_ok=False)
 
 
-@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("precision", ["tf32", pytest.param("bf16", marks=pytest.mark.e2e)])
 def test_a_tensor_core_network_matches_the_model_within_its_precision(precision):
     model, inputs = tiny()
     records = cuda_records_for(model, inputs, precision=precision)

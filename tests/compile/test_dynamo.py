@@ -32,6 +32,7 @@ def _spy(gm, example_inputs, **kw):
     return run
 
 
+@pytest.mark.e2e  # two untuned compiles through Dynamo
 def test_the_backend_is_found_by_name_and_matches_eager():
     torch.manual_seed(0)
     model, x = Broken().eval(), torch.randn(1, 3, 12, 12)
@@ -73,6 +74,7 @@ def test_parameters_become_constants_and_data_stays_an_input():
     assert torch.equal(bound(data)[0], got["gm"](*got["inputs"])[0])
 
 
+@pytest.mark.e2e  # two untuned compiles through Dynamo
 def test_a_graph_we_refuse_stays_pytorchs_with_a_warning():
     torch._dynamo.reset()
     model, x = Broken().eval(), torch.randn(1, 3, 12, 12)

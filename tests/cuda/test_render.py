@@ -27,6 +27,7 @@ from raytune_kernels.frontend.reference import reference
 from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
 
 from tests.support.cuda_cases import CASES, conv
+from raytune_kernels.cuda.window import is_window
 
 ARCHS = ("sm_80", "sm_90")
 needs_nvrtc = pytest.mark.skipif(nvrtc_unavailable() is not None,
@@ -282,7 +283,7 @@ def test_prefetching_gemms_match_the_reference():
     """Register prefetch of the next reduction slices, on every GEMM case (ragged tiles,
     gathered and vector loads, both conv layouts), several k rounds each."""
     names = [n for n in sorted(CASES) if CASES[n].op in ("dense", "matmul")
-             or (CASES[n].op == "conv2d" and not n.startswith("depthwise"))]
+             or (CASES[n].op == "conv2d" and not is_window(CASES[n]))]
     runs, meta, rng = [], [], random.Random(4)
     for name in names:
         c = CASES[name]

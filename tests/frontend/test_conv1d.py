@@ -75,7 +75,8 @@ SPEECH = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_conv_pos_embedding_groups=4)
 
 
-@pytest.mark.parametrize("name", ["Hubert"] + [pytest.param(n, marks=pytest.mark.slow)
+@pytest.mark.parametrize("name", [pytest.param("Hubert", marks=pytest.mark.e2e)]
+                         + [pytest.param(n, marks=pytest.mark.slow)
                                                for n in ("Wav2Vec2", "WavLM", "Whisper")])
 def test_speech_encoders_capture_with_no_island_and_compile(name):
     tf = transformers_or_skip()
