@@ -65,6 +65,7 @@ def test_phased_builds_go_to_whichever_builder_is_free(ray_session):
     assert handed == {0: [0], 1: [1, 2, 3, 4, 5]}
 
 
+@pytest.mark.e2e  # a timed pipeline run
 def test_measuring_starts_when_the_last_builds_fit_on_the_spare_cores(ray_session):
     """With a core no measurer owns, the batch does not wait for its slowest build: once
     nothing is left to hand out and the builds still running fit on the spare cores, the

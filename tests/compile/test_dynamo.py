@@ -44,6 +44,7 @@ def test_the_backend_is_found_by_name_and_matches_eager():
         assert torch.allclose(fast(x2), model(x2), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.e2e  # two untuned compiles through Dynamo
 def test_each_graph_of_a_graph_break_is_compiled_by_us():
     compiled.clear()
     torch._dynamo.reset()

@@ -428,6 +428,7 @@ def test_the_small_cases_compile_for_both_archs():
             assert result.error is None and result.registers > 0, (c.describe(), arch)
 
 
+@pytest.mark.e2e  # every case, 3 seeds, both archs built
 @needs_nvrtc
 def test_the_cubin_is_read_for_registers_shared_memory_and_stack_as_ptxas_reports_them():
     """NVRTC 13 returns no ptxas report: the figures come from the cubin's

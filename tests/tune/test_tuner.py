@@ -78,6 +78,7 @@ def test_search_stops_when_the_space_is_exhausted():
     assert search.exhausted and search.propose(4, CostModel()) == []
 
 
+@pytest.mark.e2e  # many seeded searches: a statistical check
 def test_model_guided_search_beats_random_on_the_fake(tasks):
     """Same budget: the guided search's best is faster than random sampling's, as a
     geometric mean over seeds (single seeds can lose; the model is seeded, so this is
