@@ -181,6 +181,7 @@ def test_a_builder_that_dies_mid_batch_is_replaced_and_nothing_hangs(pipeline, t
     # third config's build, about 0.45 s, is far longer than the 50 ms before the kill)
 
 
+@pytest.mark.e2e  # a fault waited out on real actors
 def test_a_build_past_the_build_timeout_is_a_build_error_and_the_rest_go_on(pipeline, task,
                                                                          configs):
     """A build that never returns (LLVM caught in a loop) is recorded as a build error after
@@ -258,6 +259,7 @@ def test_a_candidate_whose_build_kills_the_builder_twice_is_a_build_error(pipeli
     assert pipeline._build_again(8, object()) is True
 
 
+@pytest.mark.e2e  # a fault waited out on real actors
 def test_a_measurer_killed_from_outside_does_not_blame_its_candidate(pipeline, task, configs,
                                                                      tmp_path):
     """A measurer killed mid-measurement by someone else (an operator, the OOM killer) is
