@@ -13,6 +13,7 @@ import math
 import re
 
 from raytune_kernels.cuda.kernel import CudaKernel
+from raytune_kernels.cuda.mma import MMA_PRECISIONS
 from raytune_kernels.cuda.render import GEMM_OPS, render_cuda
 from raytune_kernels.cuda.row_kernels import ROW_OPS
 from raytune_kernels.cuda.window import WINDOW_OPS, is_window
@@ -24,7 +25,6 @@ FAMILIES = ("gemm", "window", "rows", "elementwise")
 OPS = GEMM_OPS + WINDOW_OPS + ROW_OPS + ("elementwise",)
 SIZE_KNOBS = ("bm", "bn", "bk", "tm", "tn", "va", "vb", "tw", "vec", "items", "wm", "wn",
               "warps_m", "warps_n", "stages", "split")
-MMA_PRECISIONS = ("tf32", "fp16", "bf16")
 WARP = 32
 _SHARED = re.compile(r"__shared__[^;]*?\bfloat\s+\w+((?:\[\d+\])+)\s*;")
 

@@ -54,8 +54,7 @@ def gpu_info(arch: str) -> GpuInfo:
 def arch_has_mma(arch: str) -> bool:
     """Whether `arch` runs the tensor-core instructions of cuda/mma.py (mma.sync in tf32
     and bf16, cp.async, cvt to f16x2/bf16x2: sm_80 and newer)."""
-    m = re.fullmatch(r"sm_([0-9]{2,3})[a-z]?", arch or "")
-    return bool(m) and int(m.group(1)) >= 80
+    return _cc(arch)[0] >= 8
 
 
 class ArchMismatchError(UnknownTargetError):
