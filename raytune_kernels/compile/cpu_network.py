@@ -15,6 +15,7 @@ The plan itself (buffers, calls, the planner, buffer reuse) is made in compile/c
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import math
 import random
@@ -24,7 +25,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from raytune_kernels.compile.artifact import cpu_machine, save
+from raytune_kernels.compile.artifact import cpu_machine, graph_without_weights, save
 from raytune_kernels.compile.choose import (TORCH, Solver, candidates_from_records, choose,
                                             estimated_latency, layout_family, prune,
                                             step_problem)
@@ -183,11 +184,12 @@ class CompiledNetwork(Reporting):
     def state(self) -> dict:
         """What a saved file holds to build this network again: the plan and its machine
         code (the kernels' libraries travel inside their steps; the runners' and border
-        fills' by their IR)."""
+        fills' by their IR); the graph's own weights stay behind (the packed ones run)."""
         index = {id(s): i for i, s in enumerate(self.steps)}
         irs = [fn.ir for fn, _ in self._segments if isinstance(fn, Runner)]
         irs += [fill_ir(v) for v in self._fill_values]
-        return {"part": self.part, "steps": self.steps, "inputs": self._in,
+        part = dataclasses.replace(self.part, graph=graph_without_weights(self.graph))
+        return {"part": part, "steps": self.steps, "inputs": self._in,
                 "outputs": self._out, "threads": self.threads, "plan": self.plan,
                 "estimated_s": self.estimated_s, "aliases": self._aliases,
                 "value_of": {index[k]: v for k, v in self.value_of.items()},
@@ -400,19 +402,23 @@ def compile_network_cpu(model: torch.nn.Module,
     cands = _candidates(part, recs, fallback, tseconds, threads, cpu, no_kernel,
                         family_of=layout_family, unchecked=unchecked)
     # every edge's transform, timed at once (parallel builds, one isolated child) or
-    # looked up in this machine's transform cache
+    # looked up in this machine's transform cache; untuned, priced by a model instead
+    # (its node costs are estimates too): a first compile times no transform
     bordering = functools.partial(_writes_bordered, part)
-    measure_transforms(transforms_asked(lambda cost: step_problem(part, cands, cost,
-                                                                  bordering)), opts)
+    priced_at = None if recs else cpu.machine.ghz
+    if priced_at is None:
+        measure_transforms(transforms_asked(lambda cost: step_problem(part, cands, cost,
+                                                                      bordering)), opts)
     verdicts: dict = {}
     while True:  # the chosen untuned kernels pass an isolated check, or are chosen again
         plan, chosen = choose(part, cands, layout,
-                               lambda shape, a, b: transform_cost(shape, a, b, opts),
+                               lambda shape, a, b: transform_cost(shape, a, b, opts,
+                                                                  priced_at),
                                time_limit_s, solver, bordering)
         if not _drop_failed_untuned(part, cands, chosen, unchecked, verdicts, tseconds,
                                     threads, tgt.mcpu):
             break
-    planner = Planner(part, tgt.mcpu, opts, borders_wanted(part, chosen))
+    planner = Planner(part, tgt.mcpu, opts, borders_wanted(part, chosen), priced_at)
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):
             planner.task(step, cand)
@@ -575,20 +581,27 @@ UNTUNED_POOL = 48  # random configs an untuned task's estimate chooses among
 def estimated_candidates(part: Partition, step: TaskStep, cpu: CpuInfo) -> list[Candidate]:
     """An untuned task's candidates: the fewest estimated cycles (cpu/estimate.py) per
     layout pair among a fixed random pool of configs, priced at the machine's clock."""
-    task = part.task(step.key)
-    space, rng = space_for(task.compute, cpu), random.Random(task.key)
-    pool = dict.fromkeys(space.sample(rng) for _ in range(UNTUNED_POOL))
     best: dict[tuple[str, str], Candidate] = {}
-    for cfg in pool:
-        pair = layouts_of(task, cfg)
+    for cand in _estimated_pool(part.task(step.key), cpu):
+        pair = (cand.in_layout, cand.out_layout)
+        if (pair not in best or cand.seconds < best[pair].seconds) and \
+                _bindable(part, step, cand):
+            best[pair] = cand
+    return [best[p] for p in sorted(best)]  # empty: no config binds its operands
+
+
+@functools.lru_cache(maxsize=1024)  # a task recurs in many steps (BERT: 12 layers)
+def _estimated_pool(task, cpu: CpuInfo) -> tuple[Candidate, ...]:
+    """The task's fixed random pool of configs that lower, each priced by the estimate."""
+    space, rng = space_for(task.compute, cpu), random.Random(task.key)
+    out = []
+    for cfg in dict.fromkeys(space.sample(rng) for _ in range(UNTUNED_POOL)):
         try:
             seconds = cycles(lower(task.compute, cfg), cpu.machine) / (cpu.machine.ghz * 1e9)
         except ValueError:  # a config this compute cannot lower: not a candidate
             continue
-        cand = Candidate(pair[0], pair[1], seconds, cfg)
-        if (pair not in best or seconds < best[pair].seconds) and _bindable(part, step, cand):
-            best[pair] = cand
-    return [best[p] for p in sorted(best)]  # empty: no config binds its operands
+        out.append(Candidate(*layouts_of(task, cfg), seconds, cfg))
+    return tuple(out)
 
 
 def _bindable(part: Partition, step: TaskStep, cand: Candidate) -> bool:

@@ -40,7 +40,7 @@ from raytune_kernels.layout.graph import Candidate
 from raytune_kernels.compile.cuda_plan import (NCHW, Const, GBuf, GpuPlan, GpuStep,
                                                choose_layouts, physical_shape, plan_network,
                                                step_candidates, to_layout)
-from raytune_kernels.compile.artifact import save
+from raytune_kernels.compile.artifact import graph_without_weights, save
 from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
                                              random_inputs, scaled_error)
 from raytune_kernels.errors import CompileError
@@ -198,8 +198,10 @@ class GpuNetwork(Reporting):
     def state(self) -> dict:
         """The plan (cubins, packed constants, offsets, torch steps) a saved file holds."""
         index = {id(s): i for i, s in enumerate(self.plan.steps)}
-        plan = dataclasses.replace(self.plan, value_of={index[k]: v for k, v in
-                                                        self.plan.value_of.items()})
+        part = dataclasses.replace(self.plan.part,
+                                   graph=graph_without_weights(self.plan.part.graph))
+        plan = dataclasses.replace(self.plan, part=part, value_of={
+            index[k]: v for k, v in self.plan.value_of.items()})
         return {"plan": plan, "graph": self.graph, "examples": self.examples}
 
     @classmethod

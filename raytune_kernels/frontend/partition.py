@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from raytune_kernels.errors import UnsupportedOpError
+from raytune_kernels.errors import CompileError, UnsupportedOpError
 from raytune_kernels.frontend.graph import ANCHOR_OPS, ELEMENTWISE_OPS, GLUE_OPS, Graph, Node
 from raytune_kernels.frontend.integers import COMPARE_FNS
 from raytune_kernels.frontend.slicing import decode_index
@@ -185,6 +185,10 @@ def run_steps(part: Partition, inputs: Sequence[torch.Tensor],
     """Every value of the graph, computed step by step by the references; `after(name)`
     runs after each step (its layer for a task, its node for glue), e.g. to clock it."""
     graph = part.graph
+    if any(p.is_meta for p in graph.params.values()):
+        raise CompileError("the graph's own weights are not here (a network loaded from a "
+                           "file holds its packed weights only): compare against the model "
+                           "by compiling it with compile_network")
     env: dict[str, torch.Tensor] = dict(graph.params)
     env.update({name: x for (name, _), x in zip(graph.inputs, inputs)})
     nodes = graph.node_map()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from raytune_kernels.compile import artifact
 from raytune_kernels.compile.api import compile_network
 from raytune_kernels.compile.api import load
 from raytune_kernels.compile.artifact import MAGIC, ArtifactError
+from raytune_kernels.errors import CompileError
 
 BLOCKED = textwrap.dedent("""
     import importlib.abc, sys
@@ -89,6 +91,36 @@ def test_a_loaded_network_runs_and_reports_like_the_compiled_one(saved):
     assert back.benchmark() > 0
 
 
+def test_the_file_holds_the_packed_weights_and_not_the_graphs_own(saved):
+    net, path, _ = saved["bert"]
+    originals = sum(p.numel() * p.element_size() for p in net.graph.params.values())
+    header = artifact.read(path)[0]
+    stored = sum(a["nbytes"] for a in header["arrays"])
+    assert originals > 0 and stored < originals * 1.5, (stored, originals)
+    back = load(path)
+    assert all(p.is_meta for p in back.graph.params.values())
+    assert back.graph.shapes == net.graph.shapes
+    with pytest.raises(CompileError, match="a network loaded from a file holds its packed"):
+        back.first_divergence(back.random_inputs())
+
+
+def test_arrays_and_tensors_come_back_aligned_typed_and_shared(tmp_path):
+    big = np.arange(3 << 20, dtype=np.float32)  # over a huge page
+    t = torch.randn(3, 5, dtype=torch.bfloat16)
+    state = {"a": big, "again": big, "small": np.arange(6, dtype=np.int64).reshape(2, 3),
+             "t": t, "p": torch.nn.Parameter(torch.ones(4)), "view": t[:, 1:],
+             "empty": np.zeros(0, np.float32)}
+    path = str(tmp_path / "s.rkn")
+    artifact.save(path, state, {"kind": "test"})
+    _, back = artifact.open_state(path, check_machine=False)
+    assert back["a"] is back["again"] and np.array_equal(back["a"], big)
+    assert back["a"].ctypes.data % 64 == 0
+    assert back["small"].dtype == np.int64 and back["small"].shape == (2, 3)
+    assert back["t"].dtype == torch.bfloat16 and torch.equal(back["t"], t)
+    assert isinstance(back["p"], torch.nn.Parameter) and back["p"].requires_grad
+    assert torch.equal(back["view"], t[:, 1:]) and back["empty"].size == 0
+
+
 def _rewrite(path: str, dst, header=None, payload=None, cut: int = 0) -> str:
     hdr, body = artifact.read(path)
     hdr = header(hdr) if header else hdr
@@ -104,7 +136,8 @@ def test_damaged_and_foreign_files_are_refused_saying_why(saved, tmp_path):
     _, path, _ = saved["mixed"]
     cases = [
         (lambda: _rewrite(path, tmp_path, header=lambda h: {**h, "format": 99}),
-         "format version 99; this raytune-kernels .* reads version 1"),
+         f"format version 99; this raytune-kernels .* reads version "
+         f"{artifact.FORMAT_VERSION}"),
         (lambda: _rewrite(path, tmp_path, cut=100), "truncated"),
         (lambda: _rewrite(path, tmp_path, payload=lambda b: b[:50] + bytes([b[50] ^ 1])
                           + b[51:]), "corrupted: its payload's checksum"),
