@@ -23,7 +23,7 @@ from raytune_kernels.cpu.schedules import lower, pack, writes_bordered
 from raytune_kernels.space import Config
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
-from raytune_kernels.layout.costs import fastest_transform, transform_kernel
+from raytune_kernels.layout.costs import fastest_transform, priced_transform, transform_kernel
 from raytune_kernels.layout.graph import NCHW, Candidate
 from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep
@@ -74,8 +74,12 @@ class Planner:
     wants a value in another layout than its producer wrote."""
 
     def __init__(self, part: Partition, mcpu: str | None, opts: MeasureOptions,
-                 borders: dict[str, tuple[str, float]] | None = None):
+                 borders: dict[str, tuple[str, float]] | None = None,
+                 priced_at: float | None = None):
+        """`priced_at`: the clock (GHz) at which transforms are priced by the model instead
+        of timed (transform_choice), or None to time them."""
         self.part, self.graph, self.mcpu, self.opts = part, part.graph, mcpu, opts
+        self.priced_at = priced_at
         self.borders = borders or {}  # value -> the bordered layout all its readers want
         self.steps: list[Step] = []
         self.produced: dict[str, tuple[Buf, str]] = {}
@@ -101,11 +105,13 @@ class Planner:
             return self.copies[key]
         shape = self.graph.shape_of(name)
         dst = Layout.parse(label)
-        seconds, cfg = fastest_transform(tuple(shape), src_label, label, self.opts)
+        seconds, cfg = transform_choice(tuple(shape), src_label, label, self.opts,
+                                        self.priced_at)
         via = via_layout(src_label, label)
         if cfg is None and via:  # blocks that do not divide: through their common block
             src_buf, src_label = self.value(name, via), via
-            seconds, cfg = fastest_transform(tuple(shape), via, label, self.opts)
+            seconds, cfg = transform_choice(tuple(shape), via, label, self.opts,
+                                            self.priced_at)
         if cfg is None:
             raise CompileError(f"no transform of {name} {tuple(shape)} from {src_label} to "
                                f"{label}")
@@ -298,15 +304,27 @@ def transforms_asked(ask: Callable[[Callable[[tuple, str, str], float]], object]
     return list(dict.fromkeys(asked))
 
 
-def transform_cost(shape, src: str, dst: str, opts: MeasureOptions) -> float:
-    """Measured seconds to bring a value from `src` to `dst`, through their common block
-    when there is no direct transform."""
-    seconds = fastest_transform(tuple(shape), src, dst, opts)[0]
+def transform_cost(shape, src: str, dst: str, opts: MeasureOptions,
+                   priced_at: float | None = None) -> float:
+    """Seconds to bring a value from `src` to `dst` (measured, or priced at `priced_at`
+    GHz: transform_choice), through their common block when there is no direct
+    transform."""
+    seconds = transform_choice(tuple(shape), src, dst, opts, priced_at)[0]
     via = via_layout(src, dst)
     if math.isinf(seconds) and via:
-        seconds = (fastest_transform(tuple(shape), src, via, opts)[0]
-                   + fastest_transform(tuple(shape), via, dst, opts)[0])
+        seconds = (transform_choice(tuple(shape), src, via, opts, priced_at)[0]
+                   + transform_choice(tuple(shape), via, dst, opts, priced_at)[0])
     return seconds
+
+
+def transform_choice(shape: tuple[int, ...], src: str, dst: str, opts: MeasureOptions,
+                     priced_at: float | None = None) -> tuple[float, Config | None]:
+    """(seconds, config) of the transform src -> dst: the fastest timed one
+    (layout/costs.fastest_transform), or with `priced_at` (GHz) the model's price where
+    no timing is at hand (layout/costs.priced_transform), which times nothing."""
+    if priced_at is None:
+        return fastest_transform(shape, src, dst, opts)
+    return priced_transform(shape, src, dst, priced_at, opts)
 
 
 def operand_names(compute, cfg: Config) -> list[str]:
