@@ -33,7 +33,7 @@ from raytune_kernels.compile.cpu_plan import (Buf, Planner, Step, allocate, bord
                                               transform_cost, transforms_asked)
 from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
                                              random_inputs, scaled_error)
-from raytune_kernels.cpu.probe import unusable_mcpu
+from raytune_kernels.cpu.probe import CHECK_CHILD, start_child, unusable_mcpu
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.row_kernels import ROW_OPS
@@ -389,6 +389,9 @@ def compile_network_cpu(model: torch.nn.Module,
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) \
         else tuple(example_inputs)
     recs = list(records)
+    # without records every kernel is untuned and checked in a child (probe.py): started
+    # now, it imports while this process captures and plans
+    checker = [start_child(CHECK_CHILD)] if not recs else []
     graph = capture(model, inputs)
     part = partition(graph)
     cold = any(r.cold_weights for r in recs)  # transforms and torch timed as kernels were
@@ -416,8 +419,11 @@ def compile_network_cpu(model: torch.nn.Module,
                                                                   priced_at),
                                time_limit_s, solver, bordering)
         if not _drop_failed_untuned(part, cands, chosen, unchecked, verdicts, tseconds,
-                                    threads, tgt.mcpu):
+                                    threads, tgt.mcpu, checker):
             break
+    for child in checker:  # nothing was left for it to check
+        child.kill()
+        child.communicate()
     planner = Planner(part, tgt.mcpu, opts, borders_wanted(part, chosen), priced_at)
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):
@@ -539,12 +545,13 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
 
 def _drop_failed_untuned(part: Partition, cands: list[list[Candidate]], chosen: list,
                          unchecked: list[int], verdicts: dict, tseconds: dict, threads: int,
-                         mcpu: str | None) -> bool:
+                         mcpu: str | None, checker: list | None = None) -> bool:
     """Untuned kernels were never run by a measurer: the chosen ones are checked against
     their references in a child process (cpu/probe.check_isolated) before this process
     runs any. Failed ones leave the candidates (a step left with none runs PyTorch's
     kernel, named in a warning); True when any did, so that the layouts are chosen again.
-    `verdicts` keeps what was checked across rounds."""
+    `verdicts` keeps what was checked across rounds; `checker` may hold a check child
+    started ahead (probe.start_child), which the first check takes."""
     todo = [(part.task(part.steps[i].key).compute, chosen[i].config) for i in unchecked
             if chosen[i].config not in (None, TORCH)]
     todo = [item for item in dict.fromkeys(todo) if item not in verdicts]
@@ -552,7 +559,8 @@ def _drop_failed_untuned(part: Partition, cands: list[list[Candidate]], chosen: 
         return False
     from raytune_kernels.cpu.probe import check_isolated
 
-    verdicts.update(zip(todo, check_isolated(todo, mcpu, threads)))
+    child = checker.pop() if checker else None
+    verdicts.update(zip(todo, check_isolated(todo, mcpu, threads, child=child)))
     dropped, torch_now = False, []
     for i in unchecked:
         compute = part.task(part.steps[i].key).compute

@@ -33,7 +33,10 @@ CHILD_TIMEOUT_S = 300.0
 _CHILD = """
 import importlib, json, sys
 module, _, name = sys.argv[1].partition(":")
-fn = getattr(importlib.import_module(module), name)
+mod = importlib.import_module(module)
+for heavy in getattr(mod, "CHILD_PRELOAD", ()):  # imported before the job comes
+    importlib.import_module(heavy)
+fn = getattr(mod, name)
 job = json.load(open(sys.argv[2] if len(sys.argv) > 2 else sys.stdin.readline().strip()))
 for item, path in zip(job["jobs"], job["paths"]):
     print(json.dumps({"started": path}), flush=True)
@@ -47,8 +50,9 @@ for item, path in zip(job["jobs"], job["paths"]):
 
 def start_child(target: str) -> subprocess.Popen:
     """A child for run_jobs(target, ..., child=), started now: it imports `target`'s
-    module (torch and this package: ~4 s of CPU on 2 cores) while the caller
-    builds what it will run, and then waits for its job on stdin."""
+    module and what that module lists in CHILD_PRELOAD (torch and this package: ~4 s of
+    CPU on 2 cores) while the caller builds what it will run, and then waits for its job
+    on stdin."""
     return subprocess.Popen([sys.executable, "-c", _CHILD, target], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -142,11 +146,12 @@ def _died(code: int) -> str:
 
 
 def check_isolated(items: list[tuple[Compute, Config]], mcpu: str | None = None,
-                   threads: int = 1) -> list[str | None]:
-    """Build each (compute, config) and check it against its reference in a child process:
-    None where it builds and matches, else why not. A kernel that kills the child (a
-    segfault, an illegal instruction, a hang) is blamed alone; the rest are checked again
-    in a fresh child."""
+                   threads: int = 1, child: subprocess.Popen | None = None
+                   ) -> list[str | None]:
+    """Build each (compute, config) and check it against its reference in a child process
+    (`child`, from start_child(CHECK_CHILD), when given): None where it builds and
+    matches, else why not. A kernel that kills the child (a segfault, an illegal
+    instruction, a hang) is blamed alone; the rest are checked again in a fresh child."""
     from raytune_kernels.cpu.kernel import build_for
 
     results: list[str | None] = [None] * len(items)
@@ -159,13 +164,15 @@ def check_isolated(items: list[tuple[Compute, Config]], mcpu: str | None = None,
             todo.append((i, compute, cfg, built.library))
     checked = run_jobs(CHECK_CHILD, [{"compute": c.to_json(), "config": cfg.to_json()}
                                      for _, c, cfg, _ in todo],
-                       [lib for *_, lib in todo], {"threads": threads})
+                       [lib for *_, lib in todo], {"threads": threads}, child)
     for (i, *_), (value, error) in zip(todo, checked):
         results[i] = error or value
     return results
 
 
 CHECK_CHILD = "raytune_kernels.cpu.probe:check_in_child"
+# what check_in_child needs, imported by a child started ahead of its job (start_child)
+CHILD_PRELOAD = ("torch", "raytune_kernels.cpu.measure", "raytune_kernels.frontend.reference")
 
 
 def unusable_mcpu(mcpu: str | None) -> str | None:
