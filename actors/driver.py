@@ -244,10 +244,20 @@ def _run(ray, request: TuneRequest, history: list[Record], callbacks: list[Callb
             raise stopped_by from None
         raise
     finally:
+        _flush(ray, actor)
         ray.kill(actor)
     notify(callbacks, "on_end", result, stopped(len(result.rounds), result.trials,
                                                 request.records))
     return result
+
+
+def _flush(ray, actor) -> None:
+    """The scheduler actor's records and metrics made durable before it is killed (its
+    writer batches them: tune/records.RecordWriter); an actor already dead has none."""
+    try:
+        ray.get(actor.flush.remote(), timeout=5)
+    except Exception:  # dead, or stuck in a round: what it wrote to the OS stays
+        pass
 
 
 def _warn_tuned_before(request: TuneRequest, history: list[Record]) -> None:

@@ -135,20 +135,41 @@ class TrialRate:
 
 
 class TuningMetrics:
-    """Records each round of one tuning run; `torch_s` is the network's PyTorch part that
-    the driver adds to the estimate (the progress table shows the same sum)."""
+    """Records the rounds of one tuning run; `torch_s` is the network's PyTorch part that
+    the driver adds to the estimate (the progress table shows the same sum). Rounds
+    closer than `every_s` seconds apart (a cluster of GPUs finishes dozens a second) are
+    recorded together, at most once per `every_s`: their counts summed, the gauges as the
+    latest round left them; `flush` records what is held back."""
 
-    def __init__(self, torch_s: float = 0.0, window_s: float = 60.0):
-        self.torch_s, self.rate = torch_s, TrialRate(window_s)
-        self.stats: PipelineStats | None = None  # the pipeline's figures at the last round
+    def __init__(self, torch_s: float = 0.0, window_s: float = 60.0, every_s: float = 1.0):
+        self.torch_s, self.rate, self.every_s = torch_s, TrialRate(window_s), every_s
+        self.stats: PipelineStats | None = None  # the pipeline's figures at the last record
         self.failed = False
+        self._trials: collections.Counter = collections.Counter()  # held back
+        self._latest: tuple | None = None  # (summary, rate, stats) of the latest round
+        self._recorded_at = -math.inf  # the run's elapsed seconds at the last record
 
     def observe(self, summary: RoundSummary, records: Sequence[Record],
                 stats: "PipelineStats | None" = None) -> None:
         if not self.rate.points:  # the run's start: its resumed trials measured no time
             self.rate.add(0.0, summary.trials - len(records))
         rate = self.rate.add(summary.elapsed_s, summary.trials)
-        counts, gauges = readings(summary, records, rate, self.stats, stats, self.torch_s)
+        self._trials.update({(r.name, r.tags): r.value
+                             for r in _trial_counts(summary, records)})
+        self._latest = (summary, rate, stats)
+        if summary.elapsed_s - self._recorded_at >= self.every_s:
+            self._recorded_at = summary.elapsed_s
+            self.flush()
+
+    def flush(self) -> None:
+        """Record what the rounds since the last record left: their trial counts, the
+        pipeline's figures since then, the latest round's gauges."""
+        if self._latest is None:
+            return
+        (summary, rate, stats), self._latest = self._latest, None
+        counts, gauges = readings(summary, (), rate, self.stats, stats, self.torch_s)
+        counts += [Reading(name, v, tags) for (name, tags), v in self._trials.items()]
+        self._trials = collections.Counter()
         self.stats = dataclasses.replace(stats) if stats is not None else None
         if self.failed:
             return

@@ -51,6 +51,12 @@ def _torch_version() -> str:
     return torch.__version__
 
 
+def config_key(config: dict) -> str:
+    """A config's JSON (Config.to_json) as one canonical string: a record's identity within
+    its task."""
+    return json.dumps(config, sort_keys=True)
+
+
 class MalformedRecord(ValueError):
     """A records line that is not a valid record (says what is wrong)."""
 
@@ -84,7 +90,7 @@ class Record:
         return statistics.median(self.times) if self.ok else math.inf
 
     def config_key(self) -> str:
-        return json.dumps(self.config, sort_keys=True)
+        return config_key(self.config)
 
     def to_json(self) -> dict:
         return {"schema": self.schema, "task_key": self.task_key, "target": self.target,
@@ -134,13 +140,25 @@ def _require(d: dict, fields: dict) -> None:
             raise MalformedRecord(f"field '{name}' should be {kind.__name__}")
 
 
-class RecordWriter:
-    """The single writer of a records location. A file gets each batch appended, flushed
-    and fsynced, so a killed driver loses at most the batch in flight; a record store gets
-    each batch as one new object. Fails early on an unwritable location."""
+SYNC_S = 1.0  # RecordWriter's default: at most one fsync (or store object) per second
 
-    def __init__(self, path: str):
-        self.path = path
+
+class RecordWriter:
+    """The single writer of a records location; fails early on an unwritable one.
+
+    A file gets each batch appended and flushed to the operating system at once, so a
+    killed driver loses at most the batch in flight (half a line, skipped on load); it is
+    fsynced at most once per `sync_s` seconds (and on close), so a machine that goes down
+    loses at most the batches written since the last sync. A record store gets the
+    batches of up to `sync_s` seconds as one new object (one upload per second rather
+    than one per round), so a killed driver loses at most the batches not yet put.
+    `sync_s=0`: every batch synced or put as it comes. `flush()` syncs or puts now."""
+
+    def __init__(self, path: str, sync_s: float = SYNC_S):
+        self.path, self.sync_s = path, sync_s
+        self._pending: list[str] = []  # a store's batches not put yet
+        self._unsynced = False  # a file's batches not fsynced yet
+        self._synced_at = -math.inf  # monotonic time of the last sync or put
         self._store = open_store(path) if is_store(path) else None
         if self._store is not None:
             self._store.prepare()
@@ -154,15 +172,30 @@ class RecordWriter:
 
     def write_batch(self, records: Iterable[Record]) -> None:
         text = "".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in records)
-        if self._store is not None:
-            if text:  # an empty batch would be an object holding nothing
-                self._store.put(text.encode("utf-8"))
+        if not text:
             return
-        self._f.write(text)
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        if self._store is not None:
+            self._pending.append(text)
+        else:
+            self._f.write(text)
+            self._f.flush()
+            self._unsynced = True
+        if time.monotonic() - self._synced_at >= self.sync_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Make every batch written so far durable: fsynced, or put into the store."""
+        self._synced_at = time.monotonic()
+        if self._store is not None:
+            if self._pending:  # an empty object would hold nothing
+                self._store.put("".join(self._pending).encode("utf-8"))
+                self._pending = []
+        elif self._unsynced:
+            os.fsync(self._f.fileno())
+            self._unsynced = False
 
     def close(self) -> None:
+        self.flush()
         if self._store is None:
             self._f.close()
 

@@ -95,6 +95,25 @@ def test_tuning_metrics_record_each_round_once(monkeypatch):
     assert metrics.stats is not stats  # a copy: the pipeline keeps adding to its own
 
 
+def test_rounds_closer_than_the_interval_are_recorded_together(monkeypatch):
+    got = []
+    monkeypatch.setattr("actors.metrics.record", lambda c, g: got.append((c, g)))
+    metrics, stats = TuningMetrics(every_s=1.0), PipelineStats(measurers=2)
+    for i in range(10):  # ten rounds of 2 trials in 0.5 s
+        stats.wall_s, stats.measure_busy_s = 0.05 * (i + 1), 0.08 * (i + 1)
+        metrics.observe(_summary(trials=2 * (i + 1), elapsed=0.05 * (i + 1)),
+                        [_record("k0"), _record("k1", "timeout")], stats)
+    assert len(got) == 1  # the first round; the others wait for the interval
+    metrics.flush()
+    assert len(got) == 2
+    counts = _by_name(got[1][0])
+    assert sum(v for (name, _), v in counts.items() if name == "trials") == 18
+    assert counts[("errors", (("kind", "timeout"),))] == 9
+    assert _by_name(got[1][1])[("measurer_busy_fraction", ())] == pytest.approx(0.8)
+    metrics.flush()
+    assert len(got) == 2  # nothing held back: nothing recorded
+
+
 def test_a_failure_to_record_never_stops_tuning(monkeypatch, capsys):
     def broken(counts, gauges):
         raise RuntimeError("no agent")

@@ -88,6 +88,23 @@ def test_a_killed_writer_loses_at_most_the_batch_in_flight(tmp_path):
         assert load_records(path).records[-1].task_key == "later"
 
 
+def test_a_file_gets_every_batch_at_once_and_an_fsync_at_most_once_per_interval(
+        tmp_path, monkeypatch):
+    path, synced = str(tmp_path / "r.jsonl"), []
+    monkeypatch.setattr("raytune_kernels.tune.records.os.fsync", synced.append)
+    w = RecordWriter(path, sync_s=3600)
+    for b in range(20):
+        w.write_batch([rec("k", 1.0 + b)])
+        assert len(load_records(path).records) == b + 1  # readable at once: a killed
+    assert len(synced) == 1  # process loses nothing; only the first batch was fsynced
+    w.close()
+    assert len(synced) == 2  # and the rest on close
+    with RecordWriter(path, sync_s=0) as w:
+        for b in range(3):
+            w.write_batch([rec("k", 1.0 + b)])
+    assert len(synced) == 5  # sync_s=0: every batch
+
+
 def test_distill_keeps_the_best_per_task(tmp_path):
     src, dst = str(tmp_path / "all.jsonl"), str(tmp_path / "best.jsonl")
     with RecordWriter(src) as w:

@@ -62,7 +62,7 @@ def test_a_directory_and_its_file_uri_are_one_store(tmp_path):
 
 def _write_concurrently(location: str, writers: int = 2, batches: int = 15) -> None:
     def write(w: int) -> None:
-        with RecordWriter(location) as out:
+        with RecordWriter(location, sync_s=0) as out:  # one object per batch
             for b in range(batches):
                 out.write_batch([rec(f"w{w}", 1.0 + b, i) for i in range(3)])
 
@@ -186,3 +186,22 @@ def test_a_malformed_line_on_s3_is_skipped(s3_store):
     with pytest.warns(UserWarning, match=r"'?s3://test:\*\*\*@.*: skipped 1 malformed record "
                                          r"line\(s\), first at batch 9+-torn.jsonl line 1"):
         assert [r.task_key for r in load_records(s3_store)] == ["a"]
+
+
+def test_batches_within_the_sync_interval_go_into_one_object(tmp_path, monkeypatch):
+    store = str(tmp_path / "store") + "/"
+    clock = [100.0]
+    monkeypatch.setattr("raytune_kernels.tune.records.time.monotonic", lambda: clock[0])
+    w = RecordWriter(store, sync_s=1.0)
+    w.write_batch([rec("a", 1.0)])  # the first batch is put at once
+    for b in range(5):
+        clock[0] += 0.1
+        w.write_batch([rec("b", 2.0 + b)])
+    assert len(open_store(store).batches()) == 1  # the others wait for the interval
+    clock[0] += 0.6
+    w.write_batch([rec("c", 9.0)])  # 1.1 s after the first: the six held go in one object
+    assert len(open_store(store).batches()) == 2
+    w.write_batch([rec("d", 1.0)])
+    w.close()  # close puts what is held
+    assert len(open_store(store).batches()) == 3
+    assert [r.task_key for r in load_records(store)] == ["a"] + ["b"] * 5 + ["c", "d"]
