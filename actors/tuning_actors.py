@@ -45,9 +45,12 @@ class CostModelActor:
         _pin_niced(cores)
 
     def learn(self, records: list[dict]) -> bytes | None:
+        """Add `records`; the booster when it was retrained (cost_model.refit_due), else
+        None (the search actors keep the one they have)."""
         self.records += [Record.from_json(r) for r in records]
-        self.model.fit(training_set(self.tasks, self.records, self.backend.featurize,
-                                    self.features))
+        if not self.model.refit(len(self.records), lambda: training_set(
+                self.tasks, self.records, self.backend.featurize, self.features)):
+            return None
         return self.model.save()
 
 
@@ -178,7 +181,15 @@ class TaskSchedulerActor:
         return {"measurers": len(self.pipeline.slots), "nodes": len(
             getattr(self.pipeline, "nodes", ())) or 1}
 
+    def flush(self) -> None:
+        """Make the records written so far durable (RecordWriter.flush) and record the
+        metrics held back: before the driver ends this actor early."""
+        if getattr(self, "writer", None):
+            self.writer.flush()
+        self.metrics.flush()
+
     def result(self):
+        self.metrics.flush()
         if self.writer:
             self.writer.close()
         self.pipeline.shutdown()

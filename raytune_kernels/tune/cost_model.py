@@ -22,6 +22,17 @@ Featurize = Callable[[Compute, Config], list[float]]  # a backend's features (ba
 PARAMS = {"objective": "rank:pairwise", "eta": 0.2, "max_depth": 6, "min_child_weight": 1,
           "subsample": 0.9, "lambda": 1.0, "verbosity": 0, "nthread": 1, "seed": 0}
 ROUNDS = 60
+# Retrain once the records grew by this fraction since the model was last trained (and by
+# one record at least): every round while they are few, every few rounds later, so that
+# learning costs about the same per trial at any history length (a training costs in
+# proportion to the records it learns from).
+REFIT_GROWTH = 0.25
+
+
+def refit_due(records: int, trained_on: int, growth: float = REFIT_GROWTH) -> bool:
+    """Whether `records` records are enough more than the `trained_on` of the last
+    training to train again."""
+    return records - trained_on >= max(1.0, growth * trained_on)
 
 
 @dataclass
@@ -74,6 +85,8 @@ class CostModel:
 
     def __init__(self, booster: bytes | None = None):
         self._booster = None
+        self.version = 0  # counts trainings and loads: scores of an older one are stale
+        self.trained_on = 0  # records the latest training learnt from
         if booster:
             self.load(booster)
 
@@ -81,24 +94,40 @@ class CostModel:
     def trained(self) -> bool:
         return self._booster is not None
 
+    @property
+    def identity(self) -> tuple[int, int]:
+        """Equal between two calls only if the model predicts the same in both."""
+        return id(self), self.version
+
+    def refit(self, records: int, data: Callable[[], TrainingSet]) -> bool:
+        """Train on `data()`, the training set of `records` records, when refit_due says
+        they grew enough since the last training; returns whether it trained."""
+        if not refit_due(records, self.trained_on) or not self.fit(data()):
+            return False
+        self.trained_on = records
+        return True
+
     def fit(self, data: TrainingSet) -> bool:
         """Train on `data`; returns False (and keeps the old model) when it is too small."""
         if len(data) < 8 or len(data.groups) == 0:
             return False
         import xgboost as xgb
 
+        # one thread, as training: XGBoost's default (every core) spends ~20 ms per
+        # DMatrix starting threads, more than the training of a few hundred records
         d = xgb.DMatrix(np.asarray(data.features, np.float32),
-                        label=np.asarray(data.labels, np.float32))
+                        label=np.asarray(data.labels, np.float32), nthread=1)
         d.set_group(data.groups)
         self._booster = xgb.train(PARAMS, d, num_boost_round=ROUNDS)
+        self.version += 1
         return True
 
     def predict(self, features: np.ndarray) -> np.ndarray:
+        """Scores of feature rows, higher for faster: one batch, no DMatrix (building
+        one costs more than predicting a search's few hundred rows)."""
         if self._booster is None or len(features) == 0:
             return np.zeros(len(features), np.float32)
-        import xgboost as xgb
-
-        return self._booster.predict(xgb.DMatrix(np.asarray(features, np.float32)))
+        return self._booster.inplace_predict(np.asarray(features, np.float32))
 
     def save(self) -> bytes | None:
         return None if self._booster is None else bytes(self._booster.save_raw("ubj"))
@@ -109,3 +138,4 @@ class CostModel:
         booster = xgb.Booster(params={"nthread": 1})
         booster.load_model(bytearray(raw))
         self._booster = booster
+        self.version += 1

@@ -1,15 +1,20 @@
 """Evolutionary search, ask/tell: propose(n) configs, observe(results).
 
-The population is seeded from the best measured configs and random samples, evolved by
-mutation and crossover for a few generations, and ranked by the cost model together with a
-pool of fresh random samples (evolution alone drifts to where the model over-rates
-configs; fresh samples keep whole regions of the space in view). Where the backend has
-an analytic estimate (the CPU's cycles, cpu/estimate.py) the ranking blends the model
-with it: the estimate alone before any measurement, the model more as the task's own
-measurements grow, since a model trained on other tasks' records has learnt their good
-configs rather than this task's. A fraction epsilon of every batch is random, so neither
-guide blinds the search. A config already measured for the task (errors included) is
-never proposed again.
+Each task's search keeps a pool of candidates it has analysed (features and estimate, from
+the backend's `analyze`), so that a config is lowered once, not once per proposal. A
+proposal adds fresh random samples to the pool (evolution alone drifts to where the model
+over-rates configs; fresh samples keep whole regions of the space in view), then evolves
+it for a few generations: children of the best measured configs and of the pool's best
+ranked, by mutation and crossover. The pool is ranked by the cost model, scored in one
+batch per model version, and the best not measured yet are proposed; the pool keeps its
+best `keep` candidates for the next proposal, so evolution continues across rounds.
+
+Where the backend has an analytic estimate (the CPU's cycles, cpu/estimate.py) the
+ranking blends the model with it: the estimate alone before any measurement, the model
+more as the task's own measurements grow, since a model trained on other tasks' records
+has learnt their good configs rather than this task's. A fraction epsilon of every batch
+is random, so neither guide blinds the search. A config already measured for the task
+(errors included), or proposed and not yet observed, is never proposed again.
 
 The search knows no backend's internals: the backend's `analyze` (features and estimate
 of a batch of configs, see backend.py) and the cost model are its plug-ins.
@@ -30,11 +35,14 @@ from raytune_kernels.task import Task
 
 @dataclass(frozen=True)
 class SearchOptions:
-    population: int = 96
-    generations: int = 3
-    elite: int = 12
+    population: int = 32  # best-ranked candidates (beside the elite) that parent children
+    generations: int = 2  # per proposal; the pool carries evolution on to the next one
+    children: int = 32  # per generation
+    elite: int = 12  # best measured configs that parent children
     epsilon: float = 0.15
-    fresh: int = 256  # random samples ranked next to the evolved population
+    fresh: int = 32  # random samples analysed per proposal
+    initial: int = 352  # random samples analysed at a task's first guided proposal
+    keep: int = 1024  # analysed candidates kept between proposals
     # own measurements at which the model and the estimate weigh equally; 0: no estimate
     estimate_trials: int = 16
 
@@ -48,6 +56,9 @@ class EvolutionarySearch:
         self.analyze, self.has_estimate = backend.analyze, backend.has_estimate
         self.rng = random.Random(f"{seed}:{task.key}")
         self.measured: dict[Config, float] = {}
+        self.pending: set[Config] = set()  # proposed, not observed yet
+        self.pool = CandidatePool()
+        self.features: dict[Config, np.ndarray] = {}  # of the latest proposal's picks
 
     @property
     def exhausted(self) -> bool:
@@ -64,26 +75,39 @@ class EvolutionarySearch:
         joined the space is the point it was (space.completed), so that it is never
         proposed again and mutates like any other."""
         for c, t in zip(cfgs, seconds):
+            self.pending.discard(c)
             full = completed(c)
             if full != c and c not in self.space and full in self.space:
                 c = full
             self.measured[c] = min(t, self.measured.get(c, math.inf))
+        gone = {self.pool.index[c] for c in cfgs if c in self.pool.index}
+        if gone:  # measured without being proposed from the pool (resumed, say)
+            self.pool.keep([i for i in range(len(self.pool)) if i not in gone])
 
     def propose(self, n: int, model: CostModel) -> list[Config]:
         n_random = max(1, round(n * self.opts.epsilon)) if n > 1 else 0
-        if model.trained:  # the shared model may already know other tasks: then use it
-            ranked = self._evolve(model)
+        self.features = {}
+        if not model.trained and not self._estimating:
+            chosen = self._random(n, set())  # no guide for this device yet: explore
         else:
-            ranked = self._by_estimate()
-            if ranked is None:  # no analytic estimate for this device: explore at random
-                return self._random(n, set())
-        chosen = [c for c in ranked if c not in self.measured][: n - n_random]
-        return chosen + self._random(n - len(chosen), set(chosen))
+            self._grow(model)
+            order = self._order(model)
+            best = order[: n - n_random]
+            chosen = [self.pool.configs[i] for i in best]
+            self.features = dict(zip(chosen, self.pool.x[best]))
+            chosen += self._random(n - len(chosen), set(chosen))
+            gone = {self.pool.index[c] for c in chosen if c in self.pool.index}
+            self.pool.keep([i for i in order if i not in gone][: self.opts.keep])
+        self.pending.update(chosen)  # the pool holds no config measured or pending
+        return chosen
 
     @property
     def _estimating(self) -> bool:
         """Whether the analytic estimate guides this search (a backend that has one)."""
         return self.has_estimate and self.opts.estimate_trials > 0
+
+    def _taken(self, cfg: Config) -> bool:
+        return cfg in self.measured or cfg in self.pending
 
     def sample(self, n: int) -> list[Config]:
         """n distinct random configs not measured yet (the unguided baseline's proposals)."""
@@ -95,50 +119,57 @@ class EvolutionarySearch:
             if len(out) == n:
                 break
             c = self.space.sample(self.rng)
-            if c not in self.measured and c not in taken:
+            if not self._taken(c) and c not in taken:
                 taken.add(c)
                 out.append(c)
         return out
 
-    def _by_estimate(self) -> list[Config] | None:
-        """A random pool ranked by estimated cycles, fewest first; None without one."""
-        if not self._estimating:
-            return None
-        pool = self._random(self.opts.population + self.opts.fresh, set())
-        _, cost = self.analyze(self.task.compute, pool, features=False)
-        order = np.argsort(cost, kind="stable")
-        return [pool[i] for i in order]
-
-    def _evolve(self, model: CostModel) -> list[Config]:
-        ranked_measured = sorted((c for c, t in self.measured.items() if math.isfinite(t)),
-                                 key=self.measured.get)
-        pop = ranked_measured[: self.opts.elite]
-        pop += [self.space.sample(self.rng) for _ in range(self.opts.population - len(pop))]
-        scores: dict[Config, tuple[float, float]] = {}
+    def _grow(self, model: CostModel) -> None:
+        """Fresh samples into the pool (`initial` of them into an empty one), then, with
+        a trained model, `generations` of children."""
+        size = self.opts.fresh if len(self.pool) else self.opts.initial
+        self._add(self._random(size, set(self.pool.index)), model)
+        if not model.trained:
+            return  # the estimate alone ranks random samples, as it has nothing to evolve
         for _ in range(self.opts.generations):
-            children = [self._child(pop) for _ in range(self.opts.population)]
-            self._score(children + pop, model, scores)
-            pop = self._ranked(list(dict.fromkeys(pop + children)), scores)
-            pop = pop[: self.opts.population]
-        self._score(self._random(self.opts.fresh, set(scores)), model, scores)
-        return self._ranked(list(scores), scores)
+            ranked = [self.pool.configs[i] for i in self._order(model)[: self.opts.population]]
+            elite = sorted((c for c, t in self.measured.items() if math.isfinite(t)),
+                           key=self.measured.get)[: self.opts.elite]
+            parents = elite + ranked
+            if parents:
+                self._add(self._children(parents), model)
 
-    def _ranked(self, cfgs: list[Config], scores: dict) -> list[Config]:
-        """Best first, by the model's rank among `cfgs` blended with the estimate's. The
-        model's weight grows with this task's own measurements n, as (n + 4) / (n + 4 +
-        estimate_trials): a model trained on other tasks' records knows their good configs,
-        not this one's, while the estimate knows every task equally little (and is absent
-        off the CPU). The model always keeps some weight: the estimate ignores loop order
-        and layout, and evolution under the estimate alone runs into what it ignores."""
-        model_rank = _fractional_ranks([scores[c][0] for c in cfgs])
-        if not self._estimating:
-            key = model_rank
-        else:
+    def _children(self, parents: list[Config]) -> list[Config]:
+        out: dict[Config, None] = {}
+        for _ in range(2 * self.opts.children):
+            if len(out) == self.opts.children:
+                break
+            c = self._child(parents)
+            if c not in self.pool.index and not self._taken(c):
+                out[c] = None  # new to the pool, which holds nothing measured or pending
+        return list(out)
+
+    def _add(self, cfgs: list[Config], model: CostModel) -> None:
+        if not cfgs:
+            return
+        x, cost = self.analyze(self.task.compute, cfgs)  # one lowering serves both
+        estimates = -cost if self._estimating else np.zeros(len(cfgs))
+        self.pool.add(cfgs, x, estimates, model)
+
+    def _order(self, model: CostModel) -> np.ndarray:
+        """The pool's indices, best first, by the model's rank blended with the
+        estimate's. The model's weight grows with this task's own measurements n, as
+        (n + 4) / (n + 4 + estimate_trials): a model trained on other tasks' records
+        knows their good configs, not this one's, while the estimate knows every task
+        equally little (and is absent off the CPU). The model always keeps some weight:
+        the estimate ignores loop order and layout, and evolution under the estimate
+        alone runs into what it ignores."""
+        key = _fractional_ranks(self.pool.scores(model))
+        if self._estimating:
             own = sum(math.isfinite(t) for t in self.measured.values())
             w = (own + 4) / (own + 4 + self.opts.estimate_trials)
-            key = w * model_rank + (1 - w) * _fractional_ranks([scores[c][1] for c in cfgs])
-        order = np.argsort(-key, kind="stable")
-        return [cfgs[i] for i in order]
+            key = w * key + (1 - w) * _fractional_ranks(self.pool.estimates)
+        return np.argsort(-key, kind="stable")
 
     def _child(self, pop: list[Config]) -> Config:
         a = self.rng.choice(pop)
@@ -146,18 +177,54 @@ class EvolutionarySearch:
             a = self.space.crossover(a, self.rng.choice(pop), self.rng)
         return self.space.mutate(a, self.rng)
 
-    def _score(self, cfgs: list[Config], model: CostModel, scores: dict) -> None:
-        """(model score, fewer estimated cycles is higher) of every config not scored yet."""
-        new = [c for c in dict.fromkeys(cfgs) if c not in scores]
-        if not new:
-            return
-        x, cost = self.analyze(self.task.compute, new)  # one lowering serves both
-        estimates = -cost if self._estimating else np.zeros(len(new))
-        for c, s, e in zip(new, model.predict(x), estimates):
-            scores[c] = (float(s), float(e))
+
+class CandidatePool:
+    """The analysed candidates of one task's search: configs, their feature rows and
+    estimates, and their scores by the latest model (all rescored in one batch when the
+    model changes, new rows scored as they come)."""
+
+    def __init__(self):
+        self.configs: list[Config] = []
+        self.index: dict[Config, int] = {}
+        self.x: np.ndarray = np.zeros((0, 0), np.float32)
+        self.estimates = np.zeros(0)
+        self._scores = np.zeros(0, np.float32)
+        self._scored_by: tuple | None = None
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    def add(self, cfgs: list[Config], x: np.ndarray, estimates: np.ndarray,
+            model: CostModel) -> None:
+        """Append analysed configs (none of them in the pool yet)."""
+        for c in cfgs:
+            self.index[c] = len(self.configs)
+            self.configs.append(c)
+        self.x = x if not len(self.x) else np.concatenate([self.x, x])
+        self.estimates = np.concatenate([self.estimates, estimates])
+        if self._scored_by == model.identity:
+            self._scores = np.concatenate([self._scores, model.predict(x)])
+
+    def scores(self, model: CostModel) -> np.ndarray:
+        """Every candidate's score by `model`, predicted anew only when it changed."""
+        if self._scored_by != model.identity or len(self._scores) != len(self.configs):
+            self._scores = model.predict(self.x) if len(self.configs) else self._scores
+            self._scored_by = model.identity
+        return self._scores
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only the candidates at `rows`, in that order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(self._scores) == len(self.configs):
+            self._scores = self._scores[rows]
+        else:
+            self._scored_by = None
+        self.configs = [self.configs[i] for i in rows]
+        self.index = {c: i for i, c in enumerate(self.configs)}
+        self.x, self.estimates = self.x[rows], self.estimates[rows]
 
 
-def _fractional_ranks(values: list[float]) -> np.ndarray:
+def _fractional_ranks(values) -> np.ndarray:
     """Rank of each value in [0, 1] (ties share their mean rank), highest value 1."""
     v = np.asarray(values, dtype=np.float64)
     if len(v) < 2:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Collection
 
 from raytune_kernels.task import Task
 
@@ -49,10 +50,11 @@ class TaskScheduler:
     def active(self) -> list[int]:
         return [i for i, s in enumerate(self.states) if not s.converged]
 
-    def next_task(self, busy: int | None = None) -> int | None:
-        """The task of the next round; None when none is left. `busy`, a task whose round
-        is being measured, is not chosen (None when it is the only one left)."""
-        active = [i for i in self.active() if i != busy]
+    def next_task(self, busy: int | Collection[int] | None = None) -> int | None:
+        """The task of the next round; None when none is left. `busy`, a task (or tasks)
+        whose round is being measured, is not chosen (None when no other is left)."""
+        busy = {busy} if isinstance(busy, int) else set(busy or ())
+        active = [i for i in self.active() if i not in busy]
         if not active:
             return None
         warm = [i for i in active if self.states[i].rounds < self.opts.warmup]

@@ -12,21 +12,24 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Collection, Hashable, Protocol, Sequence
 
 from raytune_kernels.backend import Backend
 from raytune_kernels.space import Config
 from raytune_kernels.tune.cost_model import CostModel, training_set
 from raytune_kernels.measure import MeasureResult
 from raytune_kernels.tune.callbacks import Callback, notify, stopped
-from raytune_kernels.tune.records import (Record, RecordWriter, best_per_task, measured_on,
-                                          other_devices, record_of)
+from raytune_kernels.tune.records import (Record, RecordWriter, best_per_task, config_key,
+                                          measured_on, other_devices, record_of)
 from raytune_kernels.tune.result import RoundPoint, RoundSummary, TaskRow, TuningResult
 from raytune_kernels.tune.task_scheduler import SchedulerOptions, TaskScheduler
 from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
 from raytune_kernels.task import Task
 
 Measure = Callable[[list[tuple[Task, Config]]], list[MeasureResult]]
+# Tuner.stream's measurement: start a round (a handle back), wait for some to finish
+Launch = Callable[[list[tuple[Task, Config]]], Hashable]
+Wait = Callable[[list[Hashable]], list[tuple[Hashable, list[MeasureResult]]]]
 
 
 class SearchPool(Protocol):
@@ -48,15 +51,20 @@ class LocalSearchPool:
                                                    opts) for t in tasks}
 
     def propose(self, key: str, n: int) -> list[Config]:
-        return self.searches[key].propose(n, self.model)
+        search = self.searches[key]
+        cfgs = search.propose(n, self.model)
+        for c, x in search.features.items():  # analysed already: the model learns them
+            self.features[(key, config_key(c.to_json()))] = x
+        return cfgs
 
     def observe(self, key: str, cfgs: list[Config], seconds: list[float]) -> None:
         self.searches[key].observe(cfgs, seconds)
 
     def learn(self, records: list[Record]) -> None:
+        """Add `records`; retrain the model when they grew enough (cost_model.refit_due)."""
         self.records += records
-        self.model.fit(training_set(self.tasks, self.records, self.backend.featurize,
-                                     self.features))
+        self.model.refit(len(self.records), lambda: training_set(
+            self.tasks, self.records, self.backend.featurize, self.features))
 
     def exhausted(self, key: str) -> bool:
         return self.searches[key].exhausted
@@ -128,20 +136,20 @@ class Tuner:
         with ThreadPoolExecutor(1, thread_name_prefix="measure") as executor:
             measuring = executor.submit(self.measure, [(task, c) for c in cfgs])
             try:
-                self._ahead = self._next_round(busy=(i, len(cfgs)))
+                self._ahead = self._next_round(busy=(i,), in_flight=len(cfgs))
             except BaseException:  # this round's records are written before it stops
                 self._run_round(i, task, cfgs, measuring.result())
                 raise
             results = measuring.result()
         return self._run_round(i, task, cfgs, results)
 
-    def _next_round(self, busy: tuple[int, int] | None = None
+    def _next_round(self, busy: Collection[int] = (), in_flight: int = 0
                     ) -> tuple[int, Task, list[Config]] | None:
         """(task index, task, configs) of the next round, or None when nothing is left;
-        `busy` = (task, trials) of a round being measured, which no other round joins."""
-        in_flight = busy[1] if busy else 0
+        `busy`: tasks with a round being measured, which no other round joins;
+        `in_flight`: the trials of those rounds."""
         while self.spent + in_flight < self.opts.trials:
-            i = self.scheduler.next_task(busy=busy[0] if busy else None)
+            i = self.scheduler.next_task(busy=busy)
             if i is None:
                 return None
             task = self.tasks[i]
@@ -206,6 +214,37 @@ class Tuner:
             where = stopped(summary.round, summary.trials, path)
             notify(callbacks, "on_records", self.last, where)
             notify(callbacks, "on_round", summary, where)
+        result = self.result()
+        notify(callbacks, "on_end", result, stopped(self.round, self.spent, path))
+        return result
+
+    def stream(self, launch: Launch, wait: Wait, depth: int,
+               callbacks: Sequence[Callback] = ()) -> TuningResult:
+        """Every round, `depth` of them measured at a time, as a cluster of measurers
+        takes them: `launch(items)` starts measuring a round and returns its handle,
+        `wait(handles)` blocks until one or more are done and returns [(handle, results)].
+        A round done is recorded, observed and learnt from as in `step`, and the next is
+        proposed at once. A task gets a second round in flight only when every task left
+        has one. Rounds still in flight when `launch` or `wait` raises are not recorded."""
+        path = self.writer.path if self.writer else None
+        notify(callbacks, "on_start", self.initial(), stopped(0, self.spent, path))
+        flight: dict[Hashable, tuple[int, Task, list[Config]]] = {}
+        while True:
+            while len(flight) < depth:
+                busy = {i for i, _, _ in flight.values()}
+                in_flight = sum(len(cfgs) for _, _, cfgs in flight.values())
+                nxt = self._next_round(busy, in_flight) or \
+                    (self._next_round((), in_flight) if busy else None)
+                if nxt is None:
+                    break
+                flight[launch([(nxt[1], c) for c in nxt[2]])] = nxt
+            if not flight:
+                break
+            for handle, results in wait(list(flight)):
+                summary = self._run_round(*flight.pop(handle), results)
+                where = stopped(summary.round, summary.trials, path)
+                notify(callbacks, "on_records", self.last, where)
+                notify(callbacks, "on_round", summary, where)
         result = self.result()
         notify(callbacks, "on_end", result, stopped(self.round, self.spent, path))
         return result

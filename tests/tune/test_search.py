@@ -1,0 +1,154 @@
+"""The search's candidate pool and the cost model's batch prediction and retraining
+schedule: what keeps the head's work per trial small (tune/search.py, tune/cost_model.py)."""
+import collections
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+
+import raytune_kernels as rk
+from raytune_kernels.backend import cpu_backend
+from raytune_kernels.cpu.machine import CpuInfo, assumed_model
+from raytune_kernels.tune.cost_model import (REFIT_GROWTH, CostModel, TrainingSet, refit_due,
+                                             training_set)
+from raytune_kernels.tune.records import record_of
+from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
+from raytune_kernels.tune.tuner import LocalSearchPool
+from tests.support.fake import FakeMeasurer
+
+CPU = CpuInfo("test", (16, 8), 32, assumed_model("test", (16, 8)))
+BACKEND = cpu_backend(CPU)
+
+
+@pytest.fixture(scope="module")
+def conv(zoo_models):
+    model, inputs = zoo_models["resnet18"]
+    return next(t for t in rk.extract_tasks(model, inputs) if t.compute.op == "conv2d")
+
+
+class CountingBackend:
+    """BACKEND's analyze, counting every config it lowers."""
+
+    def __init__(self):
+        self.analysed = collections.Counter()
+        self.backend = dataclasses.replace(BACKEND, analyze=self.analyze)
+
+    def analyze(self, compute, cfgs, features=True):
+        self.analysed.update(cfgs)
+        return BACKEND.analyze(compute, cfgs, features)
+
+
+def _round(search, model, records, task, fake, n=8):
+    cfgs = search.propose(n, model)
+    results = [fake.measure(task, c) for c in cfgs]
+    search.observe(cfgs, [r.median for r in results])
+    records += [record_of(task.key, "llvm", "test", c.to_json(), r)
+                for c, r in zip(cfgs, results)]
+    model.fit(training_set({task.key: task}, records, BACKEND.featurize))
+    return cfgs
+
+
+def test_a_config_is_analysed_once_across_proposals(conv):
+    counting, fake, model, records = CountingBackend(), FakeMeasurer(), CostModel(), []
+    search = EvolutionarySearch(conv, BACKEND.space(conv.compute), counting.backend, seed=2)
+    for _ in range(6):
+        _round(search, model, records, conv, fake)
+    assert model.trained and max(counting.analysed.values()) == 1
+    opts = SearchOptions()
+    # the first proposal analyses `initial` samples, each later one `fresh` plus children
+    assert len(counting.analysed) <= opts.initial + 5 * (
+        opts.fresh + opts.generations * opts.children)
+
+
+def test_the_pool_features_are_the_backends_per_config_features(conv):
+    fake, model, records = FakeMeasurer(), CostModel(), []
+    search = EvolutionarySearch(conv, BACKEND.space(conv.compute), BACKEND, seed=4)
+    for _ in range(3):
+        _round(search, model, records, conv, fake)
+    assert search.features  # the proposal's picks, taken from the pool's rows
+    for cfg, row in search.features.items():
+        np.testing.assert_array_equal(row, np.float32(BACKEND.featurize(conv.compute, cfg)))
+    pool = search.pool
+    x, cost = BACKEND.analyze(conv.compute, pool.configs[:20])
+    np.testing.assert_array_equal(pool.x[:20], x)
+    np.testing.assert_array_equal(pool.estimates[:20], -cost)
+
+
+def test_proposals_in_flight_are_never_proposed_again(conv):
+    fake, model, records = FakeMeasurer(), CostModel(), []
+    search = EvolutionarySearch(conv, BACKEND.space(conv.compute), BACKEND, seed=5)
+    for _ in range(2):
+        _round(search, model, records, conv, fake)
+    waiting = search.propose(8, model) + search.propose(8, model)  # neither observed
+    assert len(set(waiting)) == 16 and not set(waiting) & set(search.measured)
+    assert not set(waiting) & set(search.pool.index)
+    search.observe(waiting, [1.0] * 16)
+    assert not search.pending
+
+
+def test_the_pool_keeps_its_best_candidates_only(conv):
+    opts = SearchOptions(keep=50)
+    fake, model, records = FakeMeasurer(), CostModel(), []
+    search = EvolutionarySearch(conv, BACKEND.space(conv.compute), BACKEND, 6, opts)
+    for _ in range(3):
+        _round(search, model, records, conv, fake)
+    assert len(search.pool) == 50 and len(search.pool.index) == 50
+    assert len(search.pool.x) == len(search.pool.estimates) == 50
+
+
+def test_batch_prediction_equals_xgboosts_dmatrix_prediction(conv):
+    xgb = pytest.importorskip("xgboost")
+    fake, model, records = FakeMeasurer(), CostModel(), []
+    search = EvolutionarySearch(conv, BACKEND.space(conv.compute), BACKEND, seed=7)
+    for _ in range(3):
+        _round(search, model, records, conv, fake)
+    x = search.pool.x[:100]
+    np.testing.assert_allclose(model.predict(x), model._booster.predict(xgb.DMatrix(x)),
+                               rtol=1e-6)
+    before = model.identity
+    model.load(model.save())
+    assert model.identity != before  # a new booster: the pool scores again
+
+
+def test_retraining_follows_the_records_growth():
+    assert refit_due(8, 0) and refit_due(1, 0) and not refit_due(0, 0)
+    assert refit_due(50, 40) and not refit_due(49, 40)
+    assert not refit_due(1000 + int(1000 * REFIT_GROWTH) - 1, 1000)
+    trained, fits = 0, 0
+    for n in range(8, 2001, 8):  # rounds of 8 records
+        if refit_due(n, trained):
+            trained, fits = n, fits + 1
+    assert fits < 30  # every round would be 250
+
+
+def test_the_pool_learns_when_due_and_reuses_the_searchs_features(conv):
+    pool = LocalSearchPool([conv], BACKEND, 0, SearchOptions())
+    fake, fitted = FakeMeasurer(), []
+    fit = pool.model.fit
+    pool.model.fit = lambda data: fitted.append(len(data)) or fit(data)
+    for _ in range(10):
+        cfgs = pool.propose(conv.key, 8)
+        results = [fake.measure(conv, c) for c in cfgs]
+        pool.observe(conv.key, cfgs, [r.median for r in results])
+        pool.learn([record_of(conv.key, "llvm", "test", c.to_json(), r)
+                    for c, r in zip(cfgs, results)])
+    assert fitted == [8, 16, 24, 32, 40, 56, 72]  # then at 90 and later
+    guided = pool.searches[conv.key].features
+    assert guided and all((conv.key, _key(c)) in pool.features for c in guided)
+
+
+def _key(cfg):
+    from raytune_kernels.tune.records import config_key
+    return config_key(cfg.to_json())
+
+
+def test_a_model_too_small_to_train_is_retried_next_round():
+    model = CostModel()
+    data = TrainingSet([[0.0]] * 4, [1.0] * 4, [4])
+    assert not model.refit(4, lambda: data) and model.trained_on == 0
+    rng = random.Random(0)
+    data = TrainingSet([[rng.random()] for _ in range(12)], [rng.random() for _ in range(12)],
+                       [12])
+    assert model.refit(12, lambda: data) and model.trained_on == 12 and model.trained
+    assert not model.refit(13, lambda: pytest.fail("not due: no training set is made"))
