@@ -53,7 +53,7 @@ OF_WHICH = (("render_ir", "raytune_kernels.cpu.llvm.ir", "render"),
             ("link", "raytune_kernels.cpu.build", "link_shared"),
             ("parallel_build", "raytune_kernels.cpu.build", "build_all"),
             ("pack_weights", "raytune_kernels.compile.cpu_plan", "pack"),
-            ("pack_weights", "raytune_kernels.compile.cpu_plan", "aligned"))
+            ("aligned_copy", "raytune_kernels.compile.cpu_plan", "aligned"))
 
 
 def _wrap(totals: dict, phase: str, module: str, attr: str, depth: list) -> None:

@@ -245,9 +245,11 @@ def build(ir_text: str, mcpu: str | None = None, persist: bool = False) -> Build
     for the next process that builds the same IR for the same CPU: compile_network's
     kernels, so that compiling a network again builds nothing."""
     start = time.perf_counter()
-    key = (hashlib.sha256(ir_text.encode()).digest(), mcpu)
+    key = _key(ir_text, mcpu)
     if key in _built:
         _built.move_to_end(key)
+        if persist and _built[key].library is not None:  # built here unpersisted before
+            _disk_put(key, _built[key].library, only_new=True)
         return dataclasses.replace(_built[key], seconds=time.perf_counter() - start,
                                    phases=())
     if persist and (lib := _disk_get(key)) is not None:
@@ -269,12 +271,27 @@ def build(ir_text: str, mcpu: str | None = None, persist: bool = False) -> Build
     return result
 
 
-def keep(ir_text: str, mcpu: str | None, library: bytes) -> None:
+def keep(ir_text: str, mcpu: str | None, library: bytes, persist: bool = True) -> None:
     """Remember a library built for `ir_text` elsewhere (a build child) as build(...,
-    persist=True) would have: in memory and on disk."""
-    key = (hashlib.sha256(ir_text.encode()).digest(), mcpu)
+    persist) would have: in memory, and on disk with `persist`."""
+    key = _key(ir_text, mcpu)
     _built[key] = BuildResult(library, None, 0.0)
-    _disk_put(key, library)
+    if persist:
+        _disk_put(key, library)
+
+
+def is_built(ir_text: str, mcpu: str | None, persist: bool = False) -> bool:
+    """Whether build(ir_text, mcpu, persist) would find its library built (in this
+    process, or with `persist` on disk) rather than build it."""
+    key = _key(ir_text, mcpu)
+    if key in _built:
+        return True
+    path = _disk_path(key) if persist else None
+    return path is not None and path.exists()
+
+
+def _key(ir_text: str, mcpu: str | None) -> tuple[bytes, str | None]:
+    return hashlib.sha256(ir_text.encode()).digest(), mcpu
 
 
 def _disk_path(key: tuple[bytes, str | None]):
@@ -304,11 +321,12 @@ def _disk_get(key) -> bytes | None:
     return data if data and data.startswith(b"\x7fELF") else None
 
 
-def _disk_put(key, library: bytes) -> None:
+def _disk_put(key, library: bytes, only_new: bool = False) -> None:
     """Write it whole under a temp name, then rename: a reader never sees half a file. A
-    cache that cannot be written (a read-only or full home) only costs a rebuild."""
+    cache that cannot be written (a read-only or full home) only costs a rebuild.
+    `only_new`: leave a library already there as it is."""
     path = _disk_path(key)
-    if path is None:
+    if path is None or (only_new and path.exists()):
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

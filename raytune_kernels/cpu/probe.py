@@ -148,20 +148,29 @@ def _died(code: int) -> str:
 def check_isolated(items: list[tuple[Compute, Config]], mcpu: str | None = None,
                    threads: int = 1, child: subprocess.Popen | None = None
                    ) -> list[str | None]:
-    """Build each (compute, config) and check it against its reference in a child process
-    (`child`, from start_child(CHECK_CHILD), when given): None where it builds and
-    matches, else why not. A kernel that kills the child (a segfault, an illegal
-    instruction, a hang) is blamed alone; the rest are checked again in a fresh child."""
-    from raytune_kernels.cpu.kernel import build_for
+    """Build each (compute, config) (in parallel: cpu/parallel_build.py) and check it
+    against its reference in a child process (`child`, from start_child(CHECK_CHILD),
+    when given): None where it builds and matches, else why not. A kernel that kills the
+    child (a segfault, an illegal instruction, a hang) is blamed alone; the rest are
+    checked again in a fresh child."""
+    from raytune_kernels.cpu.llvm.ir import render
+    from raytune_kernels.cpu.parallel_build import build_all
+    from raytune_kernels.cpu.schedules import lower
 
     results: list[str | None] = [None] * len(items)
-    todo = []
+    texts: dict[int, str] = {}
     for i, (compute, cfg) in enumerate(items):
-        built = build_for(compute, cfg, mcpu)
+        try:
+            texts[i] = render(lower(compute, cfg))
+        except Exception as exc:  # a config that does not lower: its failure alone
+            results[i] = f"build_error: {type(exc).__name__}: {exc}"
+    todo = []
+    # built in parallel, and kept on disk: they are the kernels of the network to come
+    for i, built in zip(texts, build_all(list(texts.values()), mcpu, persist=True)):
         if built.library is None:
             results[i] = f"build_error: {built.error}"
         else:
-            todo.append((i, compute, cfg, built.library))
+            todo.append((i, *items[i], built.library))
     checked = run_jobs(CHECK_CHILD, [{"compute": c.to_json(), "config": cfg.to_json()}
                                      for _, c, cfg, _ in todo],
                        [lib for *_, lib in todo], {"threads": threads}, child)

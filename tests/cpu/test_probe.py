@@ -31,13 +31,16 @@ def _trap_library(cfg):
 
 
 def test_isolated_checks_blame_only_the_kernel_that_kills_the_child(monkeypatch):
-    from raytune_kernels.cpu import kernel
+    from raytune_kernels.cpu import parallel_build
+    from raytune_kernels.cpu.llvm.ir import render
+    from raytune_kernels.cpu.schedules import lower
 
     space, rng = space_for(probe.PROBE, cpu_info()), random.Random(1)
     cfgs = list(dict.fromkeys(space.sample(rng) for _ in range(8)))[:4]
-    real = kernel.build_for
-    monkeypatch.setattr(kernel, "build_for", lambda c, cfg, mcpu=None:
-                        _trap_library(cfg) if cfg == cfgs[1] else real(c, cfg, mcpu))
+    trap_text, trap = render(lower(probe.PROBE, cfgs[1])), _trap_library(cfgs[1])
+    real = parallel_build.build_all
+    monkeypatch.setattr(parallel_build, "build_all", lambda texts, *a, **k: [
+        trap if t == trap_text else r for t, r in zip(texts, real(texts, *a, **k))])
     verdicts = probe.check_isolated([(probe.PROBE, c) for c in cfgs])
     assert verdicts[0] is None and verdicts[2] is None and verdicts[3] is None
     assert verdicts[1] == "crashed: killed its process by SIGILL"
