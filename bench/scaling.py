@@ -15,11 +15,13 @@ LLVM optimisation (parse, verify, passes), code generation, linking (cc -shared)
 (the .so written and dlopened in the measurer), measurement (checking and timing), and
 Ray transfer and queueing (the rest: waiting for a builder and for a free measurer, and
 the calls' transfers). Trials overlap in the pipeline, so a trial takes longer than the
-wall time per trial (1 / rate). The proposal (the search ranking candidates with a cost
-model trained on this run's results, as every tuning round after the first does) is
-timed apart, in this process after the pipeline runs, as `proposal_s_per_trial`, with
-the cost model's training per round (`learn_s_per_trial`). Last line of stdout: one JSON
-object.
+wall time per trial (1 / rate). The head's search work is timed apart, after the scaling
+runs, in CPU seconds of this process: a tuning run of bench/search.py's three ResNet-18
+convs (`--head-trials` trials measured by a one-measurer pipeline), whose proposals after
+each task's first cost `proposal_s_per_trial` per trial, and whose learning (the cost
+model's retraining) `learn_s_per_trial`; `head_s_per_trial` is their sum. Each task's
+first proposal (it analyses the task's initial pool of candidates, once per task) and the
+run's total per trial are reported apart. Last line of stdout: one JSON object.
 """
 from __future__ import annotations
 
@@ -42,13 +44,21 @@ from raytune_kernels.cpu.schedules import space_for
 from raytune_kernels.measure import MeasureOptions, MeasureResult
 from raytune_kernels.space import Config
 from raytune_kernels.task import Task
-from raytune_kernels.tune.records import record_of
-from raytune_kernels.tune.tuner import LocalSearchPool
+from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
 
 # what the breakdown shows -> the PipelineStats phases it adds up
 GROUPS = {"render": ("render",), "optimize": ("optimize",), "codegen": ("codegen",),
           "link": ("link",), "load": ("load",), "measure": ("check", "timing"),
           "transfer": ("queue", "call")}
+
+
+HEAD_TASKS = ("conv2d 1x64x56x56 -> 64ch k3x3 s1 +bias+relu",
+              "conv2d 1x256x14x14 -> 256ch k3x3 s1 +bias+relu",
+              "conv2d 1x128x28x28 -> 256ch k3x3 s2 +bias+relu")  # bench/search.py's
+
+
+def head_tasks(model, inputs) -> list[Task]:
+    return [t for t in rk.extract_tasks(model, inputs) if t.compute.describe() in HEAD_TASKS]
 
 
 def breakdown(stats: PipelineStats, trials: int) -> dict:
@@ -69,22 +79,56 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def time_proposal(task: Task, configs: list[Config], results: list[MeasureResult],
-                  batch: int, repeats: int = 3) -> dict:
-    """Seconds per trial of proposing a batch: first with no model (the estimate ranks a
-    random pool), then, as every later round, with the cost model trained on `results`
-    (mean of `repeats` rounds); and of that training."""
-    cpu = cpu_info()
-    pool = LocalSearchPool([task], cpu_backend(cpu))
-    first = _seconds(lambda: pool.propose(task.key, batch))
-    pool.observe(task.key, configs, [r.median for r in results])
-    records = [record_of(task.key, "llvm", cpu.name, c.to_json(), r)
-               for c, r in zip(configs, results)]
-    learn = _seconds(lambda: pool.learn(records))
-    model = sum(_seconds(lambda: pool.propose(task.key, batch)) for _ in range(repeats))
-    return {"proposal_s_per_trial": round(model / repeats / batch, 4),
-            "proposal_untrained_s_per_trial": round(first / batch, 4),
-            "learn_s_per_trial": round(learn / batch, 4), "model_trained": pool.model.trained}
+class CpuTimedPool(LocalSearchPool):
+    """The tuner's search pool, with the CPU seconds of its proposals and learning."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.proposals: list[tuple[float, int, bool]] = []  # (CPU s, configs, a task's first)
+        self.learn_s = 0.0
+
+    def propose(self, key: str, n: int):
+        start, first = time.process_time(), not self.searches[key].measured
+        out = super().propose(key, n)
+        self.proposals.append((time.process_time() - start, len(out), first))
+        return out
+
+    def learn(self, records) -> None:
+        start = time.process_time()
+        super().learn(records)
+        self.learn_s += time.process_time() - start
+
+
+def head_run(tasks: list[Task], trials: int, batch: int, pipe: MeasurePipeline) -> dict:
+    """CPU seconds per trial of the head's search work over a tuning run of `tasks`
+    (`trials` in all, measured by `pipe`). A tuning round's: `proposal_s_per_trial`, the
+    proposals after each task's first, per trial they proposed; `learn_s_per_trial`, the
+    cost model's retraining, per trial of the run; `head_s_per_trial`, their sum. Apart:
+    each task's first proposal (it analyses the task's initial pool, once per task), and
+    the run's total per trial. XGBoost is imported before: a process does that once."""
+    import xgboost  # noqa: F401
+
+    pool = CpuTimedPool(tasks, cpu_backend(cpu_info()))
+    tuner = Tuner(tasks, "llvm", cpu_info().name, pipe.run, pool, None, [],
+                  TuneOptions(trials=trials, batch=batch))
+    tuner.run()
+    n = tuner.spent
+    later = [(s, k) for s, k, first in pool.proposals if not first]
+    first = [(s, k) for s, k, first in pool.proposals if first]
+
+    def per_trial(props) -> float:
+        return round(sum(s for s, _ in props) / max(1, sum(k for _, k in props)), 5)
+
+    total = sum(s for s, _, _ in pool.proposals) + pool.learn_s
+    return {"proposal_s_per_trial": per_trial(later),
+            "learn_s_per_trial": round(pool.learn_s / n, 5),
+            "head_s_per_trial": round(per_trial(later) + pool.learn_s / n, 5),
+            "proposal_first_s_per_trial": per_trial(first),
+            "head_run_s_per_trial": round(total / n, 5),
+            "proposals": {"first": len(first), "later": len(later)},
+            "head_trials": n, "head_tasks": len(tasks), "model_trained": pool.model.trained,
+            "best_us": {t.key: round(s.best * 1e6, 1)
+                        for t, s in zip(tasks, tuner.scheduler.states)}}
 
 
 def run_pipeline(n: int, task: Task, configs: list[Config], args, opts: MeasureOptions):
@@ -115,6 +159,8 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--builders", type=int, default=0, help="0: one per free core")
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--head-trials", type=int, default=192,
+                   help="trials of the tuning run that times the head's search work")
     args = p.parse_args()
     model, inputs = zoo.resnet18()
     task = next(t for t in rk.extract_tasks(model, inputs)
@@ -134,20 +180,24 @@ def main() -> None:
         idle[str(n)] = round(stats.idle_fraction, 3)
         parts[str(n)] = breakdown(stats, len(configs))
         print(describe(parts[str(n)]), file=sys.stderr)
+    pipe = MeasurePipeline(num_measurers=1, num_builders=args.builders or None, opts=opts)
+    head = head_run(head_tasks(model, inputs), args.head_trials, args.batch, pipe)
+    pipe.shutdown()
     ray.shutdown()
-    proposal = time_proposal(task, configs, results, args.batch)
     for n, b in parts.items():
-        serial = proposal["proposal_s_per_trial"] + proposal["learn_s_per_trial"]
+        serial = head["head_s_per_trial"]
         b["proposal_share"] = round(serial / (serial + b["wall_s_per_trial"]), 3)
-    print(f"proposal: {proposal['proposal_s_per_trial'] * 1e3:.0f} ms per trial with the "
-          f"trained cost model ({proposal['proposal_untrained_s_per_trial'] * 1e3:.0f} ms "
-          f"untrained), its training {proposal['learn_s_per_trial'] * 1e3:.0f} ms per trial; "
-          f"with learning, " + ", ".join(f"{b['proposal_share']:.0%} of a tuning round's "
-                                         f"time at {n} measurer(s)" for n, b in parts.items()),
-          file=sys.stderr)
+    print(f"head: {head['head_s_per_trial'] * 1e3:.2f} ms of CPU per trial: proposals "
+          f"{head['proposal_s_per_trial'] * 1e3:.2f} ms, learning "
+          f"{head['learn_s_per_trial'] * 1e3:.2f} ms (a tuning run of {head['head_trials']} "
+          f"trials on {head['head_tasks']} tasks; each task's first proposal "
+          f"{head['proposal_first_s_per_trial'] * 1e3:.2f} ms per trial, the whole run "
+          f"{head['head_run_s_per_trial'] * 1e3:.2f} ms per trial); with it, " +
+          ", ".join(f"{b['proposal_share']:.0%} of a tuning round's time at {n} measurer(s)"
+                    for n, b in parts.items()), file=sys.stderr)
     efficiency = {k: round(v / (int(k) * rates["1"]), 3) for k, v in rates.items()}
     print(json.dumps({"trials_per_s": rates, "efficiency": efficiency, "idle_fraction": idle,
-                      "breakdown": parts, **proposal, "cores": cores, "task": task.key,
+                      "breakdown": parts, **head, "cores": cores, "task": task.key,
                       "cpu": cpu_info().name, "torch": torch.__version__}))
 
 

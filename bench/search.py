@@ -7,7 +7,10 @@ For 3 ResNet-18 conv tasks and each seed, the task is tuned alone twice: by the 
 estimate) and by random sampling of the same space, `trials` measurements each (built in 2 processes, measured here on 1 thread).
 trials_to_95: trials until a strategy's best reaches 95% of the best throughput either
 strategy found for that task and seed (mean over tasks and seeds); final_ratio: mean of
-random best time / model best time. No PyTorch baseline: this compares search strategies.
+random best time / model best time; best_us: each task's and seed's best time per
+strategy, and model_best_geomean_us their geometric mean for the model;
+geomean_us_at_trials: per strategy, the geometric mean over tasks and seeds of the best
+time after 8, 16, 32, 64 and 128 trials. No PyTorch baseline: this compares search strategies.
 Last line of stdout: one JSON object.
 """
 from __future__ import annotations
@@ -34,6 +37,7 @@ OPTS = MeasureOptions(threads=1, min_repeat_ms=5, repeats=3)
 TASKS = ("conv2d 1x64x56x56 -> 64ch k3x3 s1 +bias+relu",
          "conv2d 1x256x14x14 -> 256ch k3x3 s1 +bias+relu",
          "conv2d 1x128x28x28 -> 256ch k3x3 s2 +bias+relu")
+CHECKPOINTS = (8, 16, 32, 64, 128)  # trials at which the best so far is reported
 
 
 class RandomPool(LocalSearchPool):
@@ -98,7 +102,7 @@ def main() -> None:
     model, inputs = zoo.resnet18()
     tasks = [t for t in rk.extract_tasks(model, inputs) if t.compute.describe() in TASKS]
     to95 = {"model": [], "random": []}
-    finals = []
+    finals, best_us, at = [], {}, {"model": [], "random": []}
     with ProcessPoolExecutor(2) as pool:
         backend = cpu_backend(cpu_info())
         shared = {seed: LocalSearchPool(tasks, backend, seed) if args.shared_model else None
@@ -111,14 +115,25 @@ def main() -> None:
                 for s, c in curves.items():
                     to95[s].append(trials_to(c, best / 0.95))
                 finals.append(curves["random"][-1] / curves["model"][-1])
+                for s_, c in curves.items():
+                    at[s_].append([c[min(k, len(c)) - 1] for k in CHECKPOINTS])
+                best_us.setdefault(task.compute.describe(), {})[str(seed)] = {
+                    s: round(c[-1] * 1e6, 1) for s, c in curves.items()}
                 print(f"{task.compute.describe():<48} seed {seed}: best model "
                       f"{curves['model'][-1] * 1e6:.0f} us random {curves['random'][-1] * 1e6:.0f}"
                       f" us; to 95%: model {to95['model'][-1]} random {to95['random'][-1]}",
                       file=sys.stderr, flush=True)
     a, b = statistics.mean(to95["model"]), statistics.mean(to95["random"])
+    model_best = [b_["model"] for seeds in best_us.values() for b_ in seeds.values()]
     print(json.dumps({"trials_to_95": {"model": round(a, 1), "random": round(b, 1)},
                       "trials_ratio": round(a / b, 3),
                       "final_ratio": round(statistics.mean(finals), 3),
+                      "model_best_geomean_us": round(statistics.geometric_mean(model_best), 1),
+                      "best_us": best_us,
+                      "geomean_us_at_trials": {
+                          s_: {str(k): round(statistics.geometric_mean(
+                              [row[j] for row in rows]) * 1e6, 1)
+                              for j, k in enumerate(CHECKPOINTS)} for s_, rows in at.items()},
                       "trials_per_task": args.trials, "seeds": args.seeds, "threads": 1,
                       "shared_model": args.shared_model,
                       "cpu": cpu_info().name}))

@@ -176,7 +176,20 @@ def scaling_row(run: Run) -> dict[str, str]:
     return {"date": run.date, "CPU or GPU": run.machine,
             "command": d.get("command") or "bench/scaling.py",
             "trials/s by measurers": per_measurers(d["trials_per_s"], ".2f"),
-            "measurer idle": per_measurers(d["idle_fraction"], ".0%"), "file": run.path}
+            "measurer idle": per_measurers(d["idle_fraction"], ".0%"),
+            "head CPU ms/trial": (f"{d['head_s_per_trial'] * 1e3:.2f}"
+                                  if "head_s_per_trial" in d else ""), "file": run.path}
+
+
+def scale_row(run: Run) -> dict[str, str]:
+    d = run.data
+    ms_ = {n: v * 1e3 for n, v in d["head_cpu_s_per_trial"].items()}
+    return {"date": run.date, "CPU or GPU": run.machine, "cores": str(d.get("cores", "")),
+            "command": d.get("command") or "bench/scale.py",
+            "trials/s by GPUs": per_measurers(d["trials_per_s"], ".1f"),
+            "GPUs busy": per_measurers(d["busy_fraction"], ".0%"),
+            "head CPU ms/trial": per_measurers(ms_, ".2f"),
+            "lost, duplicates": f"{d['lost']}, {d['duplicates']}", "file": run.path}
 
 
 def search_row(run: Run) -> dict[str, str]:
@@ -227,8 +240,13 @@ def deploy_row(run: Run) -> dict[str, str]:
             "compile (s)": f"{d['compile_s']:.1f}", "file (MiB)": f"{d['file_mib']:.0f}",
             "load (s)": f"{d['load_s']:.2f}", "ours (ms)": ms(d["ours_ms"]),
             "torch.compile backend (ms)": ms(d["dynamo_ms"]),
-            "backend / ours": f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})",
-            "file": run.path}
+            "backend / ours": spread(ratio),
+            "guards off / ours": spread(d["dynamo_lean_over_ours"])
+            if "dynamo_lean_over_ours" in d else "", "file": run.path}
+
+
+def spread(ratio: dict) -> str:
+    return f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})"
 
 
 SHAPES = (
@@ -240,10 +258,17 @@ SHAPES = (
     Shape("Kernels (bench/kernels.py)",
           "geomean ratio: PyTorch's time over ours, geometric mean over the tasks.",
           lambda d: "geomean_ratio" in d and isinstance(d.get("tasks"), list), kernels_row),
+    Shape("Simulated GPU cluster (bench/scale.py)",
+          "the real head (scheduler, search, cost model, records) feeding N simulated GPU "
+          "measurers on this machine's cores: trials per second, the GPUs' busy share, "
+          "the head's CPU per trial, and trials lost or recorded twice.",
+          lambda d: d.get("bench") == "scale", scale_row),
     Shape("Pipeline throughput (bench/scaling.py)",
           "trials measured per second, and the share of time the measurers waited, by the "
-          "number of measurers.",
-          lambda d: isinstance(d.get("trials_per_s"), dict), scaling_row),
+          "number of measurers; head CPU: the search's proposals and learning per trial "
+          "over a tuning run.",
+          lambda d: isinstance(d.get("trials_per_s"), dict) and "idle_fraction" in d,
+          scaling_row),
     Shape("Search (bench/search.py)",
           "trials to reach 95% of the best latency found, guided search against random; "
           "final ratio: random search's best over the guided search's.",
@@ -254,7 +279,8 @@ SHAPES = (
           "load: a saved network loaded in a fresh process without Ray, XGBoost or PuLP "
           "(median of processes, imports apart); backend / ours: torch.compile with our "
           "backend over compile_network's network, same records, median (range) of "
-          "per-round ratios.",
+          "per-round ratios; guards off: the same with torch's guard filter "
+          "skip_guard_on_all_nn_modules_unsafe.",
           lambda d: d.get("bench") == "deploy", deploy_row),
     Shape("Coverage (bench/coverage.py)",
           "models captured, and compiled untuned and checked against PyTorch; untuned vs "
