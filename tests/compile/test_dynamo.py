@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from raytune_kernels.compile.dynamo import backend, bind_parameters
+from raytune_kernels.compile.dynamo import _runner, backend, bind_parameters
 
 compiled = []
 
@@ -73,6 +73,20 @@ def test_parameters_become_constants_and_data_stays_an_input():
     assert len(slots) == 1 and len(list(bound.parameters())) == 6
     data = got["inputs"][slots[0]]
     assert torch.equal(bound(data)[0], got["gm"](*got["inputs"])[0])
+
+
+def test_a_call_with_gradients_runs_pytorch_and_says_so_once():
+    class Graph:  # Dynamo's graph module, with the weight as an input
+        def forward(self, x, w):
+            return torch.nn.functional.conv2d(x, w)
+    x, weight = torch.randn(1, 3, 8, 8), torch.nn.Parameter(torch.randn(4, 3, 3, 3))
+    run = _runner(Graph(), lambda *a: pytest.fail("the network ran with gradients on"), [0])
+    with pytest.warns(UserWarning, match="called with gradients enabled"):
+        out = run(x, weight)
+    assert out.requires_grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(x, weight)  # warned once only
 
 
 @pytest.mark.e2e  # two untuned compiles through Dynamo
