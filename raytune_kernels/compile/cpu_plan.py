@@ -156,8 +156,9 @@ class Planner:
         bound: dict[str, Buf | np.ndarray] = {}
         reads = []
         for i, (arg, bname) in enumerate(zip(step.args, names)):
-            if arg in self.graph.params:
-                bound[bname] = aligned(packed[bname])
+            if arg in self.graph.params:  # small pages now, merged into huge ones later:
+                # a compile faults no huge page (cpu/build.py's aligned)
+                bound[bname] = aligned(packed[bname], fault_small=True)
                 continue
             if i == 0:
                 border = -math.inf if compute.op == "max_pool2d" else 0.0
@@ -180,7 +181,8 @@ class Planner:
                   out_border)
         bound["out"] = out
         operands = [bound[b.name] if b.name in bound else
-                    self._scratch(b) if b.role == "scratch" else aligned(packed[b.name])
+                    self._scratch(b) if b.role == "scratch" else
+                    aligned(packed[b.name], fault_small=True)
                     for b in nest.buffers]
         self.steps.append(Step(step.layer, "kernel", (step.layer,), reads, [out],
                                cand.seconds, step.key, kernel, operands=operands))
@@ -219,7 +221,7 @@ class Planner:
         step. It grows to the largest need; steps planned earlier are re-pointed to it."""
         have = self.scratch.get(b.name)
         if have is None or have.size < b.size:
-            self.scratch[b.name] = aligned(np.zeros(b.size, np.float32))
+            self.scratch[b.name] = aligned(np.zeros(b.size, np.float32), fault_small=True)
             for s, i in self._scratch_uses:
                 if s.operands[i] is have:
                     s.operands[i] = self.scratch[b.name]
@@ -362,7 +364,7 @@ def allocate(steps: list[Step], pinned: Iterable[Buf], aliases: Iterable[Buf] = 
     free: list[np.ndarray] = []
     for b in pinned:
         if b.alias is None:
-            arrays[id(b)] = aligned(np.zeros(b.size, np.float32))
+            arrays[id(b)] = aligned(np.zeros(b.size, np.float32), fault_small=True)
     for i, s in enumerate(steps):
         for b in s.writes:
             if id(b) in arrays:
@@ -372,7 +374,7 @@ def allocate(steps: list[Step], pinned: Iterable[Buf], aliases: Iterable[Buf] = 
                 arrays[id(b)] = free.pop(min(fits, key=lambda k: free[k].size))
             else:
                 arrays[id(b)] = aligned(np.full(b.size, b.border if b.bordered else 0.0,
-                                                np.float32))
+                                                np.float32), fault_small=True)
             holders.setdefault(arrays[id(b)].ctypes.data, []).append(b)
         for b in {id(x.root): x.root for x in s.reads + s.writes}.values():
             if last[id(b)] == i and id(b) not in keep:

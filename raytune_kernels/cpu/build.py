@@ -399,10 +399,11 @@ def _alive(pid: int) -> bool:
 HUGE = 2 << 20  # bytes: an x86-64 huge page
 
 
-def _huge_raw(n: int) -> np.ndarray | None:
+def _huge_raw(n: int, advise: bool = True) -> np.ndarray | None:
     """n floats starting on a huge-page boundary, in memory the kernel is asked to back
     with huge pages (this machine's transparent huge pages may be `madvise` only); None
-    where the OS offers no such advice."""
+    where the OS offers no such advice. Not `advise`: the caller advises them itself
+    (advise_huge), once it has filled them."""
     import mmap
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return None
@@ -411,26 +412,52 @@ def _huge_raw(n: int) -> np.ndarray | None:
     mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     raw = np.frombuffer(mm, np.float32)  # holds the mapping: unmapped with the array
     start = (-raw.ctypes.data % HUGE) // 4
-    try:
-        mm.madvise(mmap.MADV_HUGEPAGE, start * 4, size - start * 4)
-    except OSError:  # a kernel without transparent huge pages: plain pages then
-        pass
+    if advise:
+        advise_huge(raw[start: start + n])
     return raw[start: start + n]
 
 
-def aligned(flat: np.ndarray) -> np.ndarray:
+def advise_huge(array: np.ndarray) -> None:
+    """Ask for huge pages behind `array` (a view of _huge_raw's mapping, from its start);
+    pages it already touched stay small until the kernel's khugepaged merges them."""
+    import mmap
+
+    base = array
+    while isinstance(base, np.ndarray):  # down to the buffer the mapping exports
+        base = base.base
+    mm = base.obj if isinstance(base, memoryview) else base
+    start = array.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE, start, len(mm) - start)
+    except (OSError, ValueError):  # a kernel without transparent huge pages: plain pages
+        pass
+
+
+def aligned(flat: np.ndarray, fault_small: bool = False) -> np.ndarray:
     """A 64-byte aligned copy of a flat float32 array. Arrays of a huge page or more (conv
     weights, activations, workspaces) start on a huge page, in memory advised for huge
     pages: streaming a layer's cold weights then walks a page table 512x smaller (ResNet-18
-    layer4 convs with rotating cold weights, 2 threads, interleaved: 2-6% faster)."""
-    out = aligned_empty(flat.size)
+    layer4 convs with rotating cold weights, 2 threads, interleaved: 2-6% faster).
+    `fault_small`: the copy is written into small pages, advised for huge ones only
+    after, for khugepaged to merge in the background: on a virtual machine the first
+    touch of a huge page can cost milliseconds (a BERT-base's packed weights, 358 MB: 1.28
+    s faulted as huge pages, 0.25 s as small ones)."""
+    big = flat.size * 4 >= HUGE
+    raw = _huge_raw(flat.size + ALIGN // 4, advise=not fault_small) if big else None
+    out = _aligned_in(raw, flat.size)
     out[:] = flat
+    if raw is not None and fault_small:
+        advise_huge(raw)
     return out
 
 
 def aligned_empty(n: int) -> np.ndarray:
     """n uninitialised floats placed as aligned() places a copy (the caller fills them)."""
-    raw = _huge_raw(n + ALIGN // 4) if n * 4 >= HUGE else None
+    return _aligned_in(_huge_raw(n + ALIGN // 4) if n * 4 >= HUGE else None, n)
+
+
+def _aligned_in(raw: np.ndarray | None, n: int) -> np.ndarray:
+    """n floats of `raw` (or of a new array) from its first 64-byte boundary."""
     if raw is None:
         raw = np.empty(n + ALIGN // 4, np.float32)
     off = (-raw.ctypes.data % ALIGN) // 4

@@ -1,4 +1,5 @@
 import collections
+import os
 import random
 
 import numpy as np
@@ -146,16 +147,33 @@ def test_persisted_libraries_are_loaded_by_the_next_process_not_built(tmp_path, 
     assert build_mod._disk_path(next(iter(build_mod._built))) is None
 
 
+@pytest.mark.parametrize("fault_small", [False, True])
 @pytest.mark.parametrize("n", [5, 1 << 19, (3 << 20) + 7])
-def test_aligned_copies_start_on_a_cache_line_and_large_ones_on_a_huge_page(n):
+def test_aligned_copies_start_on_a_cache_line_and_large_ones_on_a_huge_page(n, fault_small):
     from raytune_kernels.cpu.build import ALIGN, HUGE, aligned
     flat = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    out = aligned(flat)
+    out = aligned(flat, fault_small=fault_small)
     assert out.size == n and out.dtype == np.float32 and np.array_equal(out, flat)
     assert out.ctypes.data % (HUGE if n * 4 >= HUGE else ALIGN) == 0
     view = torch.from_numpy(out)  # compiled networks view their buffers as tensors
     view += 1.0
     assert np.array_equal(out, flat + 1.0)
+
+
+def test_a_copy_faulted_in_small_pages_is_advised_for_huge_ones_after():
+    """Its mapping is eligible for huge pages (khugepaged merges it later), though the
+    copy itself touched none."""
+    import re
+
+    from raytune_kernels.cpu.build import aligned
+    if not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+        pytest.skip("no transparent huge pages here")
+    out = aligned(np.ones(3 << 20, np.float32), fault_small=True)
+    start = out.ctypes.data
+    maps = re.findall(r"^([0-9a-f]+)-([0-9a-f]+) .*?\nTHPeligible:\s+(\d)",
+                      open("/proc/self/smaps").read(), re.M | re.S)
+    mine = [e for lo, hi, e in maps if int(lo, 16) <= start < int(hi, 16)]
+    assert mine == ["1"]
 
 
 def test_libraries_link_with_ld_itself_or_with_cc_where_ld_is_missing(monkeypatch):
