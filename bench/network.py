@@ -278,6 +278,13 @@ def spread(ratios: list[float]) -> dict[str, float]:
             "max": round(max(ratios), 3)}
 
 
+def best_other_ratios(rounds_s: dict[str, list[float]]) -> list[float]:
+    """Per round, the fastest variant other than ours (and our single-layout plan) over
+    ours: above 1, ours is faster."""
+    others = [k for k in rounds_s if k not in ("ours", "uniform")]
+    return [min(rounds_s[k][r] for k in others) / t for r, t in enumerate(rounds_s["ours"])]
+
+
 def speedups(rounds_s: dict[str, list[float]], precisions: dict[str, str], precision: str,
              ours: str = "ours") -> dict:
     """The JSON's comparison: the best variant (lowest median) of our precision and of any
@@ -512,6 +519,17 @@ def main() -> None:
               "speedup_vs_best_engine": round(best_any / ms["ours"], 3),
               # the ILP compile, checked; transforms timed then or found in the cache
               "compile_s": round(compile_s, 1), "compile_transforms": transforms,
+              # per round: the best other variant's time over ours, and the single-layout
+              # plan's over the ILP's (above 1, ours is faster), median and spread
+              "speedup_vs_best_engine_rounds": spread(best_other_ratios(rounds)),
+              "uniform_over_ours_rounds": spread([u / o for u, o in
+                                                  zip(rounds["uniform"], rounds["ours"])]),
+              # each step inside the network, alone (warm), and as the plan estimated it
+              "steps_us": [{"name": r.name, "kind": r.kind, "network": round(r.ours_s * 1e6, 1),
+                            "alone": round(r.alone_s * 1e6, 1),
+                            "estimate": round(r.estimate_s * 1e6, 1)} for r in prof.rows],
+              "steps_network_ms": round(sum(r.ours_s for r in prof.rows) * 1e3, 3),
+              "steps_alone_ms": round(sum(r.alone_s for r in prof.rows) * 1e3, 3),
               # every round's time of every variant (the figures above are their medians):
               # this VM's timings drift, and a figure is only as good as its spread
               "rounds_ms": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds.items()}}
