@@ -232,6 +232,13 @@ def coverage_row(run: Run) -> dict[str, str]:
             "untuned vs eager": f"{ratio:.2f}x" if ratio else "", "file": run.path}
 
 
+def dispatch_row(run: Run) -> dict[str, str]:
+    d = run.data
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": f"bench/dispatch.py --threads {d['threads']} --steps {d['steps']}",
+            "parallel region (us a step)": f"{d['dispatch_us']:.2f}", "file": run.path}
+
+
 def deploy_row(run: Run) -> dict[str, str]:
     d = run.data
     ratio = d["dynamo_over_ours"]
@@ -282,6 +289,10 @@ SHAPES = (
           "per-round ratios; guards off: the same with torch's guard filter "
           "skip_guard_on_all_nn_modules_unsafe.",
           lambda d: d.get("bench") == "deploy", deploy_row),
+    Shape("Runner dispatch (bench/dispatch.py)",
+          "what a native step pays to open and join its OpenMP parallel region inside the "
+          "runner (kernels that do nothing else), median over repeats.",
+          lambda d: d.get("bench") == "dispatch", dispatch_row),
     Shape("Coverage (bench/coverage.py)",
           "models captured, and compiled untuned and checked against PyTorch; untuned vs "
           "eager: PyTorch eager's time over ours.",
