@@ -1,29 +1,39 @@
 """Coverage benchmark: does every torchvision classifier run through us, untuned?
 
     python bench/coverage.py [--threads 1] [--max-gflops 30] [--only NAME ...] [--jobs 2]
-                             [--zoo torchvision|timm|hf|all] [--timeout 600]
-                             [--tune MODEL ... [--trials 1000] [--tune-threads 2]]
+                             [--zoo torchvision|timm|hf|all] [--timeout 600] [--rounds 5]
+                             [--no-onnx] [--tune MODEL ... [--trials 1000] [--tune-threads 2]]
 
-For each model (random weights, batch 1, 224x224; inception_v3 299x299; bench/models.py
-builds them and makes torchvision importable beside the CPU torch), in a process of its
-own so one model that crashes or hangs costs only itself:
+For each model (random weights, batch 1, 224x224; inception_v3 299x299; text models token
+ids of length 128; bench/models.py builds them and makes torchvision importable beside the
+CPU torch), in a process of its own with an empty cache directory of its own (no kernel
+library or transform timing from an earlier model: a cold compile), so one model that
+crashes or hangs costs only itself:
 
 1. capture it (islands allowed) and count the islands by op;
-2. compile_network with no records: every task runs the analytic estimate's best config,
-   untuned; a task no kernel fits runs PyTorch's kernel; islands run PyTorch;
+2. compile_network with no records, timed (compile_s, cold): every task runs the analytic
+   estimate's best config, untuned; a task no kernel fits runs PyTorch's kernel; islands
+   run PyTorch;
 3. check it against eager on a new input: the largest difference over the output's scale
    (compile_network's own measure), correct when <= 1e-3;
 4. the share of the model's FLOPs in our kernels: FLOPs of the tasks our kernels run, over
    those plus the FLOPs of tasks run by PyTorch and of islands (counted by
    torch.utils.flop_counter while the island runs on its example values);
-5. the untuned network's median latency against eager PyTorch's at the same threads.
+5. the untuned network's latency against eager PyTorch's and ONNX Runtime's (the model
+   exported to ONNX, all graph optimisations, checked against eager first; bench/network.py's
+   engine_variants) at the same threads, in this process, interleaved: --rounds rounds,
+   each timing every variant once (median of repeats) in an order that rotates by round;
+   the ratios are taken per round (eager / ours, onnxruntime / ours: above 1, ours is
+   faster) and reported as their median with the lowest and highest.
 
 Models over --max-gflops GFLOPs are skipped for time and listed. Each model's row is
 printed as it completes; the last line of stdout is one JSON object: {"cpu", "threads",
 "models", "captured", "compiled_and_correct", "no_island", "flops_in_our_kernels"
 (median share), "islands" {op: [models]}, "skipped", "failed" {model: reason},
-"untuned_vs_eager" (median speedup), "rows", "tuned" {model: speedup_vs_best_torch, ours_ms,
-torch_ms, trials, threads} for the --tune models (bench/network.py, records resumed)}.
+"untuned_vs_eager" and "untuned_vs_onnxruntime" (medians over models of each model's median
+per-round ratio), "compile_s" (median over models, cold), "rows", "tuned"
+{model: speedup_vs_best_torch, ours_ms, torch_ms, trials, threads} for the --tune models
+(bench/network.py, records resumed)}.
 """
 from __future__ import annotations
 
@@ -34,6 +44,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +55,8 @@ sys.path.insert(0, HERE)
 QUICK_TOL = 1e-3  # compile_network's default limit on the scaled error
 
 
-def measure_one(name: str, threads: int, max_gflops: float) -> dict:
+def measure_one(name: str, threads: int, max_gflops: float, rounds: int = 5,
+                onnx: bool = True) -> dict:
     """Everything the benchmark reports for one model, in this process."""
     import torch
 
@@ -53,7 +65,6 @@ def measure_one(name: str, threads: int, max_gflops: float) -> dict:
     from raytune_kernels.compile.report import scaled_error, worst
     from raytune_kernels.frontend.island import ISLAND
     from raytune_kernels.frontend.partition import run_steps
-    from raytune_kernels.timing import TimingOptions, median, time_fn
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.set_num_threads(threads)
@@ -71,7 +82,7 @@ def measure_one(name: str, threads: int, max_gflops: float) -> dict:
         except Exception as exc:  # a refusal is a result: name it
             row.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:300])
             return row
-    row["compile_s"] = round(time.perf_counter() - start, 1)
+    row["compile_s"] = round(time.perf_counter() - start, 2)
     graph = net.part.graph
     islands = [n for n in graph.nodes if n.op == ISLAND]
     row["islands"] = sorted({n.attr("what") for n in islands})
@@ -95,13 +106,45 @@ def measure_one(name: str, threads: int, max_gflops: float) -> dict:
             n.attr("fn")(*(env[v] for v in n.inputs))
     theirs += counter.get_total_flops()
     row["flops_in_our_kernels"] = ours / max(ours + theirs, 1)
-    opts = TimingOptions(warmup=2, min_repeat_ms=100, repeats=5)
-    with torch.no_grad():
-        ours_s = median(time_fn(lambda: net(*inputs), opts))
-        eager_s = median(time_fn(lambda: model(*inputs), opts))
-    row.update(ours_ms=round(ours_s * 1e3, 3), eager_ms=round(eager_s * 1e3, 3),
-               untuned_vs_eager=round(eager_s / ours_s, 3), status="ok")
+    row.update(timed(net, model, inputs, threads, rounds, onnx), status="ok")
     return row
+
+
+def timed(net, model, inputs, threads: int, rounds: int, onnx: bool) -> dict:
+    """Ours, eager and (with `onnx`) ONNX Runtime, interleaved round by round: each one's
+    median over rounds (ms) and the per-round ratios' median, lowest and highest."""
+    import torch
+
+    import network
+    from raytune_kernels.timing import TimingOptions, median, time_fn
+
+    fns = {"ours": lambda: net(*inputs), "eager": lambda: model(*inputs)}
+    out: dict = {}
+    if onnx:
+        with tempfile.TemporaryDirectory(prefix="rk_coverage_onnx_") as work, \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engines, versions, missing = network.engine_variants(model, inputs, threads, work)
+        if "onnxruntime" in engines:
+            fns["onnxruntime"] = engines["onnxruntime"]
+            out["onnxruntime_version"] = versions["onnxruntime"]
+        else:
+            out["onnxruntime_missing"] = missing.get("onnxruntime", "not installed")
+    opts = TimingOptions(warmup=2, min_repeat_ms=100, repeats=3)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    with torch.no_grad():
+        for r in range(rounds):
+            for k in network.rotated(list(fns), r):
+                times[k].append(median(time_fn(fns[k], opts)))
+    for k, ts in times.items():
+        out[f"{k}_ms"] = round(median(ts) * 1e3, 3)
+    for other in ("eager", "onnxruntime"):
+        if other in times:
+            ratios = [t / o for t, o in zip(times[other], times["ours"])]
+            out[f"untuned_vs_{other}"] = round(median(ratios), 3)
+            out[f"untuned_vs_{other}_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+    out["rounds"] = rounds
+    return out
 
 
 def _tensors(values) -> list:
@@ -112,11 +155,14 @@ def _tensors(values) -> list:
 
 
 def run_one(name: str, args) -> dict:
-    """One model in a child process, bounded by --timeout."""
+    """One model in a child process with an empty cache directory, bounded by --timeout."""
     cmd = [sys.executable, __file__, "--child", name, "--threads", str(args.threads),
-           "--max-gflops", str(args.max_gflops)]
+           "--max-gflops", str(args.max_gflops), "--rounds", str(args.rounds)]
+    cmd += ["--no-onnx"] if args.no_onnx else []
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        with tempfile.TemporaryDirectory(prefix="rk_coverage_cache_") as cache:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                  env={**os.environ, "RAYTUNE_KERNELS_CACHE": cache})
     except subprocess.TimeoutExpired:
         return {"model": name, "status": "failed", "error": f"timed out after {args.timeout} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -143,13 +189,19 @@ def summary(rows: list[dict], threads: int) -> dict:
         "no_island": sum(r["island_count"] == 0 for r in done),
         "flops_in_our_kernels": round(statistics.median(
             [r["flops_in_our_kernels"] for r in done]), 4) if done else None,
-        "untuned_vs_eager": round(statistics.median(
-            [r["untuned_vs_eager"] for r in done]), 3) if done else None,
+        "untuned_vs_eager": _median_of(done, "untuned_vs_eager"),
+        "untuned_vs_onnxruntime": _median_of(done, "untuned_vs_onnxruntime"),
+        "compile_s": _median_of(done, "compile_s"),
         "islands": dict(sorted(islands.items(), key=lambda kv: -len(kv[1]))),
         "skipped": {r["model"]: r["gflops"] for r in rows if r["status"] == "skipped"},
         "failed": {r["model"]: r["error"] for r in rows if r["status"] == "failed"},
         "rows": rows,
     }
+
+
+def _median_of(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(values), 3) if values else None
 
 
 def main() -> None:
@@ -160,6 +212,8 @@ def main() -> None:
     p.add_argument("--zoo", default="torchvision", choices=["torchvision", "timm", "hf", "all"])
     p.add_argument("--jobs", type=int, default=1, help="models measured at once")
     p.add_argument("--timeout", type=int, default=600, help="seconds per model")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    p.add_argument("--no-onnx", action="store_true", help="leave ONNX Runtime out")
     p.add_argument("--tune", nargs="*", default=[], metavar="MODEL",
                    help="also tune these (zoo/name) with bench/network.py and report their "
                         "time against PyTorch's best variant")
@@ -168,7 +222,8 @@ def main() -> None:
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(measure_one(args.child, args.threads, args.max_gflops)))
+        print(json.dumps(measure_one(args.child, args.threads, args.max_gflops, args.rounds,
+                                     not args.no_onnx)))
         return
     import models
 

@@ -179,11 +179,19 @@ DECODERS = {"LlamaForCausalLM": ("LlamaConfig", {}), "Qwen2ForCausalLM": ("Qwen2
             "Phi3ForCausalLM": ("Phi3Config", {"pad_token_id": 0, "eos_token_id": 0})}
 
 
+# More text encoders at their default sizes (all under 22 GFLOPs at 128 tokens): position
+# ids computed from the token ids (RoBERTa's), bottlenecks (MobileBERT), grouped 1x1
+# convolutions (SqueezeBERT), T5's RMS norms and relative position bias
+ENCODERS = {"DistilBertModel": "DistilBertConfig", "RobertaModel": "RobertaConfig",
+            "ElectraModel": "ElectraConfig", "MobileBertModel": "MobileBertConfig",
+            "SqueezeBertModel": "SqueezeBertConfig", "T5EncoderModel": "T5Config"}
+
+
 def hf_models() -> dict[str, Factory]:
-    """BertModel, GPT2Model and ViTModel with their default configs (BERT-base: 12 layers;
-    GPT-2 small; ViT-B/16), and the DECODERS families at DECODER's size: name -> factory()
-    -> (model, inputs). Text models take token ids int64 (1, 128); ViT takes pixel_values
-    (1, 3, 224, 224)."""
+    """BertModel, GPT2Model, ViTModel and the ENCODERS with their default configs
+    (BERT-base: 12 layers; GPT-2 small; ViT-B/16), and the DECODERS families at DECODER's
+    size: name -> factory() -> (model, inputs). Text models take token ids int64 (1, 128);
+    ViT takes pixel_values (1, 3, 224, 224)."""
     tf = _import_optional("transformers")
 
     def text(model_cls: str, config_cls: str, **options) -> Factory:
@@ -204,6 +212,8 @@ def hf_models() -> dict[str, Factory]:
         return text(model_cls, config_cls, **options)
 
     return {"BertModel": text("BertModel", "BertConfig"),
+            **{name: text(name, config) for name, config in ENCODERS.items()
+               if hasattr(tf, name)},
             # inference without a KV cache: the cache object is not a tensor output
             "GPT2Model": text("GPT2Model", "GPT2Config", use_cache=False),
             "ViTModel": vit,
