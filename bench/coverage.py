@@ -74,6 +74,9 @@ def measure_one(name: str, threads: int, max_gflops: float, rounds: int = 5,
     if row["gflops"] > max_gflops:
         row["status"] = "skipped"
         return row
+    engine = onnxruntime_engine(model, inputs, threads) if onnx else {}
+    ort = engine.pop("onnxruntime", None)
+    row.update(engine)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -106,30 +109,53 @@ def measure_one(name: str, threads: int, max_gflops: float, rounds: int = 5,
             n.attr("fn")(*(env[v] for v in n.inputs))
     theirs += counter.get_total_flops()
     row["flops_in_our_kernels"] = ours / max(ours + theirs, 1)
-    row.update(timed(net, model, inputs, threads, rounds, onnx), status="ok")
+    row.update(timed(net, model, inputs, rounds, ort), status="ok")
     return row
 
 
-def timed(net, model, inputs, threads: int, rounds: int, onnx: bool) -> dict:
-    """Ours, eager and (with `onnx`) ONNX Runtime, interleaved round by round: each one's
-    median over rounds (ms) and the per-round ratios' median, lowest and highest."""
+def onnxruntime_engine(model, inputs, threads: int) -> dict:
+    """{"onnxruntime": a zero-argument run of the exported model, "onnxruntime_version"},
+    or {"onnxruntime_missing": why not} (bench/network.py's engine_variants: checked
+    against eager first)."""
+    import network
+    import torch
+
+    class Positional(torch.nn.Module):
+        """The model called with positional inputs, its outputs as a tuple of tensors:
+        the traced export passes a Hugging Face model's config defaults (use_cache) a
+        second time otherwise (BertModel: "got multiple values for argument")."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *xs):
+            return tuple(_tensors(self.inner(*xs)))
+
+    with tempfile.TemporaryDirectory(prefix="rk_coverage_onnx_") as work, \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engines, versions, missing = network.engine_variants(Positional(model), inputs,
+                                                             threads, work)
+    if "onnxruntime" not in engines:
+        return {"onnxruntime_missing": missing.get("onnxruntime", "not installed")}
+    return {"onnxruntime": engines["onnxruntime"],
+            "onnxruntime_version": versions["onnxruntime"]}
+
+
+def timed(net, model, inputs, rounds: int, onnxruntime=None) -> dict:
+    """Ours, eager and ONNX Runtime (`onnxruntime`, when given), interleaved round by
+    round: each one's median over rounds (ms) and the per-round ratios' median, lowest
+    and highest."""
     import torch
 
     import network
     from raytune_kernels.timing import TimingOptions, median, time_fn
 
     fns = {"ours": lambda: net(*inputs), "eager": lambda: model(*inputs)}
+    if onnxruntime is not None:
+        fns["onnxruntime"] = onnxruntime
     out: dict = {}
-    if onnx:
-        with tempfile.TemporaryDirectory(prefix="rk_coverage_onnx_") as work, \
-                warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            engines, versions, missing = network.engine_variants(model, inputs, threads, work)
-        if "onnxruntime" in engines:
-            fns["onnxruntime"] = engines["onnxruntime"]
-            out["onnxruntime_version"] = versions["onnxruntime"]
-        else:
-            out["onnxruntime_missing"] = missing.get("onnxruntime", "not installed")
     opts = TimingOptions(warmup=2, min_repeat_ms=100, repeats=3)
     times: dict[str, list[float]] = {k: [] for k in fns}
     with torch.no_grad():
