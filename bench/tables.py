@@ -181,11 +181,18 @@ def scaling_row(run: Run) -> dict[str, str]:
                                   if "head_s_per_trial" in d else ""), "file": run.path}
 
 
+def scale_command(data: dict) -> str:
+    counts = sorted(data["trials_per_s"], key=int)
+    top = data["runs"][counts[-1]]
+    return shlex.join(["bench/scale.py", "--gpus", *counts, "--trials-per-gpu",
+                       str(top["trials"] // int(counts[-1]))])
+
+
 def scale_row(run: Run) -> dict[str, str]:
     d = run.data
     ms_ = {n: v * 1e3 for n, v in d["head_cpu_s_per_trial"].items()}
     return {"date": run.date, "CPU or GPU": run.machine, "cores": str(d.get("cores", "")),
-            "command": d.get("command") or "bench/scale.py",
+            "command": d.get("command") or scale_command(d),
             "trials/s by GPUs": per_measurers(d["trials_per_s"], ".1f"),
             "GPUs busy": per_measurers(d["busy_fraction"], ".0%"),
             "head CPU ms/trial": per_measurers(ms_, ".2f"),
@@ -225,11 +232,25 @@ def coverage_command(data: dict) -> str:
 
 def coverage_row(run: Run) -> dict[str, str]:
     d = run.data
-    ratio = d.get("untuned_vs_eager")
+    ratio, ort, took = (d.get(k) for k in ("untuned_vs_eager", "untuned_vs_onnxruntime",
+                                           "compile_s"))
     return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
             "command": d.get("command") or coverage_command(d), "models": str(d["models"]),
             "captured": str(d["captured"]), "compiled and correct": str(d["compiled_and_correct"]),
-            "untuned vs eager": f"{ratio:.2f}x" if ratio else "", "file": run.path}
+            "untuned vs eager": f"{ratio:.2f}x" if ratio else "",
+            "untuned vs ONNX Runtime": f"{ort:.2f}x" if ort else "",
+            "compile (s)": f"{took:.1f}" if took else "", "file": run.path}
+
+
+def first_compile_row(run: Run) -> dict[str, str]:
+    d = run.data
+    names = list(d["models"])
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": shlex.join(["bench/first_compile.py", *names, "--threads",
+                                   str(d["threads"]), "--runs", str(d["runs"])]),
+            "compile (s)": "; ".join(f"{n.split('/')[-1]} {v['compile_s']:.2f}"
+                                     for n, v in d["models"].items()),
+            "file": run.path}
 
 
 def dispatch_row(run: Run) -> dict[str, str]:
@@ -295,8 +316,13 @@ SHAPES = (
           lambda d: d.get("bench") == "dispatch", dispatch_row),
     Shape("Coverage (bench/coverage.py)",
           "models captured, and compiled untuned and checked against PyTorch; untuned vs "
-          "eager: PyTorch eager's time over ours.",
+          "eager (ONNX Runtime): its time over ours, median over models of per-round "
+          "medians; compile: median seconds of a cold untuned compile.",
           lambda d: "compiled_and_correct" in d, coverage_row),
+    Shape("First compile (bench/first_compile.py)",
+          "an untuned compile_network (no records), cold (a fresh process and an empty "
+          "cache), median seconds over runs.",
+          lambda d: d.get("bench") == "first_compile", first_compile_row),
 )
 
 

@@ -37,10 +37,10 @@ from raytune_kernels.task import Task
 class SearchOptions:
     population: int = 32  # best-ranked candidates (beside the elite) that parent children
     generations: int = 2  # per proposal; the pool carries evolution on to the next one
-    children: int = 32  # per generation
+    children: int = 24  # per generation
     elite: int = 12  # best measured configs that parent children
     epsilon: float = 0.15
-    fresh: int = 32  # random samples analysed per proposal
+    fresh: int = 16  # random samples analysed per proposal
     initial: int = 352  # random samples analysed at a task's first guided proposal
     keep: int = 1024  # analysed candidates kept between proposals
     # own measurements at which the model and the estimate weigh equally; 0: no estimate
@@ -80,15 +80,29 @@ class EvolutionarySearch:
             if full != c and c not in self.space and full in self.space:
                 c = full
             self.measured[c] = min(t, self.measured.get(c, math.inf))
+        self._drop(cfgs)  # measured without being proposed from the pool (resumed, say)
+
+    def _drop(self, cfgs: list[Config]) -> None:
         gone = {self.pool.index[c] for c in cfgs if c in self.pool.index}
-        if gone:  # measured without being proposed from the pool (resumed, say)
+        if gone:
             self.pool.keep([i for i in range(len(self.pool)) if i not in gone])
+
+    def prepare(self, model: CostModel) -> None:
+        """Do now what the first guided proposal would: analyse the initial pool, and
+        build the space's tables that mutation reads. A head prepares every task's
+        search before it hands out work, so that this burst (tasks x `initial` configs)
+        does not fall on the rounds that keep measurers busy."""
+        if not len(self.pool):
+            self._add(self._random(self.opts.initial, set()), model)
+        for _, part in getattr(self.space, "parts", (("", self.space),)):
+            getattr(part, "_neighbours", None)  # built on first use, then kept (space.py)
 
     def propose(self, n: int, model: CostModel) -> list[Config]:
         n_random = max(1, round(n * self.opts.epsilon)) if n > 1 else 0
         self.features = {}
         if not model.trained and not self._estimating:
             chosen = self._random(n, set())  # no guide for this device yet: explore
+            self._drop(chosen)
         else:
             self._grow(model)
             order = self._order(model)

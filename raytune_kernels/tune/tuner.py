@@ -69,6 +69,12 @@ class LocalSearchPool:
     def exhausted(self, key: str) -> bool:
         return self.searches[key].exhausted
 
+    def prepare(self) -> None:
+        """Every search's initial pool analysed and its space's tables built, ahead of
+        the rounds (EvolutionarySearch.prepare)."""
+        for search in self.searches.values():
+            search.prepare(self.model)
+
 
 @dataclass(frozen=True)
 class TuneOptions:

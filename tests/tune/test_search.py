@@ -152,3 +152,14 @@ def test_a_model_too_small_to_train_is_retried_next_round():
                        [12])
     assert model.refit(12, lambda: data) and model.trained_on == 12 and model.trained
     assert not model.refit(13, lambda: pytest.fail("not due: no training set is made"))
+
+
+def test_a_prepared_search_analyses_its_initial_pool_before_any_proposal(conv):
+    counting, fake, model, records = CountingBackend(), FakeMeasurer(), CostModel(), []
+    search = EvolutionarySearch(conv, BACKEND.space(conv.compute), counting.backend, seed=8)
+    search.prepare(model)
+    opts = SearchOptions()
+    assert len(counting.analysed) == opts.initial == len(search.pool)
+    _round(search, model, records, conv, fake)  # ranks the prepared pool, adds fresh ones
+    assert len(counting.analysed) == opts.initial + opts.fresh
+    assert max(counting.analysed.values()) == 1
