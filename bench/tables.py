@@ -168,7 +168,8 @@ def kernels_row(run: Run) -> dict[str, str]:
 
 
 def per_measurers(values: dict, fmt: str) -> str:
-    return ", ".join(f"{n}: {format(v, fmt)}" for n, v in sorted(values.items()))
+    return ", ".join(f"{n}: {format(v, fmt)}"
+                     for n, v in sorted(values.items(), key=lambda kv: int(kv[0])))
 
 
 def scaling_row(run: Run) -> dict[str, str]:
