@@ -15,10 +15,10 @@ builds, the network's buffers and native runners, the check against the model), 
 wrapping those functions; "of which" lines are seconds inside them (IR rendering, LLVM
 passes and code generation, linking, weight packing), counted in this process only.
 
-Per model: the median over --runs of the compile seconds, and each run's phases. Last line of
-stdout: one JSON object {"cpu", "threads", "runs", "models": {name: {"compile_s" (median),
-"compile_s_runs", "import_s", "phases" (of the median run), "of_which", "kernels",
-"transforms", "steps"}}}.
+Per model: the median over --runs of the compile seconds, and each run's phases. Last line
+of stdout: one JSON object {"bench", "cpu", "threads", "runs", "models": {name:
+{"compile_s" (median), "compile_s_runs", "import_s", "phases" (of the median run),
+"of_which", "kernels", "transforms", "steps"}}}.
 """
 from __future__ import annotations
 
@@ -149,7 +149,8 @@ def main() -> None:
         return
     from raytune_kernels.cpu.build import host_cpu
 
-    out = {"cpu": host_cpu()[0], "threads": args.threads, "runs": args.runs, "models": {}}
+    out = {"bench": "first_compile", "cpu": host_cpu()[0], "threads": args.threads,
+           "runs": args.runs, "models": {}}
     for name in args.models:
         runs = [run_fresh(name, args.threads) for _ in range(args.runs)]
         for r in runs:
