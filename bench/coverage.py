@@ -118,25 +118,11 @@ def onnxruntime_engine(model, inputs, threads: int) -> dict:
     or {"onnxruntime_missing": why not} (bench/network.py's engine_variants: checked
     against eager first)."""
     import network
-    import torch
-
-    class Positional(torch.nn.Module):
-        """The model called with positional inputs, its outputs as a tuple of tensors:
-        the traced export passes a Hugging Face model's config defaults (use_cache) a
-        second time otherwise (BertModel: "got multiple values for argument")."""
-
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, *xs):
-            return tuple(_tensors(self.inner(*xs)))
 
     with tempfile.TemporaryDirectory(prefix="rk_coverage_onnx_") as work, \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        engines, versions, missing = network.engine_variants(Positional(model), inputs,
-                                                             threads, work)
+        engines, versions, missing = network.engine_variants(model, inputs, threads, work)
     if "onnxruntime" not in engines:
         return {"onnxruntime_missing": missing.get("onnxruntime", "not installed")}
     return {"onnxruntime": engines["onnxruntime"],
