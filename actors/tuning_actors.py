@@ -44,6 +44,9 @@ class CostModelActor:
     def pin(self, cores: tuple[int, ...]) -> None:
         _pin_niced(cores)
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def learn(self, records: list[dict]) -> bytes | None:
         """Add `records`; the booster when it was retrained (cost_model.refit_due), else
         None (the search actors keep the one they have)."""
@@ -51,6 +54,10 @@ class CostModelActor:
         if not self.model.refit(len(self.records), lambda: training_set(
                 self.tasks, self.records, self.backend.featurize, self.features)):
             return None
+        return self.model.save()
+
+    def booster(self) -> bytes | None:
+        """The latest booster (None before the first training)."""
         return self.model.save()
 
 
@@ -74,6 +81,14 @@ class SearchActor:
     def pin(self, cores: tuple[int, ...]) -> None:
         _pin_niced(cores)
 
+    def pid(self) -> int:
+        return os.getpid()
+
+    def prepare(self) -> None:
+        """Every search's initial pool analysed ahead of the rounds (search.prepare)."""
+        for search in self.searches.values():
+            search.prepare(self.model)
+
     def propose(self, key: str, n: int) -> list[dict]:
         return [c.to_json() for c in self.searches[key].propose(n, self.model)]
 
@@ -87,13 +102,17 @@ class RaySearchPool:
     """The SearchPool of the core Tuner, backed by search actors and the cost model actor."""
 
     def __init__(self, tasks: list[Task], backend: Backend, seed: int,
-                 opts: SearchOptions, num_search: int = 1):
-        """`num_search` actors share the tasks. The Tuner asks for one batch at a time, so
-        more than one only adds a process to start (torch and the package imported: ~4 s
-        of CPU each on 2 cores, during the first round)."""
+                 opts: SearchOptions, num_search: int = 1, spread: bool = False):
+        """`num_search` actors share the tasks. `Tuner.step` asks for one batch at a
+        time, so there more than one only adds a process to start (torch and the package
+        imported: ~4 s of CPU each on 2 cores); `Tuner.stream` asks for several at once
+        (propose_many), which the actors make in parallel. They sit on the head, or with
+        `spread`, wherever Ray's SPREAD strategy puts them (across the nodes); each keeps
+        a copy of the cost model's latest booster, fetched from the object store."""
         groups = [tasks[i::num_search] for i in range(min(num_search, len(tasks)))]
-        self.actors = [SearchActor.options(**ON_HEAD).remote([t.to_json() for t in g], backend,
-                                                             seed, opts) for g in groups]
+        where = {"scheduling_strategy": "SPREAD"} if spread else ON_HEAD
+        self.actors = [SearchActor.options(**where).remote([t.to_json() for t in g], backend,
+                                                           seed, opts) for g in groups]
         self.owner = {t.key: a for g, a in zip(groups, self.actors) for t in g}
         self.model = CostModelActor.options(**ON_HEAD).remote([t.to_json() for t in tasks],
                                                               backend)
@@ -101,6 +120,12 @@ class RaySearchPool:
 
     def propose(self, key: str, n: int) -> list[Config]:
         return [Config.from_json(c) for c in ray.get(self.owner[key].propose.remote(key, n))]
+
+    def propose_many(self, asks: list[tuple[str, int]]) -> list[list[Config]]:
+        """One proposal per (task key, n), each by its task's search actor: actors work
+        in parallel (a task's rounds in turn, on its one actor)."""
+        refs = [self.owner[key].propose.remote(key, n) for key, n in asks]
+        return [[Config.from_json(c) for c in got] for got in ray.get(refs)]
 
     def observe(self, key: str, cfgs: list[Config], seconds: list[float]) -> None:
         done = ray.get(self.owner[key].observe.remote(key, [c.to_json() for c in cfgs], seconds))
@@ -113,6 +138,14 @@ class RaySearchPool:
 
     def exhausted(self, key: str) -> bool:
         return key in self._exhausted
+
+    def prepare(self) -> None:
+        """Every search actor prepares its searches, in parallel (search.prepare)."""
+        ray.get([a.prepare.remote() for a in self.actors])
+
+    def pids(self) -> list[int]:
+        """The processes of the search actors and the cost model actor."""
+        return ray.get([a.pid.remote() for a in self.actors + [self.model]])
 
     def pin(self, cores: tuple[int, ...]) -> None:
         """Keep the search and cost model processes on `cores` (off the measurers'), at

@@ -22,12 +22,14 @@ Per N: trials/s (trials over the wall time from the first launch to the last res
 busy fraction (the simulated GPUs' summed measuring time over N x wall), both also in
 the steady state (`steady`: between the 10th and 90th percentile of the measurements'
 ends, without the run's start and drain), head CPU seconds per trial (this process's CPU
-time: everything the head does, Ray's client included),
-the search's share of it (proposal and learning), proposal latency (median and 95th
-percentile, ms), the machine's CPU use, and the records checked: every trial launched
-is in the records file exactly once (`lost`, `duplicates`). Before the first round the
-head prepares every task's search (its initial pool analysed: search.prepare); that CPU
-counts in the head's. Last line: one JSON object.
+time: everything the head does, Ray's client included; with `--search-actors`, the
+actors' too), the search's share of it (preparing, proposing, learning), proposal
+latency (median and 95th percentile of the pool's proposal calls, ms; search actors make
+one call for the rounds of all free places), the machine's CPU use, and the records
+checked: every trial launched is in the records file exactly once (`lost`,
+`duplicates`). Before the first round the head prepares every task's search (its
+initial pool analysed: search.prepare); that CPU counts in the head's. Last line: one
+JSON object.
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ from raytune_kernels.measure import MeasureResult
 from raytune_kernels.space import Config
 from raytune_kernels.tune.callbacks import Callback
 from raytune_kernels.tune.records import RecordWriter, config_key, load_records
+from raytune_kernels.tune.search import SearchOptions
 from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
 
 from actors.metrics import TuningMetrics
@@ -194,17 +197,40 @@ class Cluster:
 
 
 class TimedPool:
-    """The search pool, its proposals' wall times and its CPU seconds (propose, learn)."""
+    """The search pool, its proposals' wall times and the CPU seconds of its processes:
+    this one's (proposals, learning), and the search and cost model actors' where the
+    pool has them (RaySearchPool)."""
 
-    def __init__(self, pool: LocalSearchPool):
-        self.pool, self.latencies, self.cpu_s = pool, [], 0.0
+    def __init__(self, pool):
+        self.pool, self.latencies, self.cpu_s, self.rounds = pool, [], 0.0, 0
+        self.actor_pids = pool.pids() if hasattr(pool, "pids") else []
+        if hasattr(pool, "propose_many"):
+            self.propose_many = self._propose_many
 
     def propose(self, key: str, n: int) -> list[Config]:
         wall, cpu = time.perf_counter(), time.process_time()
         out = self.pool.propose(key, n)
+        self.rounds += 1
         self.latencies.append(time.perf_counter() - wall)
         self.cpu_s += time.process_time() - cpu
         return out
+
+    def _propose_many(self, asks):
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = self.pool.propose_many(asks)
+        self.rounds += len(asks)
+        self.latencies.append(time.perf_counter() - wall)
+        self.cpu_s += time.process_time() - cpu
+        return out
+
+    def actors_cpu_s(self) -> float:
+        """CPU seconds the actors' processes have used so far (/proc)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for pid in self.actor_pids:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        return total
 
     def learn(self, records) -> None:
         cpu = time.process_time()
@@ -245,16 +271,17 @@ def run_n(gpus: int, tasks, backend, args, build_s, measure_s) -> dict:
     depth = max(2, math.ceil(args.in_flight * gpus / args.batch))
     path = os.path.join(tempfile.mkdtemp(prefix="rk-scale-"), "records.jsonl")
     writer = RecordWriter(path)
-    pool, metrics = TimedPool(LocalSearchPool(tasks, backend, 0)), Metrics()
+    pool, metrics = TimedPool(search_pool(tasks, backend, args.search_actors)), Metrics()
     tuner = Tuner(tasks, f"cuda -arch={ARCH}", "simulated H100", _no_measure, pool, writer,
                   [], TuneOptions(trials=trials, batch=args.batch))
     metrics.tuner = tuner
-    cpu0, busy0 = time.process_time(), cpu_busy()
+    cpu0, actors0, busy0 = time.process_time(), pool.actors_cpu_s(), cpu_busy()
     pool.pool.prepare()  # before the first round, as a head does (search.prepare)
-    prepare_cpu = time.process_time() - cpu0
+    prepare_cpu = time.process_time() - cpu0 + pool.actors_cpu_s() - actors0
     tuner.stream(cluster.launch, cluster.wait, depth, [metrics])
     writer.close()
-    head_cpu, busy1 = time.process_time() - cpu0, cpu_busy()
+    actors_cpu = pool.actors_cpu_s() - actors0
+    head_cpu, busy1 = time.process_time() - cpu0 + actors_cpu, cpu_busy()
     wall, spans = cluster.last - cluster.first, cluster.spans()
     cluster.shutdown()
     lat, n = np.asarray(pool.latencies) * 1e3, tuner.spent
@@ -263,15 +290,26 @@ def run_n(gpus: int, tasks, backend, args, build_s, measure_s) -> dict:
                                   / (gpus * wall), 3),
            "steady": steady_state(spans, gpus),
            "head_cpu_s_per_trial": round(head_cpu / n, 5),
-           "search_cpu_s_per_trial": round((pool.cpu_s + prepare_cpu) / n, 5),
+           "search_cpu_s_per_trial": round((pool.cpu_s + prepare_cpu + actors_cpu) / n, 5),
+           "search_actors": args.search_actors,
            "prepare_cpu_s": round(prepare_cpu, 2),
            "proposal_ms": {"median": round(float(np.median(lat)), 2),
                            "p95": round(float(np.percentile(lat, 95)), 2),
-                           "proposals": len(lat)},
+                           "calls": len(lat), "rounds": pool.rounds},
            "machine_cpu_use": round((busy1[0] - busy0[0]) / (busy1[1] - busy0[1]), 3),
            "rounds_in_flight": depth, **check_records(path, cluster.launched)}
     print(describe(gpus, out), file=sys.stderr, flush=True)
     return out
+
+
+def search_pool(tasks, backend, actors: int):
+    """The head's searches and cost model: in this process (0), or in `actors` search
+    actors spread by Ray and a cost model actor (actors/tuning_actors.RaySearchPool)."""
+    if not actors:
+        return LocalSearchPool(tasks, backend, 0)
+    from actors.tuning_actors import RaySearchPool
+
+    return RaySearchPool(tasks, backend, 0, SearchOptions(), num_search=actors, spread=True)
 
 
 def check_records(path: str, launched: list[tuple[str, str]]) -> dict:
@@ -353,6 +391,10 @@ def main() -> None:
     p.add_argument("--in-flight", type=float, default=8.0,
                    help="trials in flight per GPU (building, queued, measuring)")
     p.add_argument("--builds", type=int, default=12, help="NVRTC compiles to time")
+    p.add_argument("--search-actors", type=int, default=0,
+                   help="0: searches and cost model in the head process; K: K search "
+                        "actors (proposing a stream's rounds in parallel) and a cost model "
+                        "actor, whose CPU counts in the head's")
     p.add_argument("--plot", help="write a PNG of trials/s against N here")
     args = p.parse_args()
     if min(args.gpus) < 1:
@@ -379,7 +421,8 @@ def main() -> None:
                        "search_cpu_s_per_trial", "proposal_ms", "machine_cpu_use")}
     command = shlex.join(["bench/scale.py", "--gpus", *map(str, args.gpus),
                           "--trials-per-gpu", str(args.trials_per_gpu),
-                          "--mean-s", str(args.mean_s), "--in-flight", str(args.in_flight)])
+                          "--mean-s", str(args.mean_s), "--in-flight", str(args.in_flight),
+                          "--search-actors", str(args.search_actors)])
     print(json.dumps({"bench": "scale", "command": command, **keyed,
                       "lost": sum(r["lost"] for r in results.values()),
                       "duplicates": sum(r["duplicates"] for r in results.values()),

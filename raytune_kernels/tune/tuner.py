@@ -33,6 +33,9 @@ Wait = Callable[[list[Hashable]], list[tuple[Hashable, list[MeasureResult]]]]
 
 
 class SearchPool(Protocol):
+    """What the Tuner asks of the searches; a pool may also have `propose_many(asks)`,
+    [(task key, n)] -> one proposal each, made in parallel (Tuner.stream uses it)."""
+
     def propose(self, key: str, n: int) -> list[Config]: ...
     def observe(self, key: str, cfgs: list[Config], seconds: list[float]) -> None: ...
     def learn(self, records: list[Record]) -> None: ...
@@ -166,6 +169,36 @@ class Tuner:
             return i, task, cfgs
         return None
 
+    def _next_rounds(self, k: int, busy: set[int], in_flight: int
+                     ) -> list[tuple[int, Task, list[Config]]] | None:
+        """Up to `k` rounds: their tasks chosen one after another as `_next_round` does
+        (a busy task only when no other is left), their configs proposed in one call of
+        the pool's `propose_many` where it has one. None when no task is left; a task
+        whose proposal comes back empty is exhausted and takes no round."""
+        picked: list[tuple[int, int]] = []  # (task index, trials)
+        busy = set(busy)
+        while len(picked) < k and self.spent + in_flight < self.opts.trials:
+            i = self.scheduler.next_task(busy=busy)
+            i = self.scheduler.next_task() if i is None and busy else i
+            if i is None:
+                break
+            n = self._round_size(i, in_flight)
+            picked.append((i, n))
+            busy.add(i)
+            in_flight += n
+        if not picked:
+            return None
+        asks = [(self.tasks[i].key, n) for i, n in picked]
+        many = getattr(self.pool, "propose_many", None)
+        proposals = many(asks) if many else [self.pool.propose(key, n) for key, n in asks]
+        rounds = []
+        for (i, _), cfgs in zip(picked, proposals):
+            if cfgs:
+                rounds.append((i, self.tasks[i], cfgs))
+            else:  # nothing left to try for this task
+                self.scheduler.update(i, [], exhausted=True)
+        return rounds
+
     def _round_size(self, i: int, in_flight: int = 0) -> int:
         """`batch` trials, or fewer while tasks are still warming up and the budget left
         cannot give each of them a full batch: a budget under tasks x batch (160 trials for
@@ -229,9 +262,11 @@ class Tuner:
         """Every round, `depth` of them measured at a time, as a cluster of measurers
         takes them: `launch(items)` starts measuring a round and returns its handle,
         `wait(handles)` blocks until one or more are done and returns [(handle, results)].
-        A round done is recorded, observed and learnt from as in `step`, and the next is
-        proposed at once. A task gets a second round in flight only when every task left
-        has one. Rounds still in flight when `launch` or `wait` raises are not recorded."""
+        A round done is recorded, observed and learnt from as in `step`, and the rounds
+        that take the free places are proposed together (in parallel by a pool of search
+        actors: `propose_many`). A task gets a second round in flight only when every
+        task left has one. Rounds in flight when `launch` or `wait` raises are not
+        recorded."""
         path = self.writer.path if self.writer else None
         notify(callbacks, "on_start", self.initial(), stopped(0, self.spent, path))
         flight: dict[Hashable, tuple[int, Task, list[Config]]] = {}
@@ -239,11 +274,11 @@ class Tuner:
             while len(flight) < depth:
                 busy = {i for i, _, _ in flight.values()}
                 in_flight = sum(len(cfgs) for _, _, cfgs in flight.values())
-                nxt = self._next_round(busy, in_flight) or \
-                    (self._next_round((), in_flight) if busy else None)
-                if nxt is None:
+                rounds = self._next_rounds(depth - len(flight), busy, in_flight)
+                if rounds is None:
                     break
-                flight[launch([(nxt[1], c) for c in nxt[2]])] = nxt
+                for nxt in rounds:
+                    flight[launch([(nxt[1], c) for c in nxt[2]])] = nxt
             if not flight:
                 break
             for handle, results in wait(list(flight)):

@@ -18,6 +18,7 @@ from raytune_kernels.tune.search import SearchOptions
 from raytune_kernels.tune.tuner import TuneOptions, Tuner
 from raytune_kernels.backend import cuda_backend
 
+from tests.support.fake import FakeMeasurer
 from tests.tune.test_tuner_cuda import NvrtcThenFake
 from tests.actors.test_tune import Tiny
 
@@ -105,7 +106,40 @@ def test_search_and_cost_model_actors_tune_cuda_tasks(ray_session):
     assert [b.error for b in measure.builds if b.error] == [] and len(measure.builds) == 20
     seen = collections.Counter((r.task_key, r.config_key()) for r in tuner.records)
     assert max(seen.values()) == 1 and set(result.best) == {t.key for t in tasks}
-    assert ray_session.get(pool.model.learn.remote([])) is not None  # a trained booster
+    assert ray_session.get(pool.model.booster.remote()) is not None  # a trained booster
+    for actor in pool.actors + [pool.model]:
+        ray_session.kill(actor)
+
+
+def test_spread_search_actors_propose_the_rounds_of_a_stream_together(ray_session, zoo_models):
+    """Tuner.stream over two search actors (placed by SPREAD) and the cost model actor:
+    each round's configs come from its task's actor, none twice, the booster shared."""
+    from actors.tuning_actors import RaySearchPool
+
+    model, inputs = zoo_models["resnet18"]
+    backend = cuda_backend(gpu_info("sm_90"))
+    tasks = [t for t in rk.extract_tasks(model, inputs)
+             if backend.unsupported(t.compute) is None][:4]
+    pool = RaySearchPool(tasks, backend, 0, SearchOptions(), num_search=2, spread=True)
+    owners = {t.key: pool.owner[t.key] for t in tasks}
+    assert len({id(a) for a in owners.values()}) == 2
+    fake, flight, asked = FakeMeasurer(), {}, []
+    many = pool.propose_many
+    pool.propose_many = lambda asks: asked.append(len(asks)) or many(asks)
+
+    def launch(items):
+        flight[len(flight)] = [fake.measure(t, c) for t, c in items]
+        return len(flight) - 1
+
+    def wait(handles):
+        return [(h, flight[h]) for h in handles[:2]]
+
+    tuner = Tuner(tasks, "cuda -arch=sm_90", "fake H100", None, pool,
+                  opts=TuneOptions(trials=48, batch=4))
+    result = tuner.stream(launch, wait, depth=4)
+    seen = collections.Counter((r.task_key, r.config_key()) for r in tuner.records)
+    assert result.trials == 48 and max(seen.values()) == 1 and asked[0] == 4
+    assert ray_session.get(pool.model.booster.remote()) is not None
     for actor in pool.actors + [pool.model]:
         ray_session.kill(actor)
 

@@ -334,3 +334,25 @@ def test_a_stream_gives_a_task_a_second_round_only_when_every_task_has_one(tasks
     cluster.launch = lambda items: first.append(items[0][0].key) or launch(items)
     tuner.stream(cluster.launch, cluster.wait, depth=4)
     assert sorted(first[:3]) == sorted(t.key for t in some)  # one each, then a second
+
+
+def test_a_stream_asks_a_pool_for_the_free_places_rounds_in_one_call(tasks):
+    some, cluster = tasks[:6], _Cluster(seed=3)
+    opts = SearchOptions(estimate_trials=0)
+    local, calls = LocalSearchPool(some, BACKEND, 0, opts), []
+
+    class Many:  # search actors: one call proposes several rounds in parallel
+        def propose_many(self, asks):
+            calls.append(asks)
+            return [local.propose(key, n) for key, n in asks]
+
+        def __getattr__(self, name):
+            return getattr(local, name)
+
+    tuner = Tuner(some, "llvm", "test", None, Many(),
+                  opts=TuneOptions(trials=96, batch=4, search=opts))
+    result = tuner.stream(cluster.launch, cluster.wait, depth=6)
+    assert result.trials == 96
+    assert [len(keys) for keys in calls[:1]] == [6]  # the first fills every place at once
+    assert max(len(a) for a in calls[1:]) > 1  # rounds done together are replaced together
+    assert len({k for k, _ in calls[0]}) == 6  # six tasks, one round each
