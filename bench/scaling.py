@@ -41,7 +41,7 @@ from raytune_kernels import zoo
 from raytune_kernels.backend import cpu_backend
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cpu.schedules import space_for
-from raytune_kernels.measure import MeasureOptions, MeasureResult
+from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.space import Config
 from raytune_kernels.task import Task
 from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
