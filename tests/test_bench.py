@@ -130,6 +130,28 @@ def test_coverage_summary_counts_what_each_model_gave():
     assert s["skipped"] == {"torchvision/d": 41.0}
     assert s["failed"] == {"torchvision/c": "timed out after 5 s"}
     assert s["flops_in_our_kernels"] == 0.95 and s["untuned_vs_eager"] == 1.5
+    assert s["untuned_vs_onnxruntime"] is None and s["compile_s"] is None
+    rows[0].update(untuned_vs_onnxruntime=0.8, compile_s=3.0)
+    rows[1].update(compile_s=5.0)  # no ONNX Runtime for it: the median is of the others
+    s = coverage.summary(rows, threads=1)
+    assert s["untuned_vs_onnxruntime"] == 0.8 and s["compile_s"] == 4.0
+
+
+def test_coverage_times_every_variant_in_each_round_and_gives_per_round_ratios():
+    import time
+
+    coverage = _bench("coverage")
+
+    def sleeper(seconds):
+        return lambda *xs: time.sleep(seconds)
+    out = coverage.timed(sleeper(0.002), sleeper(0.004), (), rounds=2,
+                         onnxruntime=sleeper(0.001))
+    assert out["rounds"] == 2 and out["ours_ms"] < out["eager_ms"]
+    low, high = out["untuned_vs_eager_range"]
+    assert low <= out["untuned_vs_eager"] <= high and out["untuned_vs_eager"] > 1.2
+    assert out["untuned_vs_onnxruntime"] < 0.8
+    alone = coverage.timed(sleeper(0.002), sleeper(0.004), (), rounds=1)
+    assert "untuned_vs_onnxruntime" not in alone and "onnxruntime_ms" not in alone
 
 
 @pytest.mark.slow
