@@ -20,6 +20,7 @@ plan is a pickle: load only files you trust, as with torch.load.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -192,19 +193,14 @@ class _Unpickler(pickle.Unpickler):
 
 # ---------------------------------------------------------------------- reading
 
-class _opened:
-    def __init__(self, path: str):
-        self.path = path
-
-    def __enter__(self):
-        try:
-            self.f = open(self.path, "rb")
-        except OSError as exc:
-            raise ArtifactError(f"cannot read {self.path}: {exc.strerror or exc}") from None
-        return self.f
-
-    def __exit__(self, *exc) -> None:
-        self.f.close()
+@contextlib.contextmanager
+def _opened(path: str):
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with f:
+        yield f
 
 
 def _header(f, path: str) -> dict:
