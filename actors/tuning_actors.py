@@ -47,14 +47,14 @@ class CostModelActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def learn(self, records: list[dict]) -> bytes | None:
-        """Add `records`; the booster when it was retrained (cost_model.refit_due), else
-        None (the search actors keep the one they have)."""
+    def learn(self, records: list[dict]) -> tuple | None:
+        """Add `records`; the model's state (booster, records learnt per task) when it was
+        retrained (cost_model.refit_due), else None (search actors keep the one they have)."""
         self.records += [Record.from_json(r) for r in records]
         if not self.model.refit(len(self.records), lambda: training_set(
                 self.tasks, self.records, self.backend.featurize, self.features)):
             return None
-        return self.model.save()
+        return self.model.state()
 
     def booster(self) -> bytes | None:
         """The latest booster (None before the first training)."""
@@ -74,9 +74,10 @@ class SearchActor:
                                                       seed, opts)
         self.model = CostModel()
 
-    def refresh(self, booster: bytes | None) -> None:
-        if booster:
-            self.model.load(booster)
+    def refresh(self, state: tuple | None) -> None:
+        """The cost model's latest state (CostModel.state), when it retrained."""
+        if state:
+            self.model.load_state(state)
 
     def pin(self, cores: tuple[int, ...]) -> None:
         _pin_niced(cores)
@@ -133,8 +134,8 @@ class RaySearchPool:
             self._exhausted.add(key)
 
     def learn(self, records: list[Record]) -> None:
-        booster = self.model.learn.remote([r.to_json() for r in records])  # an ObjectRef
-        ray.get([a.refresh.remote(booster) for a in self.actors])
+        state = self.model.learn.remote([r.to_json() for r in records])  # an ObjectRef
+        ray.get([a.refresh.remote(state) for a in self.actors])
 
     def exhausted(self, key: str) -> bool:
         return key in self._exhausted

@@ -40,6 +40,7 @@ class TrainingSet:
     features: list[list[float]] = field(default_factory=list)
     labels: list[float] = field(default_factory=list)
     groups: list[int] = field(default_factory=list)  # sizes of consecutive query groups
+    keys: list[str] = field(default_factory=list)  # the task of each group
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -67,6 +68,7 @@ def training_set(tasks: dict[str, Task], records: Iterable[Record], featurize: F
             out.features += [x for x, _ in rows]
             out.labels += [y for _, y in rows]
             out.groups.append(len(rows))
+            out.keys.append(key)
     return out
 
 
@@ -87,6 +89,7 @@ class CostModel:
         self._booster = None
         self.version = 0  # counts trainings and loads: scores of an older one are stale
         self.trained_on = 0  # records the latest training learnt from
+        self.learnt: dict[str, int] = {}  # task key -> its records in that training
         if booster:
             self.load(booster)
 
@@ -119,6 +122,7 @@ class CostModel:
                         label=np.asarray(data.labels, np.float32), nthread=1)
         d.set_group(data.groups)
         self._booster = xgb.train(PARAMS, d, num_boost_round=ROUNDS)
+        self.learnt = dict(zip(data.keys, data.groups))
         self.version += 1
         return True
 
@@ -131,6 +135,14 @@ class CostModel:
 
     def save(self) -> bytes | None:
         return None if self._booster is None else bytes(self._booster.save_raw("ubj"))
+
+    def state(self) -> tuple[bytes, dict[str, int]] | None:
+        """The booster and what it learnt per task: what another process's copy loads."""
+        return None if self._booster is None else (self.save(), dict(self.learnt))
+
+    def load_state(self, state: tuple[bytes, dict[str, int]]) -> None:
+        raw, self.learnt = state[0], dict(state[1])
+        self.load(raw)
 
     def load(self, raw: bytes) -> None:
         import xgboost as xgb

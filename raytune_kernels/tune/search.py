@@ -37,6 +37,7 @@ from raytune_kernels.task import Task
 class SearchOptions:
     population: int = 32  # best-ranked candidates (beside the elite) that parent children
     generations: int = 2  # per proposal; the pool carries evolution on to the next one
+    first_generations: int = 6  # at the first proposal with a trained model: from scratch
     children: int = 24  # per generation
     elite: int = 12  # best measured configs that parent children
     epsilon: float = 0.15
@@ -59,6 +60,7 @@ class EvolutionarySearch:
         self.pending: set[Config] = set()  # proposed, not observed yet
         self.pool = CandidatePool()
         self.features: dict[Config, np.ndarray] = {}  # of the latest proposal's picks
+        self._evolved = False  # whether a proposal has evolved the pool yet
 
     @property
     def exhausted(self) -> bool:
@@ -145,7 +147,8 @@ class EvolutionarySearch:
         self._add(self._random(size, set(self.pool.index)), model)
         if not model.trained:
             return  # the estimate alone ranks random samples, as it has nothing to evolve
-        for _ in range(self.opts.generations):
+        first, self._evolved = not self._evolved, True
+        for _ in range(self.opts.first_generations if first else self.opts.generations):
             ranked = [self.pool.configs[i] for i in self._order(model)[: self.opts.population]]
             elite = sorted((c for c, t in self.measured.items() if math.isfinite(t)),
                            key=self.measured.get)[: self.opts.elite]
@@ -172,15 +175,15 @@ class EvolutionarySearch:
 
     def _order(self, model: CostModel) -> np.ndarray:
         """The pool's indices, best first, by the model's rank blended with the
-        estimate's. The model's weight grows with this task's own measurements n, as
-        (n + 4) / (n + 4 + estimate_trials): a model trained on other tasks' records
-        knows their good configs, not this one's, while the estimate knows every task
-        equally little (and is absent off the CPU). The model always keeps some weight:
-        the estimate ignores loop order and layout, and evolution under the estimate
-        alone runs into what it ignores."""
+        estimate's. The model's weight grows with the records n of this task it has
+        learnt, as (n + 4) / (n + 4 + estimate_trials): a model trained on other tasks'
+        records knows their good configs, not this one's (and it retrains only every
+        few rounds), while the estimate knows every task equally little (and is absent
+        off the CPU). The model always keeps some weight: the estimate ignores loop order
+        and layout, and evolution under the estimate alone runs into what it ignores."""
         key = _fractional_ranks(self.pool.scores(model))
         if self._estimating:
-            own = sum(math.isfinite(t) for t in self.measured.values())
+            own = model.learnt.get(self.task.key, 0)
             w = (own + 4) / (own + 4 + self.opts.estimate_trials)
             key = w * key + (1 - w) * _fractional_ranks(self.pool.estimates)
         return np.argsort(-key, kind="stable")
