@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -257,7 +258,8 @@ def main() -> None:
         for row in pool.map(lambda n: run_one(n, args), names):
             rows.append(row)
             print(json.dumps(row), flush=True)
-    result = summary(rows, args.threads)
+    result = {"command": shlex.join(["bench/coverage.py", *sys.argv[1:]]),
+              **summary(rows, args.threads)}
     result["tuned"] = {m: tune_one(m, args) for m in args.tune}
     print(json.dumps(result))
 
