@@ -389,9 +389,9 @@ def compile_network_cpu(model: torch.nn.Module,
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) \
         else tuple(example_inputs)
     recs = list(records)
-    # without records every kernel is untuned and checked in a child (probe.py): started
-    # now, it imports while this process captures and plans
-    checker = [start_child(CHECK_CHILD)] if not recs else []
+    # without records (nor PyTorch to fall back on) every kernel is untuned and checked in
+    # a child (probe.py): started now, it imports while this process captures and plans
+    checker = [start_child(CHECK_CHILD)] if not recs and not fallback else []
     graph = capture(model, inputs)
     part = partition(graph)
     cold = any(r.cold_weights for r in recs)  # transforms and torch timed as kernels were
