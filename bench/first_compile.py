@@ -60,10 +60,13 @@ OF_WHICH = (("render_ir", "raytune_kernels.cpu.llvm.ir", "render"),
 def _wrap(totals: dict, phase: str, module: str, attr: str, depth: list) -> None:
     """Replace module.attr (or module.Class.method) by a function that adds its outermost
     calls' wall seconds to totals[phase]; every module that imported the name by value
-    gets the wrapper too. An attribute this version lacks is left alone."""
+    gets the wrapper too. A module or attribute this version lacks is left alone."""
     import importlib
 
-    mod = importlib.import_module(module)
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:  # a version without that module
+        return
     owner, _, name = attr.rpartition(".")
     holder = getattr(mod, owner) if owner else mod
     fn = getattr(holder, name, None)
