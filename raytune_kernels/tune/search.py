@@ -37,7 +37,8 @@ from raytune_kernels.task import Task
 class SearchOptions:
     population: int = 32  # best-ranked candidates (beside the elite) that parent children
     generations: int = 2  # per proposal; the pool carries evolution on to the next one
-    first_generations: int = 6  # at the first proposal with a trained model: from scratch
+    first_generations: int = 3  # at the first proposal with a trained model, which
+    first_children: int = 48  # evolves the task's pool from random samples
     children: int = 24  # per generation
     elite: int = 12  # best measured configs that parent children
     epsilon: float = 0.15
@@ -148,18 +149,20 @@ class EvolutionarySearch:
         if not model.trained:
             return  # the estimate alone ranks random samples, as it has nothing to evolve
         first, self._evolved = not self._evolved, True
-        for _ in range(self.opts.first_generations if first else self.opts.generations):
+        generations, children = ((self.opts.first_generations, self.opts.first_children)
+                                 if first else (self.opts.generations, self.opts.children))
+        for _ in range(generations):
             ranked = [self.pool.configs[i] for i in self._order(model)[: self.opts.population]]
             elite = sorted((c for c, t in self.measured.items() if math.isfinite(t)),
                            key=self.measured.get)[: self.opts.elite]
             parents = elite + ranked
             if parents:
-                self._add(self._children(parents), model)
+                self._add(self._children(parents, children), model)
 
-    def _children(self, parents: list[Config]) -> list[Config]:
+    def _children(self, parents: list[Config], n: int) -> list[Config]:
         out: dict[Config, None] = {}
-        for _ in range(2 * self.opts.children):
-            if len(out) == self.opts.children:
+        for _ in range(2 * n):
+            if len(out) == n:
                 break
             c = self._child(parents)
             if c not in self.pool.index and not self._taken(c):

@@ -59,7 +59,7 @@ def test_a_config_is_analysed_once_across_proposals(conv):
     # the first proposal analyses `initial` samples, each later one `fresh` plus children
     # (the first with a trained model more generations of them)
     assert len(counting.analysed) <= opts.initial + opts.fresh + \
-        opts.first_generations * opts.children + 4 * (
+        opts.first_generations * opts.first_children + 4 * (
             opts.fresh + opts.generations * opts.children)
 
 
