@@ -144,7 +144,7 @@ def _pickle_plan(state: dict) -> tuple[bytes, list[np.ndarray], list[dict]]:
 
 def _array_entry(obj) -> dict | None:
     """The table entry of an array or tensor kept apart; None for anything else."""
-    if type(obj) is np.ndarray and not obj.dtype.hasobject:
+    if type(obj) is np.ndarray and not obj.dtype.hasobject and obj.dtype.names is None:
         return {"kind": "numpy", "dtype": obj.dtype.str, "shape": list(obj.shape),
                 "nbytes": obj.nbytes}
     if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "cpu" \
@@ -225,6 +225,7 @@ def _header(f, path: str) -> dict:
 
 def _payload(f, path: str, header: dict) -> tuple[bytes, list]:
     """The plan's bytes and the arrays, read and hashed; refused unless whole."""
+    _check_sizes(f, path, header)
     digest = hashlib.sha256()
     plan = f.read(header["plan_bytes"])
     digest.update(plan)
@@ -245,6 +246,21 @@ def _payload(f, path: str, header: dict) -> tuple[bytes, list]:
     if digest.hexdigest() != header["payload_sha256"]:
         raise _corrupted(path)
     return plan, arrays
+
+
+def _check_sizes(f, path: str, header: dict) -> None:
+    """The header's sizes agree with each other and with the file, before any memory is
+    set aside for the arrays (the checksum covers the payload, not the header)."""
+    try:
+        parts = int(header["plan_bytes"]) + sum(int(a["nbytes"]) for a in header["arrays"])
+        ok = parts == header["payload_bytes"] and all(
+            a["kind"] in ("numpy", "tensor", "parameter") for a in header["arrays"])
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ArtifactError(f"{path}: its header is damaged (its sizes or array table do "
+                            "not add up)")
+    _check_length(path, header, os.fstat(f.fileno()).st_size - f.tell())
 
 
 def _check_length(path: str, header: dict, got: int) -> None:

@@ -142,6 +142,9 @@ def test_damaged_and_foreign_files_are_refused_saying_why(saved, tmp_path):
         (lambda: _rewrite(path, tmp_path, payload=lambda b: b[:50] + bytes([b[50] ^ 1])
                           + b[51:]), "corrupted: its payload's checksum"),
         (lambda: str(tmp_path / "missing.rkn"), "cannot read"),
+        (lambda: _rewrite(path, tmp_path, header=lambda h: {
+            **h, "arrays": [{**a, "nbytes": 1 << 60} for a in h["arrays"]]}),
+         "header is damaged \\(its sizes"),
     ]
     (tmp_path / "text.rkn").write_text("not a network")
     cases.append((lambda: str(tmp_path / "text.rkn"), "is not a saved raytune-kernels"))
