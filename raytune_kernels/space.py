@@ -92,6 +92,10 @@ class Space:
             rest[name] = rng.choice(choices)
         return self._make(combo, rest)
 
+    def prepare(self) -> None:
+        """Build now the tables mutation reads (built on first use otherwise, then kept)."""
+        self._neighbours  # noqa: B018 (a cached property: reading it builds it)
+
     @functools.cached_property
     def _neighbours(self) -> list[dict[tuple, list[tuple]]]:
         """Per coupled knob i: the combos grouped by their other knobs, in space order, so
@@ -197,6 +201,11 @@ class UnionSpace:
     def sample(self, rng: random.Random) -> Config:
         name, space = rng.choices(self.parts, weights=[s.count() for _, s in self.parts])[0]
         return self._tag(name, space.sample(rng))
+
+    def prepare(self) -> None:
+        """Build every part's mutation tables now."""
+        for _, space in self.parts:
+            space.prepare()
 
     def mutate(self, cfg: Config, rng: random.Random) -> Config:
         name, space, inner = self._part(cfg)

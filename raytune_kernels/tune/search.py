@@ -97,8 +97,7 @@ class EvolutionarySearch:
         does not fall on the rounds that keep measurers busy."""
         if not len(self.pool):
             self._add(self._random(self.opts.initial, set()), model)
-        for _, part in getattr(self.space, "parts", (("", self.space),)):
-            getattr(part, "_neighbours", None)  # built on first use, then kept (space.py)
+        self.space.prepare()
 
     def propose(self, n: int, model: CostModel) -> list[Config]:
         n_random = max(1, round(n * self.opts.epsilon)) if n > 1 else 0
