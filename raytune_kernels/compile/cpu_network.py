@@ -392,38 +392,41 @@ def compile_network_cpu(model: torch.nn.Module,
     # without records (nor PyTorch to fall back on) every kernel is untuned and checked in
     # a child (probe.py): started now, it imports while this process captures and plans
     checker = [start_child(CHECK_CHILD)] if not recs and not fallback else []
-    graph = capture(model, inputs)
-    part = partition(graph)
-    cold = any(r.cold_weights for r in recs)  # transforms and torch timed as kernels were
-    opts = MeasureOptions(threads=threads, min_repeat_ms=5, repeats=5, cold_weights=cold)
-    cpu = cpu_info(tgt.mcpu)
-    no_kernel = {t.key: why for t in part.tasks if (why := no_kernel_reason(t.compute, cpu))}
-    recs = _in_todays_spaces(recs, part.tasks, cpu, no_kernel)
-    tseconds = {t.key: torch_seconds(t.compute, threads, cold_weights=cold)
-                for t in part.tasks if fallback or t.key in no_kernel}
-    unchecked: list[int] = []
-    cands = _candidates(part, recs, fallback, tseconds, threads, cpu, no_kernel,
-                        family_of=layout_family, unchecked=unchecked)
-    # every edge's transform, timed at once (parallel builds, one isolated child) or
-    # looked up in this machine's transform cache; untuned, priced by a model instead
-    # (its node costs are estimates too): a first compile times no transform
-    bordering = functools.partial(_writes_bordered, part)
-    priced_at = None if recs else cpu.machine.ghz
-    if priced_at is None:
-        measure_transforms(transforms_asked(lambda cost: step_problem(part, cands, cost,
-                                                                      bordering)), opts)
-    verdicts: dict = {}
-    while True:  # the chosen untuned kernels pass an isolated check, or are chosen again
-        plan, chosen = choose(part, cands, layout,
-                               lambda shape, a, b: transform_cost(shape, a, b, opts,
-                                                                  priced_at),
-                               time_limit_s, solver, bordering)
-        if not _drop_failed_untuned(part, cands, chosen, unchecked, verdicts, tseconds,
-                                    threads, tgt.mcpu, checker):
-            break
-    for child in checker:  # nothing was left for it to check
-        child.kill()
-        child.communicate()
+    try:
+        graph = capture(model, inputs)
+        part = partition(graph)
+        cold = any(r.cold_weights for r in recs)  # transforms and torch timed as kernels
+        opts = MeasureOptions(threads=threads, min_repeat_ms=5, repeats=5, cold_weights=cold)
+        cpu = cpu_info(tgt.mcpu)
+        no_kernel = {t.key: why for t in part.tasks
+                     if (why := no_kernel_reason(t.compute, cpu))}
+        recs = _in_todays_spaces(recs, part.tasks, cpu, no_kernel)
+        tseconds = {t.key: torch_seconds(t.compute, threads, cold_weights=cold)
+                    for t in part.tasks if fallback or t.key in no_kernel}
+        unchecked: list[int] = []
+        cands = _candidates(part, recs, fallback, tseconds, threads, cpu, no_kernel,
+                            family_of=layout_family, unchecked=unchecked)
+        # every edge's transform, timed at once (parallel builds, one isolated child) or
+        # looked up in this machine's transform cache; untuned, priced by a model instead
+        # (its node costs are estimates too): a first compile times no transform
+        bordering = functools.partial(_writes_bordered, part)
+        priced_at = None if recs else cpu.machine.ghz
+        if priced_at is None:
+            measure_transforms(transforms_asked(lambda cost: step_problem(part, cands, cost,
+                                                                          bordering)), opts)
+        verdicts: dict = {}
+        while True:  # chosen untuned kernels pass an isolated check, or are chosen again
+            plan, chosen = choose(part, cands, layout,
+                                   lambda shape, a, b: transform_cost(shape, a, b, opts,
+                                                                      priced_at),
+                                   time_limit_s, solver, bordering)
+            if not _drop_failed_untuned(part, cands, chosen, unchecked, verdicts, tseconds,
+                                        threads, tgt.mcpu, checker):
+                break
+    finally:  # a check child nothing was left for (or a compile that raised)
+        for child in checker:
+            child.kill()
+            child.communicate()
     planner = Planner(part, tgt.mcpu, opts, borders_wanted(part, chosen), priced_at)
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):

@@ -588,3 +588,25 @@ def test_allocate_shares_one_pool_and_names_the_borders_to_write_again():
     assert refill == [(bordered, 200)]
     assert arrays[id(again)] is not arrays[id(bordered)]  # both live at step d
     assert (arrays[id(again)] == 0).all()  # made with its border, never shared: kept
+
+
+def test_a_compile_that_raises_leaves_no_check_child_behind(monkeypatch):
+    from raytune_kernels.compile import cpu_network
+
+    class Child:  # stands for the check child an untuned compile starts ahead
+        killed = reaped = False
+
+        def kill(self):
+            self.killed = True
+
+        def communicate(self):
+            self.reaped = True
+    child = Child()
+    monkeypatch.setattr(cpu_network, "start_child", lambda target: child)
+
+    def refuse(model, inputs):
+        raise CompileError("capture refused")
+    monkeypatch.setattr(cpu_network, "capture", refuse)
+    with pytest.raises(CompileError, match="capture refused"):
+        compile_network(torch.nn.Linear(4, 4), torch.randn(1, 4))
+    assert child.killed and child.reaped
