@@ -21,7 +21,6 @@ only its trials in flight, and only their time.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import sys
@@ -122,6 +121,15 @@ def _named(role: str) -> dict:
     return {"name": f"{role}-{_RUN}-{next(_serial)}", "namespace": NAMESPACE}
 
 
+def _maker(actor_class, role: str, *args, **options):
+    """A callable starting a new `actor_class` actor with `options` and `args`, under a new
+    name each call: a replacement cannot take its predecessor's name, which Ray frees only
+    once the killed actor is gone."""
+    def make():
+        return actor_class.options(**options, **_named(role)).remote(*args)
+    return make
+
+
 def _on(node_id: str | None) -> dict:
     if node_id is None:
         return {}
@@ -163,9 +171,8 @@ class MeasurePipeline:
         # (when phased, builders also run on the measurers' cores, between measurements)
         share = len(spare) / n_builders
         # how each builder is made, to replace one that died or ran past the build timeout
-        self.builder_makers = [functools.partial(
-            BuilderActor.options(num_cpus=share, **_named("builder")).remote, builder_cores)
-            for _ in range(n_builders)]
+        self.builder_makers = [_maker(BuilderActor, "builder", builder_cores, num_cpus=share)
+                               for _ in range(n_builders)]
         self.builders = [make() for make in self.builder_makers]
         self.builder_nodes: list[str | None] = [None] * n_builders
         self.cluster, self._turn = False, 0
@@ -229,8 +236,7 @@ class MeasurePipeline:
                 kind = BuilderActor
                 if self.device == "gpu":
                     from actors.cuda_builder import CudaBuilderActor as kind
-                make = kind.options(num_cpus=r.cpus, **_on(r.node_id),
-                                    **_named("builder")).remote
+                make = _maker(kind, "builder", num_cpus=r.cpus, **_on(r.node_id))
                 self.builder_makers.append(make)
                 self.builders.append(make())
                 self.builder_nodes.append(r.node_id)

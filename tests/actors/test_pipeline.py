@@ -151,6 +151,26 @@ def _standalone(task, cfg, cores) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def test_each_replacement_actor_gets_a_name_of_its_own(pipeline):
+    """A builder's maker names every actor it starts anew: a replacement started while Ray
+    still holds its killed predecessor's name must not be refused for the name."""
+    import ray
+    from actors.pipeline import NAMESPACE
+
+    def named():
+        return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == NAMESPACE}
+
+    before = named()
+    first, second = (pipeline.builder_makers[0]() for _ in range(2))  # a duplicate name raises
+    try:
+        names = named() - before
+        assert len(names) == 2 and all(n.startswith("builder-") for n in names), names
+    finally:
+        ray.kill(first, no_restart=True)
+        ray.kill(second, no_restart=True)
+
+
 def test_a_builder_that_dies_mid_batch_is_replaced_and_nothing_hangs(pipeline, task, configs):
     """Builders killed while a batch builds (as an LLVM abort or the OOM killer would):
     fresh builders take their place, their builds are done again, every candidate gets
