@@ -523,7 +523,7 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
             tuned = [c for c in tuned if c.seconds <= tseconds[step.key]]
             tuned.append(Candidate(NCHW, NCHW, tseconds[step.key], TORCH))
         elif not tuned:
-            tuned = estimated_candidates(part, step, cpu)
+            tuned = estimated_candidates(part, step, cpu, threads)
             if tuned:
                 untuned[step.key] = task.compute.describe()
                 tuned = prune(tuned, family_of)
@@ -589,11 +589,13 @@ def _drop_failed_untuned(part: Partition, cands: list[list[Candidate]], chosen: 
 UNTUNED_POOL = 48  # random configs an untuned task's estimate chooses among
 
 
-def estimated_candidates(part: Partition, step: TaskStep, cpu: CpuInfo) -> list[Candidate]:
-    """An untuned task's candidates: the fewest estimated cycles (cpu/estimate.py) per
-    layout pair among a fixed random pool of configs, priced at the machine's clock."""
+def estimated_candidates(part: Partition, step: TaskStep, cpu: CpuInfo,
+                         threads: int = 1) -> list[Candidate]:
+    """An untuned task's candidates: the fewest estimated cycles (cpu/estimate.py) at
+    `threads` threads per layout pair among a fixed random pool of configs, priced at the
+    machine's clock."""
     best: dict[tuple[str, str], Candidate] = {}
-    for cand in _estimated_pool(part.task(step.key), cpu):
+    for cand in _estimated_pool(part.task(step.key), cpu, threads):
         pair = (cand.in_layout, cand.out_layout)
         if (pair not in best or cand.seconds < best[pair].seconds) and \
                 _bindable(part, step, cand):
@@ -602,13 +604,14 @@ def estimated_candidates(part: Partition, step: TaskStep, cpu: CpuInfo) -> list[
 
 
 @functools.lru_cache(maxsize=1024)  # a task recurs in many steps (BERT: 12 layers)
-def _estimated_pool(task, cpu: CpuInfo) -> tuple[Candidate, ...]:
+def _estimated_pool(task, cpu: CpuInfo, threads: int = 1) -> tuple[Candidate, ...]:
     """The task's fixed random pool of configs that lower, each priced by the estimate."""
     space, rng = space_for(task.compute, cpu), random.Random(task.key)
     out = []
     for cfg in dict.fromkeys(space.sample(rng) for _ in range(UNTUNED_POOL)):
         try:
-            seconds = cycles(lower(task.compute, cfg), cpu.machine) / (cpu.machine.ghz * 1e9)
+            nest = lower(task.compute, cfg)
+            seconds = cycles(nest, cpu.machine, threads) / (cpu.machine.ghz * 1e9)
         except ValueError:  # a config this compute cannot lower: not a candidate
             continue
         out.append(Candidate(*layouts_of(task, cfg), seconds, cfg))

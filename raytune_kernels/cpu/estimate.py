@@ -22,35 +22,55 @@ the measured ones at 0.87 on average, and its first 8 picks hold a config within
 best on 17 tasks (8 random picks would on 9.2 tasks, in expectation); with the weights out of
 cache, as tune_network times them (80 configs a task), 0.82 and 14 tasks (random: 7.0).
 Memory traffic is left out: a reuse-distance term (bytes re-fetched per loop, priced by
-the cache level their footprint fits) did not rank better with cold weights.
+the cache level their footprint fits) did not rank better with cold weights. One memory
+effect is kept, because it decides between tiles the compute bounds find equal: the rows
+of a register tile read A at a fixed stride, and where that stride is a multiple of the
+L1's set period (4 KiB on a VIPT L1 indexed inside a page) more rows share one set than
+the cache has ways, so every broadcast misses L1 (measured on znver5, 2 threads: a dense
+128x2048 -> 512 ran at 52% of peak with 16 rows at an 8 KiB stride, 86% with 9).
+
+With `threads`, a parallel loop's iterations are shared out statically (the busiest
+thread's share counts) and opening the parallel region costs FORK_CYCLES, so a small row
+kernel stays serial and a large one is split; at 1 thread the two cost the same.
 """
 from __future__ import annotations
 
 import functools
 
-from raytune_kernels.cpu.loopnest import (BCAST_FMA, UNROLL, VEC_FMA, Bin, For, Ld, LoopNest, Map,
-                                          MapGroup, Reduce, StoreTile, Un, UpdateTile, ZeroTile)
+from raytune_kernels.cpu.loopnest import (BCAST_FMA, PARALLEL, UNROLL, VEC_FMA, Bin, For, Ld,
+                                          LoopNest, Map, MapGroup, Reduce, StoreTile, Un,
+                                          UpdateTile, ZeroTile)
 from raytune_kernels.cpu.machine import MachineModel, VectorUnit
 
 LOOP_CYCLES = 1.0  # increment, compare and branch of a loop that is not unrolled
+FORK_CYCLES = 2000.0  # opening and joining a parallel region (~0.45 us, bench/dispatch.py)
+SET_PERIOD = 4096  # bytes after which L1 set indices repeat (a VIPT L1 is indexed in-page)
+LINE = 64  # cache line bytes
+MISS_CYCLES = 1.25  # per A line that misses L1 in an update (an L2 hit, overlapped)
 TRANSCENDENTAL_OPS = 12  # vector ops of an inlined exp, tanh or sqrt polynomial
 CHEAP_OPS = ("relu", "relu6", "hardswish", "hardsigmoid")  # a few selects and multiplies
 
 
-def cycles(nest: LoopNest, machine: MachineModel) -> float:
-    """Estimated cycles of one run of `nest` on one core of `machine`."""
+def cycles(nest: LoopNest, machine: MachineModel, threads: int = 1) -> float:
+    """Estimated cycles of one run of `nest` on `machine` with `threads` threads (the
+    busiest thread's cycles, and the cost of opening parallel regions when threads > 1)."""
     tiles = {t.name: t for t in nest.tiles}
-    return _cycles(nest.body, tiles, machine.unit(nest.lanes))
+    ways = max(1, machine.caches[0] // SET_PERIOD) if machine.caches[0] else 8
+    return _cycles(nest.body, tiles, machine.unit(nest.lanes), (threads, ways))
 
 
-def _cycles(body, tiles: dict, u: VectorUnit) -> float:
+def _cycles(body, tiles: dict, u: VectorUnit, ctx: tuple[int, int]) -> float:
     total = 0.0
     for s in body:
         if isinstance(s, For):
             loop = 0.0 if s.kind == UNROLL else LOOP_CYCLES
-            total += s.extent * (_cycles(s.body, tiles, u) + loop)
+            extent, threads = s.extent, ctx[0]
+            if s.kind == PARALLEL and threads > 1:
+                extent = -(-extent // threads)
+                total += FORK_CYCLES
+            total += extent * (_cycles(s.body, tiles, u, ctx) + loop)
         elif isinstance(s, UpdateTile):
-            total += _update_cycles(s, tiles[s.tile], u)
+            total += _update_cycles(s, tiles[s.tile], u, ctx[1])
         elif isinstance(s, ZeroTile):
             total += _accumulators(tiles[s.tile]) / u.fma_per_cycle
         elif isinstance(s, StoreTile):
@@ -106,7 +126,7 @@ def _accumulators(tile) -> int:
     return tile.shape[0] * tile.shape[1] * tile.vecs
 
 
-def _update_cycles(s: UpdateTile, tile, u: VectorUnit) -> float:
+def _update_cycles(s: UpdateTile, tile, u: VectorUnit, ways: int) -> float:
     accs = _accumulators(tile)
     if s.mode == BCAST_FMA:
         loads = tile.shape[0] * tile.shape[1] + tile.vecs
@@ -114,4 +134,16 @@ def _update_cycles(s: UpdateTile, tile, u: VectorUnit) -> float:
         loads = 2 * accs
     else:  # max, add, set: one vector of A per accumulator
         loads = accs
-    return max(accs / u.fma_per_cycle, loads / u.loads_per_cycle, u.fma_latency)
+    misses = _conflict_lines(tuple(tile.offsets(s.a_strides)), ways) * MISS_CYCLES
+    return max(accs / u.fma_per_cycle, loads / u.loads_per_cycle, u.fma_latency, misses)
+
+
+@functools.lru_cache(maxsize=4096)
+def _conflict_lines(offsets: tuple[int, ...], ways: int) -> int:
+    """A lines of one update (element offsets of the tile's rows) that fall in L1 sets
+    holding more of them than the ways left beside B's and the output's lines (two)."""
+    sets: dict[int, set[int]] = {}
+    for off in offsets:
+        line = off * 4 // LINE
+        sets.setdefault(line % (SET_PERIOD // LINE), set()).add(line)
+    return sum(len(lines) for lines in sets.values() if len(lines) > ways - 2)

@@ -118,3 +118,45 @@ def test_a_map_group_is_costed_as_rendered_each_shared_subexpression_once():
     exprs = tuple(e for _, e in shared_group().body[0].outs)
     assert _exprs_cost(exprs, shared=True) == (3.0, 2)  # x + y, 2 (x + y), ... - x
     assert _exprs_cost(exprs, shared=False) == (4.0, 5)  # as separate Maps would do
+
+
+def dense_task(k: int, n: int = 512, m: int = 128):
+    (task,) = rk.extract_tasks(torch.nn.Linear(k, n), torch.randn(1, m, k))
+    return task
+
+
+def dense_cfg(ob: int, rows: int, parallel: int = 2) -> Config:
+    return Config.of(cb=16, lanes=16, ob=ob, parallel=parallel, reduce_order=("co",),
+                     spatial_order=("ko", "oh"), tile_h=rows, tile_w=1)
+
+
+def test_tile_rows_that_share_an_l1_set_cost_misses():
+    """16 rows of A 8 KiB apart fall in one set of an 8-way L1: every broadcast misses.
+    The same tile over rows 3 KiB apart spreads over the sets and costs its FMAs only."""
+    per_flop = {}
+    for k in (2048, 768):
+        task = dense_task(k)
+        for ob, rows in ((16, 16), (64, 5)):
+            nest = lower(task.compute, dense_cfg(ob, rows))
+            per_flop[k, ob] = cycles(nest, CPU.machine) / task.compute.flops()
+    assert per_flop[2048, 16] > 2 * per_flop[2048, 64]
+    assert per_flop[768, 16] == pytest.approx(per_flop[768, 64], rel=0.1)
+
+
+def test_threads_share_a_parallel_loop_and_pay_for_opening_it():
+    (big,) = rk.extract_tasks(torch.nn.Softmax(-1), torch.randn(1, 12, 128, 128))
+    (small,) = rk.extract_tasks(torch.nn.Softmax(-1), torch.randn(1, 4, 32))
+    cost = lambda task, parallel, threads: cycles(lower(  # noqa: E731
+        task.compute, Config.of(accs=4 if task is big else 2, lanes=16, parallel=parallel)),
+        CPU.machine, threads)
+    assert cost(big, True, 2) < 0.6 * cost(big, False, 2)
+    assert cost(big, True, 1) == cost(big, False, 1)
+    assert cost(small, True, 2) > cost(small, False, 2)
+
+
+def test_an_uneven_parallel_split_costs_the_busiest_thread():
+    task = dense_task(512, n=48 * 3)  # three 48-wide blocks over two threads
+    cfg = Config.of(cb=16, lanes=16, ob=48, parallel=1, reduce_order=("co",),
+                    spatial_order=("ko", "oh"), tile_h=9, tile_w=1)
+    one, two = (cycles(lower(task.compute, cfg), CPU.machine, t) for t in (1, 2))
+    assert two == pytest.approx(2 / 3 * one, rel=0.05)
