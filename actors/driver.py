@@ -302,7 +302,9 @@ def _rounds(ray, actor, request: TuneRequest, callbacks: list[Callback]) -> Tuni
         where = stopped(summary.round, summary.trials, records)
         notify(callbacks, "on_records", new, where)
         notify(callbacks, "on_round", summary, where)
+    setup = ray.get(actor.setup.remote())
     result = ray.get(actor.result.remote())
+    result.setup = setup
     result.estimated_latency_s += torch_s
     result.torch_s = torch_s
     result.rounds = [dataclasses.replace(p, estimated_s=p.estimated_s + torch_s)

@@ -36,7 +36,7 @@ from raytune_kernels.cpu.build import BUILD_PHASES, BuildResult
 from raytune_kernels.space import Config
 from raytune_kernels.measure import (BUILD_ERROR, CRASHED, HOST_ERROR, MEASURE_PHASES, TIMEOUT,
                                      MeasureOptions, MeasureResult)
-from raytune_kernels.placement import NodeInfo, phased, plan
+from raytune_kernels.placement import SEARCH_RESOURCE, NodeInfo, phased, plan
 from raytune_kernels.task import Task
 
 from actors.measure_actors import BuilderActor, MeasurerActor
@@ -105,7 +105,8 @@ class _Slot:
 def alive_nodes() -> list[NodeInfo]:
     return [NodeInfo(n["NodeID"], int(n["Resources"].get("CPU", 0)),
                      int(n["Resources"].get("GPU", 0)),
-                     "node:__internal_head__" in n["Resources"])
+                     "node:__internal_head__" in n["Resources"],
+                     bool(n["Resources"].get(SEARCH_RESOURCE)))
             for n in ray.nodes() if n["Alive"]]
 
 
@@ -138,7 +139,10 @@ def _on(node_id: str | None) -> dict:
 
 
 class MeasurePipeline:
-    """Builds and measures batches of (task, config); results come back in order."""
+    """Builds and measures batches of (task, config); results come back in order. Or a
+    stream of rounds: launch() and wait(), as Tuner.stream drives them."""
+
+    _stream: dict | None = None  # handle -> the round's places, while a stream is open
 
     def __init__(self, num_measurers: int = 1, num_builders: int | None = None,
                  opts: MeasureOptions = MeasureOptions(), cores_per_measurer: int = 1,
@@ -314,6 +318,9 @@ class MeasurePipeline:
         return ray.get(self.slots[0].actor.name.remote())
 
     def run(self, items: list[tuple[Task, Config]]) -> list[MeasureResult]:
+        if self._stream is not None:
+            raise RuntimeError("a batch cannot be run while a stream of rounds is open "
+                               "(launch/wait); close_stream() first")
         start = time.perf_counter()
         if self.cluster:
             self.refresh()
@@ -324,11 +331,7 @@ class MeasurePipeline:
             builds = [self._build(item) for item in items]
         results = self._measure(items, builds)
         self.stats.wall_s += time.perf_counter() - start
-        if results and all(r.error_kind == HOST_ERROR for r in results):
-            waited = sum(HOST_RETRY_WAITS_S)
-            raise HostFault(f"every candidate of the batch failed for this machine's sake, "
-                            f"also after {waited:.0f} s of retries: {results[0].error_msg}; "
-                            f"the records so far are kept: free it and resume")
+        _raise_if_all_host(results)
         return results
 
     def measure_built(self, items: list[tuple[Task, Config]],
@@ -336,6 +339,70 @@ class MeasurePipeline:
         """Measure libraries built elsewhere (e.g. injected faults) through the measurers."""
         self._build_node, self._build_since = {}, {}
         return self._measure(items, [ray.put(b) for b in built])
+
+    # A stream of rounds (Tuner.stream's launch and wait): rounds are added while others
+    # are built and measured, so that many measurers never wait for a batch's slowest
+    # trial. Builds go to the builders as a round is launched; measurers take built
+    # candidates in launch order. Only where builders have cores of their own (not phased).
+
+    def launch(self, items: list[tuple[Task, Config]]) -> int:
+        """Start building and measuring a round; its handle for `wait`."""
+        if self.phased:
+            raise RuntimeError("a stream of rounds needs builders on cores no measurer owns; "
+                               "this pipeline builds on the measurers' cores (phased): run() "
+                               "its batches instead")
+        start = time.perf_counter()
+        if self._stream is None:
+            self._build_node, self._build_since = {}, {}
+            self._open()
+            self._stream, self._handles = {}, itertools.count()
+        if self.cluster:
+            self.refresh()
+        span = self._add(items, [self._build(item) for item in items])
+        handle = next(self._handles)
+        self._stream[handle] = span
+        self.stats.wall_s += time.perf_counter() - start
+        return handle
+
+    def wait(self, handles: list[int]) -> list[tuple[int, list[MeasureResult]]]:
+        """Block until at least one of the rounds `handles` is done; [(handle, results)]
+        for each done round, forgotten here once returned. Raises HostFault when every
+        candidate of a done round failed for the machine's sake (as run() does)."""
+        start = time.perf_counter()
+        unknown = [h for h in handles if self._stream is None or h not in self._stream]
+        if unknown:
+            raise KeyError(f"no round in flight with handle(s) {unknown}")
+        try:
+            while not (done := [h for h in handles if self._finished(self._stream[h])]):
+                self._spin()
+        finally:
+            self.stats.wall_s += time.perf_counter() - start
+        out = []
+        for h in done:
+            span = self._stream.pop(h)
+            out.append((h, [self._results[i] for i in span]))
+            self._forget(span)
+        for _, results in out:
+            _raise_if_all_host(results)
+        return out
+
+    def close_stream(self) -> None:
+        """Drop the rounds still in flight (their results will not be asked for)."""
+        self._stream = None
+
+    def _finished(self, span: range) -> bool:
+        return all(self._results[i] is not None for i in span)
+
+    def _forget(self, span: range) -> None:
+        """Release what a returned round held: its builds (object-store entries), results
+        and bookkeeping; its places in the lists stay, so indices do not move."""
+        for i in span:
+            ref = self._builds[i]
+            self._build_node.pop(ref, None)
+            self._build_since.pop(ref, None)
+            self._since.pop(i, None)
+            self._built.pop(i, None)
+            self._builds[i] = self._items[i] = self._results[i] = None
 
     def _build_deadline(self) -> float | None:
         """When the oldest build still awaited passes the build timeout."""
@@ -416,41 +483,67 @@ class MeasurePipeline:
         self.stats.redone += 1
 
     def _measure(self, items, builds: list) -> list[MeasureResult]:
-        results: list[MeasureResult | None] = [None] * len(items)
+        self._open()
+        self._add(items, builds)
+        while self._pending or self._inflight:
+            self._spin()
+        return self._results  # type: ignore[return-value]
+
+    def _open(self) -> None:
+        """Empty state for a batch, or for a stream of rounds."""
+        self._items: list = []
+        self._builds: list = []
+        self._results: list[MeasureResult | None] = []
         self._build_deaths: dict[int, int] = {}
         self._rebuild_on: dict = {}  # candidate -> the fresh builder to build it again on
         self._replaced: list = []  # (dead or wedged builder, the fresh one in its place)
         self._measure_deaths: dict[int, int] = {}
         self._host_tries: dict[int, int] = {}
         self._later: list[tuple[float, int, bool]] = []  # (when, index, build it again)
-        pending = list(range(len(items)))  # waiting for a build and a free measurer
-        inflight: dict = {}  # ObjectRef -> (index, slot)
-        waiting_build = self._waiting = {b: i for i, b in enumerate(builds)}
+        self._pending: list[int] = []  # waiting for a build and a free measurer
+        self._inflight: dict = {}  # ObjectRef -> (index, slot, build seconds)
+        self._waiting: dict = {}  # build ObjectRef -> index
         # each trial's first build submission, and its build (seconds, phases) once taken
-        self._since = {i: self._build_since[b] for b, i in waiting_build.items()
-                       if b in self._build_since}
+        self._since: dict[int, float] = {}
         self._built: dict[int, tuple[float, tuple]] = {}
-        ready: list[int] = []
-        self._ready, self._pending = ready, pending
-        while pending or inflight:
-            if not self.slots:
-                self.refresh()  # every measurer was lost: take what the cluster has now
-            done, _ = ray.wait(list(waiting_build), num_returns=len(waiting_build),
-                               timeout=0) if waiting_build else ([], [])
-            for ref in done:
-                ready.append(waiting_build.pop(ref))
-            self._expire_builds(items, builds, results)
-            self._release_later(items, builds)
-            self._dispatch(items, builds, ready, pending, inflight, results)
-            if inflight:
-                self._collect(items, inflight, results)
-            elif pending and not ready and waiting_build:
-                deadline = self._build_deadline()
-                ray.wait(list(waiting_build), num_returns=1, timeout=None if deadline is None
-                         else max(0.05, deadline - time.perf_counter()))
-            elif pending and not ready and self._later:
-                time.sleep(max(0.0, min(t for t, _, _ in self._later) - time.perf_counter()))
-        return results  # type: ignore[return-value]
+        self._ready: list[int] = []
+
+    def _add(self, items, builds: list) -> range:
+        """Candidates `items`, submitted to the builders as `builds`, join the work."""
+        first = len(self._items)
+        self._items += items
+        self._builds += builds
+        self._results += [None] * len(items)
+        for i, b in enumerate(builds, first):
+            self._waiting[b] = i
+            self._pending.append(i)
+            if b in self._build_since:
+                self._since[i] = self._build_since[b]
+        return range(first, len(self._items))
+
+    def _spin(self) -> None:
+        """One turn of the loop: take finished builds, expire overdue ones, hand built
+        candidates to free measurers, then wait for a measurement (or a build) to end."""
+        items, builds, results = self._items, self._builds, self._results
+        pending, inflight, ready = self._pending, self._inflight, self._ready
+        waiting_build = self._waiting
+        if not self.slots:
+            self.refresh()  # every measurer was lost: take what the cluster has now
+        done, _ = ray.wait(list(waiting_build), num_returns=len(waiting_build),
+                           timeout=0) if waiting_build else ([], [])
+        for ref in done:
+            ready.append(waiting_build.pop(ref))
+        self._expire_builds(items, builds, results)
+        self._release_later(items, builds)
+        self._dispatch(items, builds, ready, pending, inflight, results)
+        if inflight:
+            self._collect(items, inflight, results)
+        elif pending and not ready and waiting_build:
+            deadline = self._build_deadline()
+            ray.wait(list(waiting_build), num_returns=1, timeout=None if deadline is None
+                     else max(0.05, deadline - time.perf_counter()))
+        elif pending and not ready and self._later:
+            time.sleep(max(0.0, min(t for t, _, _ in self._later) - time.perf_counter()))
 
     def _retry_later(self, i: int, build_again: bool) -> bool:
         """Whether candidate `i`, failed for the host's sake, is tried again (after a
@@ -599,6 +692,14 @@ class MeasurePipeline:
     def shutdown(self) -> None:
         for a in self.builders + [s.actor for s in self.slots]:
             ray.kill(a, no_restart=True)
+
+
+def _raise_if_all_host(results: list[MeasureResult]) -> None:
+    if results and all(r.error_kind == HOST_ERROR for r in results):
+        waited = sum(HOST_RETRY_WAITS_S)
+        raise HostFault(f"every candidate of the batch failed for this machine's sake, "
+                        f"also after {waited:.0f} s of retries: {results[0].error_msg}; "
+                        f"the records so far are kept: free it and resume")
 
 
 def _first_line(exc: Exception) -> str:

@@ -9,6 +9,7 @@ records, one round per call, and hands each round's summary and records to the d
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 import ray
@@ -16,6 +17,7 @@ import ray
 from raytune_kernels.backend import Backend, backend_for, platform_for
 from raytune_kernels.cuda.gpu import ArchMismatchError, check_measurable, gpu_info
 from raytune_kernels.measure import MeasureOptions
+from raytune_kernels.placement import SEARCH_RESOURCE
 from raytune_kernels.space import Config
 from raytune_kernels.tune.cost_model import CostModel, training_set
 from raytune_kernels.tune.records import Record, RecordWriter
@@ -29,8 +31,9 @@ from actors.measure_actors import pin_cores
 from actors.metrics import TuningMetrics
 
 
-# The scheduler, search and cost model live on the head node (measurers on the workers).
+# The scheduler and cost model live on the head node (measurers on the workers).
 ON_HEAD = {"resources": {"node:__internal_head__": 0.001}}
+MAX_SEARCH_ACTORS = 8  # the default on a cluster: one per node up to this many
 
 
 @ray.remote(num_cpus=0)
@@ -60,6 +63,10 @@ class CostModelActor:
         """The latest booster (None before the first training)."""
         return self.model.save()
 
+    def state(self) -> tuple | None:
+        """The model's latest state (CostModel.state; None before the first training)."""
+        return self.model.state()
+
 
 @ray.remote(num_cpus=0)
 class SearchActor:
@@ -85,6 +92,9 @@ class SearchActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
     def prepare(self) -> None:
         """Every search's initial pool analysed ahead of the rounds (search.prepare)."""
         for search in self.searches.values():
@@ -93,6 +103,10 @@ class SearchActor:
     def propose(self, key: str, n: int) -> list[dict]:
         return [c.to_json() for c in self.searches[key].propose(n, self.model)]
 
+    def measured(self, key: str) -> int:
+        """How many distinct configs task `key`'s search knows as measured."""
+        return len(self.searches[key].measured)
+
     def observe(self, key: str, cfgs: list[dict], seconds: list[float]) -> bool:
         s = self.searches[key]
         s.observe([Config.from_json(c) for c in cfgs], seconds)
@@ -100,49 +114,101 @@ class SearchActor:
 
 
 class RaySearchPool:
-    """The SearchPool of the core Tuner, backed by search actors and the cost model actor."""
+    """The SearchPool of the core Tuner, backed by search actors and the cost model actor.
+    A search actor lost with its node is started again on a node alive, and told what its
+    tasks measured so far (and the model's latest state) before it proposes again."""
 
     def __init__(self, tasks: list[Task], backend: Backend, seed: int,
                  opts: SearchOptions, num_search: int = 1, spread: bool = False):
-        """`num_search` actors share the tasks. `Tuner.step` asks for one batch at a
-        time, so there more than one only adds a process to start (torch and the package
-        imported: ~4 s of CPU each on 2 cores); `Tuner.stream` asks for several at once
-        (propose_many), which the actors make in parallel. They sit on the head, or with
-        `spread`, wherever Ray's SPREAD strategy puts them (across the nodes); each keeps
-        a copy of the cost model's latest booster, fetched from the object store."""
-        groups = [tasks[i::num_search] for i in range(min(num_search, len(tasks)))]
-        where = {"scheduling_strategy": "SPREAD"} if spread else ON_HEAD
-        self.actors = [SearchActor.options(**where).remote([t.to_json() for t in g], backend,
-                                                           seed, opts) for g in groups]
-        self.owner = {t.key: a for g, a in zip(groups, self.actors) for t in g}
+        """`num_search` actors share the tasks, dealt in turn. `Tuner.step` asks for one
+        batch at a time, so there more than one only adds a process to start (torch and
+        the package imported: ~4 s of CPU each on 2 cores); `Tuner.streamed` asks for
+        several at once (propose_many), which the actors make in parallel. They sit on
+        the head, or with `spread`, dealt over the nodes (search_placement); each keeps a
+        copy of the cost model's latest booster, fetched from the object store."""
+        self.groups = [tasks[i::num_search] for i in range(min(num_search, len(tasks)))]
+        self._args, self.spread = (backend, seed, opts), spread
+        where = search_placement(len(self.groups)) if spread else [ON_HEAD] * len(self.groups)
+        self.actors = [self._start(g, w) for g, w in zip(self.groups, where)]
+        self.group_of = {t.key: k for k, g in enumerate(self.groups) for t in g}
         self.model = CostModelActor.options(**ON_HEAD).remote([t.to_json() for t in tasks],
                                                               backend)
         self._exhausted: set[str] = set()
+        self._seen: dict[str, tuple[list[dict], list[float]]] = {}  # what each task measured
+        self.restarts = 0
+
+    def _start(self, group: list[Task], where: dict):
+        return SearchActor.options(**where).remote([t.to_json() for t in group], *self._args)
+
+    @property
+    def owner(self) -> dict:
+        """Task key -> its search actor."""
+        return {key: self.actors[k] for key, k in self.group_of.items()}
+
+    def _call(self, k: int, method: str, *args):
+        """Search actor `k`'s `method`; one that died with its node (or was killed) is
+        replaced once and asked again."""
+        try:
+            return ray.get(getattr(self.actors[k], method).remote(*args))
+        except ray.exceptions.RayActorError:
+            self._replace(k)
+            return ray.get(getattr(self.actors[k], method).remote(*args))
+
+    def _replace(self, k: int) -> None:
+        where = search_placement(k + 1)[k] if self.spread else ON_HEAD
+        actor = self._start(self.groups[k], where)
+        for t in self.groups[k]:
+            if t.key in self._seen:
+                ray.get(actor.observe.remote(t.key, *self._seen[t.key]))
+        ray.get(actor.refresh.remote(self.model.state.remote()))
+        self.actors[k] = actor
+        self.restarts += 1
 
     def propose(self, key: str, n: int) -> list[Config]:
-        return [Config.from_json(c) for c in ray.get(self.owner[key].propose.remote(key, n))]
+        return [Config.from_json(c) for c in self._call(self.group_of[key], "propose", key, n)]
 
     def propose_many(self, asks: list[tuple[str, int]]) -> list[list[Config]]:
         """One proposal per (task key, n), each by its task's search actor: actors work
         in parallel (a task's rounds in turn, on its one actor)."""
-        refs = [self.owner[key].propose.remote(key, n) for key, n in asks]
-        return [[Config.from_json(c) for c in got] for got in ray.get(refs)]
+        refs = [self.actors[self.group_of[key]].propose.remote(key, n) for key, n in asks]
+        out = []
+        for (key, n), ref in zip(asks, refs):
+            try:
+                got = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                got = self._call(self.group_of[key], "propose", key, n)
+            out.append([Config.from_json(c) for c in got])
+        return out
 
     def observe(self, key: str, cfgs: list[Config], seconds: list[float]) -> None:
-        done = ray.get(self.owner[key].observe.remote(key, [c.to_json() for c in cfgs], seconds))
+        js = [c.to_json() for c in cfgs]
+        done = self._call(self.group_of[key], "observe", key, js, seconds)
+        seen = self._seen.setdefault(key, ([], []))  # after the call: a replacement it
+        seen[0].extend(js)                            # needed is told these by the call
+        seen[1].extend(seconds)
         if done:
             self._exhausted.add(key)
 
     def learn(self, records: list[Record]) -> None:
         state = self.model.learn.remote([r.to_json() for r in records])  # an ObjectRef
-        ray.get([a.refresh.remote(state) for a in self.actors])
+        for k in range(len(self.actors)):
+            self._call(k, "refresh", state)
 
     def exhausted(self, key: str) -> bool:
         return key in self._exhausted
 
     def prepare(self) -> None:
         """Every search actor prepares its searches, in parallel (search.prepare)."""
-        ray.get([a.prepare.remote() for a in self.actors])
+        refs = [a.prepare.remote() for a in self.actors]
+        for k, ref in enumerate(refs):
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                self._call(k, "prepare")
+
+    def nodes(self) -> list[str]:
+        """The node of each search actor."""
+        return ray.get([a.node.remote() for a in self.actors])
 
     def pids(self) -> list[int]:
         """The processes of the search actors and the cost model actor."""
@@ -174,8 +240,10 @@ class TaskSchedulerActor:
         opts, measure_opts = request.tune_options(), request.measure_options(on_gpu)
         # the search and cost model actors start while the pipeline below waits for its
         # measurers (a cuda target's backend needs the measuring GPU's arch first)
+        searchers = search_actors(request.search_actors, len(tasks))
+        spread = searchers > 1
         pool = None if on_gpu else RaySearchPool(tasks, backend_for(target, request.cpu),
-                                                 opts.seed, opts.search)
+                                                 opts.seed, opts.search, searchers, spread)
         if on_gpu:
             self.pipeline, target, device, info = _gpu_pipeline(target, measure_opts)
             try:
@@ -186,10 +254,18 @@ class TaskSchedulerActor:
         else:
             self.pipeline, info = _cpu_pipeline(request, measure_opts), request.cpu
         self.writer = RecordWriter(request.records) if request.records else None
-        pool = pool or RaySearchPool(tasks, backend_for(target, info), opts.seed, opts.search)
+        pool = pool or RaySearchPool(tasks, backend_for(target, info), opts.seed, opts.search,
+                                     searchers, spread)
         opts = dataclasses.replace(opts, overlap=_overlap(self.pipeline, pool))
         self.tuner = Tuner(tasks, target, device, self.pipeline.run, pool, self.writer,
                            [Record.from_json(r) for r in history], opts, request.isa)
+        self.pool = pool
+        # Where builders have cores of their own, rounds stream: every measurer takes the
+        # next built candidate while later rounds are proposed and built (Tuner.streamed),
+        # about two candidates in flight per measurer. Else one round at a time (step).
+        self._rounds = None if self.pipeline.phased else self.tuner.streamed(
+            self.pipeline.launch, self.pipeline.wait,
+            lambda: max(2, math.ceil(2 * len(self.pipeline.slots) / opts.batch)))
 
     def initial(self) -> RoundSummary:
         """The table before any round; raises what made the run impossible, if anything."""
@@ -201,7 +277,7 @@ class TaskSchedulerActor:
 
     def step(self) -> tuple[RoundSummary, list[Record]] | None:
         """One round: its summary and its records (already written); None at the end."""
-        summary = self.tuner.step()
+        summary = self.tuner.step() if self._rounds is None else next(self._rounds, None)
         if summary is None:
             return None
         self.metrics.observe(summary, self.tuner.last, self.pipeline.stats)
@@ -211,9 +287,12 @@ class TaskSchedulerActor:
         """Records of this target in the history that another device measured (skipped)."""
         return self.tuner.other_devices if hasattr(self, "tuner") else {}
 
-    def pipeline_stats(self) -> dict:
-        return {"measurers": len(self.pipeline.slots), "nodes": len(
-            getattr(self.pipeline, "nodes", ())) or 1}
+    def setup(self) -> dict:
+        """How the run is laid out (TuningResult.setup)."""
+        return {"measurers": len(self.pipeline.slots),
+                "nodes": len(getattr(self.pipeline, "nodes", ())) or 1,
+                "streamed": self._rounds is not None, "search_nodes": self.pool.nodes(),
+                "search_restarts": self.pool.restarts}
 
     def flush(self) -> None:
         """Make the records written so far durable (RecordWriter.flush) and record the
@@ -228,6 +307,29 @@ class TaskSchedulerActor:
             self.writer.close()
         self.pipeline.shutdown()
         return self.tuner.result()
+
+
+def search_actors(asked: int | None, tasks: int) -> int:
+    """How many search actors: `asked`, else one per alive node up to MAX_SEARCH_ACTORS
+    (one on a single machine); never more than there are tasks."""
+    n = asked or min(MAX_SEARCH_ACTORS, sum(1 for n in ray.nodes() if n["Alive"]))
+    return max(1, min(n, tasks))
+
+
+def search_placement(count: int) -> list[dict]:
+    """Ray options for `count` search actors dealt over the nodes in turn: the nodes that
+    offer SEARCH_RESOURCE when any alive node does, else every node, the head first; an
+    actor whose node is gone is replaced by RaySearchPool. (Ray's SPREAD strategy, and its
+    soft node affinity, put actors that reserve no CPU wherever it liked.)"""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    alive.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeID"]))
+    search = [n for n in alive if n["Resources"].get(SEARCH_RESOURCE)]
+    nodes = [n["NodeID"] for n in search or alive]
+    return [{"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[k % len(nodes)],
+                                                                   soft=False)}
+            for k in range(count)]
 
 
 def _overlap(pipeline, pool: RaySearchPool) -> bool:

@@ -91,9 +91,9 @@ def tune_network(model: "torch.nn.Module",
                  target: str = "llvm", trials: int = 200, records: str | None = None,
                  resume: bool = True, address: str | None = None,
                  num_measurers: int | None = None, num_builders: int | None = None,
-                 batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True,
-                 strict: bool = False, callbacks: Sequence[Callback] = ()
-                 ) -> "TuningResult":
+                 search_actors: int | None = None, batch: int = 8, seed: int = 0,
+                 threads: int = 1, verbose: bool = True, strict: bool = False,
+                 callbacks: Sequence[Callback] = ()) -> "TuningResult":
     """Tune every task of `model` for `target` with a budget of `trials` measurements.
 
     Starts a local Ray when none is running, or joins `address`; everything that can fail
@@ -124,6 +124,11 @@ def tune_network(model: "torch.nn.Module",
     num_measurers, num_builders
         CPU measurer processes (each owns `threads` cores) and builder processes; None: one
         measurer, builders on the cores left. A cuda target measures on every GPU.
+    search_actors
+        Processes proposing candidates, the tasks dealt among them, each predicting with
+        the shared cost model's latest booster. None: one on this machine; on a cluster,
+        one per node (at most 8), placed on the nodes that offer the custom resource
+        `raytune_search` (cluster.yaml) or else spread over every node.
     batch
         Candidates measured per round.
     seed
@@ -142,15 +147,16 @@ def tune_network(model: "torch.nn.Module",
 
     request = TuneRequest(target=target, trials=trials, records=records, resume=resume,
                           address=address, num_measurers=num_measurers,
-                          num_builders=num_builders, batch=batch, seed=seed, threads=threads,
-                          verbose=verbose)
+                          num_builders=num_builders, search_actors=search_actors,
+                          batch=batch, seed=seed, threads=threads, verbose=verbose)
     return tune_model(request, model, example_inputs, strict=strict, callbacks=callbacks)
 
 
 def tune_tasks(tasks: Sequence[Task], *, target: str = "llvm", trials: int = 200,
                records: str | None = None, resume: bool = True, address: str | None = None,
                num_measurers: int | None = None, num_builders: int | None = None,
-               batch: int = 8, seed: int = 0, threads: int = 1, verbose: bool = True,
+               search_actors: int | None = None, batch: int = 8, seed: int = 0,
+               threads: int = 1, verbose: bool = True,
                callbacks: Sequence[Callback] = ()) -> "TuningResult":
     """tune_network() for a chosen list of tasks (e.g. some of extract_tasks(model, x)):
     the same checks, pipeline, records, callbacks and result, with `trials` shared by
@@ -161,7 +167,8 @@ def tune_tasks(tasks: Sequence[Task], *, target: str = "llvm", trials: int = 200
     ----------
     tasks
         The tasks to tune.
-    target, trials, records, resume, address, num_measurers, num_builders, batch, seed
+    target, trials, records, resume, address, num_measurers, num_builders, search_actors,
+    batch, seed
         As for tune_network.
     threads, verbose, callbacks
         As for tune_network.
@@ -170,8 +177,9 @@ def tune_tasks(tasks: Sequence[Task], *, target: str = "llvm", trials: int = 200
 
     return tune(TuneRequest(target=target, tasks=tuple(tasks), trials=trials, records=records,
                             resume=resume, address=address, num_measurers=num_measurers,
-                            num_builders=num_builders, batch=batch, seed=seed,
-                            threads=threads, verbose=verbose), callbacks=callbacks)
+                            num_builders=num_builders, search_actors=search_actors,
+                            batch=batch, seed=seed, threads=threads, verbose=verbose),
+                 callbacks=callbacks)
 
 
 def compile_network(model: "torch.nn.Module",

@@ -52,7 +52,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     result = tune_network(model, inputs, target=args.target, trials=args.trials,
                           records=args.records, resume=not args.no_resume,
                           address=args.address, num_measurers=args.measurers,
-                          num_builders=args.builders, batch=args.batch, seed=args.seed,
+                          num_builders=args.builders, search_actors=args.search_actors,
+                          batch=args.batch, seed=args.seed,
                           threads=args.threads, strict=args.strict)
     return 0 if result.best else 1
 
@@ -178,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray cluster address (default: local)")
     p.add_argument("--measurers", type=int, default=None)
     p.add_argument("--builders", type=int, default=None)
+    p.add_argument("--search-actors", type=int, default=None,
+                   help="processes proposing candidates (default: 1; on a cluster one per "
+                        "node, at most 8)")
     p.add_argument("--batch", type=int, default=8, help="candidates per round")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,

@@ -1,8 +1,9 @@
 """Where measurers and builders run on a cluster: a pure function of the nodes.
 
 Rules (the same on a laptop and on a cluster):
-- measurers run on worker nodes; the head runs the scheduler, search and cost model, and
-  measures only when it is the whole cluster;
+- measurers run on worker nodes; the head runs the scheduler and cost model, and
+  measures only when it is the whole cluster; nodes that offer the custom resource
+  SEARCH_RESOURCE are kept for search actors as the head is (cluster.yaml's search_worker);
 - a GPU target gets one measurer per GPU on every node that has GPUs, and none elsewhere;
 - a CPU target gets measurers that own `cores_per_measurer` cores each, on a quarter of a
   node's cores (at least one measurer): building a candidate takes several times longer
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MEASURE_SHARE = 4  # one core in this many measures; the others build
+SEARCH_RESOURCE = "raytune_search"  # a node offering it hosts search actors, not measurers
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class NodeInfo:
     cpus: int
     gpus: int = 0
     is_head: bool = False
+    search: bool = False  # offers SEARCH_RESOURCE: kept for search actors
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ def plan(nodes: list[NodeInfo], device: str, cores_per_measurer: int = 1,
          measurers_per_node: int | None = None) -> list[Role]:
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-    workers = [n for n in nodes if not n.is_head] or list(nodes)
+    workers = [n for n in nodes if not (n.is_head or n.search)] or list(nodes)
     roles: list[Role] = []
     for node in workers:
         if device == "gpu":

@@ -131,3 +131,11 @@ def test_gpu_workers_and_a_cpu_head(cfg):
     types = cfg["available_node_types"]
     assert types[cfg["head_node_type"]]["max_workers"] == 0
     assert any(t["node_config"]["InstanceType"].startswith(("g", "p")) for t in types.values())
+
+
+def test_search_workers_offer_the_resource_search_actors_are_placed_by(cfg):
+    from raytune_kernels.placement import SEARCH_RESOURCE
+
+    search = cfg["available_node_types"]["search_worker"]
+    assert search["resources"].get(SEARCH_RESOURCE, 0) >= 1
+    assert "GPU" not in search["resources"]

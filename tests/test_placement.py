@@ -54,3 +54,11 @@ def test_a_joining_node_adds_roles_and_nothing_else_moves():
 def test_no_device_anywhere_is_a_named_error():
     with pytest.raises(PlacementError, match="no node can run a gpu measurer"):
         plan([HEAD, NodeInfo("cpu", 8)], "gpu")
+
+
+def test_search_nodes_are_kept_for_search_actors_as_the_head_is():
+    nodes = [HEAD, NodeInfo("s", 8, 0, search=True), NodeInfo("g", 8, 1)]
+    for device in ("gpu", "cpu"):
+        assert "s" not in by_node(plan(nodes, device), "measurer") | \
+            by_node(plan(nodes, device), "builder")
+    assert by_node(plan([NodeInfo("s", 2, search=True)], "cpu"), "measurer") == {"s": 1}

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from raytune_kernels.cpu.machine import CpuInfo
     from raytune_kernels.tune.tuner import TuneOptions
 
-COUNTS = ("trials", "batch", "threads", "num_measurers", "num_builders")
+COUNTS = ("trials", "batch", "threads", "num_measurers", "num_builders", "search_actors")
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class TuneRequest:
     address: str | None = None
     num_measurers: int | None = None
     num_builders: int | None = None
+    search_actors: int | None = None
     batch: int = 8
     seed: int = 0
     threads: int = 1
@@ -48,7 +49,7 @@ class TuneRequest:
     def __post_init__(self) -> None:
         for name in COUNTS:
             value = getattr(self, name)
-            if value is None and name.startswith("num_"):
+            if value is None and (name.startswith("num_") or name == "search_actors"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TuneError(f"{name} must be a positive integer, got {value!r}")

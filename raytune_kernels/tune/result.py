@@ -59,7 +59,8 @@ class TuningResult:
     the measured PyTorch time of what runs PyTorch in the compiled network (islands, tasks
     with no kernel on this target), when the driver measured it. `task_trials` and
     `task_errors` count every trial of a task that the run took into account (resumed
-    ones included); `rounds` holds this run's rounds."""
+    ones included); `rounds` holds this run's rounds. `setup` says how a run through Ray
+    was laid out: measurers, nodes, whether rounds streamed, the search actors' nodes."""
 
     best: dict[str, Record]
     estimated_latency_s: float
@@ -70,6 +71,7 @@ class TuningResult:
     rounds: list[RoundPoint] = field(default_factory=list)
     task_trials: dict[str, int] = field(default_factory=dict)
     task_errors: dict[str, dict[str, int]] = field(default_factory=dict)
+    setup: dict = field(default_factory=dict)
 
     def to_dataframe(self):
         """One row per tuned task: key, compute, layers, weight, trials, best_ms, gflops

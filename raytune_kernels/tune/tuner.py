@@ -12,7 +12,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Collection, Hashable, Protocol, Sequence
+from typing import Callable, Collection, Hashable, Iterator, Protocol, Sequence
 
 from raytune_kernels.backend import Backend
 from raytune_kernels.space import Config
@@ -257,38 +257,47 @@ class Tuner:
         notify(callbacks, "on_end", result, stopped(self.round, self.spent, path))
         return result
 
-    def stream(self, launch: Launch, wait: Wait, depth: int,
+    def stream(self, launch: Launch, wait: Wait, depth: int | Callable[[], int],
                callbacks: Sequence[Callback] = ()) -> TuningResult:
-        """Every round, `depth` of them measured at a time, as a cluster of measurers
-        takes them: `launch(items)` starts measuring a round and returns its handle,
-        `wait(handles)` blocks until one or more are done and returns [(handle, results)].
-        A round done is recorded, observed and learnt from as in `step`, and the rounds
-        that take the free places are proposed together (in parallel by a pool of search
-        actors: `propose_many`). A task gets a second round in flight only when every
-        task left has one. Rounds in flight when `launch` or `wait` raises are not
-        recorded."""
+        """Every round, measured `depth` at a time (`streamed`), telling `callbacks` of
+        each as `run` does."""
         path = self.writer.path if self.writer else None
         notify(callbacks, "on_start", self.initial(), stopped(0, self.spent, path))
+        for summary in self.streamed(launch, wait, depth):
+            where = stopped(summary.round, summary.trials, path)
+            notify(callbacks, "on_records", self.last, where)
+            notify(callbacks, "on_round", summary, where)
+        result = self.result()
+        notify(callbacks, "on_end", result, stopped(self.round, self.spent, path))
+        return result
+
+    def streamed(self, launch: Launch, wait: Wait, depth: int | Callable[[], int]
+                 ) -> Iterator[RoundSummary]:
+        """The rounds, `depth` of them measured at a time, as a cluster of measurers
+        takes them; the summary of each as it is done (its records written).
+        `launch(items)` starts measuring a round and returns its handle, `wait(handles)`
+        blocks until one or more are done and returns [(handle, results)]; `depth` may be
+        a function, asked before every refill (measurers come and go). A round done is
+        recorded, observed and learnt from as in `step`, and the rounds that take the
+        free places are proposed together (in parallel by a pool of search actors:
+        `propose_many`). A task gets a second round in flight only when every task left
+        has one. Rounds in flight when `launch` or `wait` raises, or when the caller stops
+        asking for rounds, are not recorded."""
         flight: dict[Hashable, tuple[int, Task, list[Config]]] = {}
+        places = depth if callable(depth) else (lambda: depth)
         while True:
-            while len(flight) < depth:
+            while len(flight) < (want := max(1, places())):
                 busy = {i for i, _, _ in flight.values()}
                 in_flight = sum(len(cfgs) for _, _, cfgs in flight.values())
-                rounds = self._next_rounds(depth - len(flight), busy, in_flight)
+                rounds = self._next_rounds(want - len(flight), busy, in_flight)
                 if rounds is None:
                     break
                 for nxt in rounds:
                     flight[launch([(nxt[1], c) for c in nxt[2]])] = nxt
             if not flight:
-                break
+                return
             for handle, results in wait(list(flight)):
-                summary = self._run_round(*flight.pop(handle), results)
-                where = stopped(summary.round, summary.trials, path)
-                notify(callbacks, "on_records", self.last, where)
-                notify(callbacks, "on_round", summary, where)
-        result = self.result()
-        notify(callbacks, "on_end", result, stopped(self.round, self.spent, path))
-        return result
+                yield self._run_round(*flight.pop(handle), results)
 
     def result(self) -> TuningResult:
         best = best_per_task(self.records, self.target, self.opts.threads)

@@ -73,15 +73,35 @@ def main(cluster_box):
     g.shutdown()
     cluster.remove_node(gnode)
 
-    # a tuning run that loses a node, then a restarted driver that resumes its records
-    path = sys.argv[1]
+    # search actors: spread over the nodes, or kept to the nodes offering the resource
+    from actors.tuning_actors import RaySearchPool
+    from raytune_kernels.backend import backend_for
+    from raytune_kernels.placement import SEARCH_RESOURCE
+    from raytune_kernels.tune.search import SearchOptions
     net = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
                               torch.nn.Conv2d(16, 16, 1)).eval()
     x = torch.randn(1, 8, 8, 8)
+    tasks = rk.extract_tasks(net, (x,))
+    backend = backend_for("llvm", cpu_info())
+    pool = RaySearchPool(tasks, backend, 0, SearchOptions(), num_search=2, spread=True)
+    out["search_spread"] = pool.nodes()
+    out["search_proposed"] = [len(c) for c in pool.propose_many([(t.key, 2) for t in tasks])]
+    for a in pool.actors + [pool.model]:
+        ray.kill(a)
+    snode = cluster.add_node(num_cpus=1, resources={SEARCH_RESOURCE: 4}, **small)
+    cluster.wait_for_nodes()
+    pool = RaySearchPool(tasks, backend, 0, SearchOptions(), num_search=2, spread=True)
+    out["search_kept"], out["search_node"] = pool.nodes(), snode.node_id
+    for a in pool.actors + [pool.model]:
+        ray.kill(a)
+
+    # a tuning run that loses a node, then a restarted driver that resumes its records
+    # (rounds streamed: every worker has a builder core of its own)
+    path = sys.argv[1]
     kill = threading.Timer(4.0, cluster.remove_node, [workers[1]]); kill.daemon = True; kill.start()
     res = rk.tune_network(net, (x,), trials=24, records=path, batch=4, verbose=False,
                           address=cluster.address)
-    out["tune_trials"] = res.trials
+    out["tune_trials"], out["tune_setup"] = res.trials, res.setup
     out["records_after_loss"] = len(load_records(path).records)
     ray.shutdown()
     ray.init(address=cluster.address, log_to_driver=False)
@@ -145,7 +165,16 @@ def test_a_node_that_leaves_costs_only_its_trials_in_flight(run):
     assert run["redone"] >= 1  # the lost node's measurement was done again elsewhere
 
 
+def test_search_actors_spread_over_the_nodes_or_keep_to_the_search_nodes(run):
+    assert len(set(run["search_spread"])) == 2 and run["search_proposed"] == [2, 2]
+    assert run["search_kept"] == [run["search_node"]] * 2
+
+
 def test_tuning_survives_node_loss_and_a_restarted_driver_resumes(run):
     assert run["tune_trials"] == 24 and run["records_after_loss"] == 24
+    # rounds streamed (each worker builds on a core of its own); its search actors were
+    # dealt to the search node, which measured nothing
+    assert run["tune_setup"]["streamed"] and run["tune_setup"]["measurers"] >= 1
+    assert set(run["tune_setup"]["search_nodes"]) == {run["search_node"]}
     assert run["resumed_trials"] == 32 and run["records_after_resume"] == 32
     assert run["distinct"] == 32  # nothing measured twice across the two drivers

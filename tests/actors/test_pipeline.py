@@ -52,6 +52,38 @@ def test_batch_of_real_candidates(pipeline, task, configs):
     assert all(r.build_s > 0 and len(r.times) == 3 for r in results)
 
 
+def test_a_stream_of_rounds_returns_each_round_once_with_its_own_results(pipeline, task,
+                                                                         configs, monkeypatch):
+    """launch() adds rounds while others are measured; wait() hands back each finished
+    round once, its results in its own order, and lets go of its builds; a batch cannot
+    run while the stream is open. (This machine's pipeline builds on the measurer's core
+    between measurements; a stream builds beside them, which only its timings would mind.)"""
+    with pytest.raises(RuntimeError, match="needs builders on cores no measurer owns"):
+        pipeline.launch([(task, configs[0])])
+    monkeypatch.setattr(pipeline, "phased", False)
+    rounds = [configs[0:2], configs[2:5], configs[5:6]]
+    handles = [pipeline.launch([(task, c) for c in cfgs]) for cfgs in rounds[:2]]
+    got = dict(pipeline.wait(handles))
+    handles = [h for h in handles if h not in got] + [
+        pipeline.launch([(task, c) for c in rounds[2]])]
+    with pytest.raises(RuntimeError, match="stream of rounds is open"):
+        pipeline.run([(task, configs[0])])
+    while handles:
+        for h, results in pipeline.wait(handles):
+            assert h not in got
+            got[h] = results
+            handles.remove(h)
+    assert sorted(got) == [0, 1, 2]
+    for h, cfgs in enumerate(rounds):
+        assert len(got[h]) == len(cfgs) and all(r.ok for r in got[h]), got[h]
+    assert all(b is None for b in pipeline._builds) and not pipeline._build_node
+    with pytest.raises(KeyError, match="no round in flight"):
+        pipeline.wait([0])
+    pipeline.close_stream()
+    monkeypatch.undo()
+    assert pipeline.run([(task, configs[0])])[0].ok
+
+
 def test_stats_add_up_where_each_trial_went(pipeline, task, configs):
     """Every phase of a batch of fresh candidates (not in the builders' cache) lands in
     the stats, the builders' adding up to the builds' seconds and the measurers' to their

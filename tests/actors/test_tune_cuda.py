@@ -144,6 +144,36 @@ def test_spread_search_actors_propose_the_rounds_of_a_stream_together(ray_sessio
         ray_session.kill(actor)
 
 
+def test_a_search_actor_lost_mid_run_is_replaced_and_told_what_its_tasks_measured(
+        ray_session, zoo_models):
+    """A search actor killed between rounds (as its node leaving would): the pool starts
+    another, replays its tasks' measurements into it, and no config is measured twice."""
+    from actors.tuning_actors import RaySearchPool
+
+    model, inputs = zoo_models["resnet18"]
+    backend = cuda_backend(gpu_info("sm_90"))
+    tasks = [t for t in rk.extract_tasks(model, inputs)
+             if backend.unsupported(t.compute) is None][:2]
+    pool = RaySearchPool(tasks, backend, 0, SearchOptions(), num_search=2, spread=True)
+    fake, flight = FakeMeasurer(), {}
+
+    def launch(items):
+        if len(flight) == 4:
+            ray_session.kill(pool.actors[0])
+        flight[len(flight)] = [fake.measure(t, c) for t, c in items]
+        return len(flight) - 1
+
+    tuner = Tuner(tasks, "cuda -arch=sm_90", "fake H100", None, pool,
+                  opts=TuneOptions(trials=48, batch=4))
+    result = tuner.stream(launch, lambda handles: [(h, flight[h]) for h in handles[:1]], 2)
+    seen = collections.Counter((r.task_key, r.config_key()) for r in tuner.records)
+    assert result.trials == 48 and max(seen.values()) == 1 and pool.restarts == 1
+    assert ray_session.get(pool.actors[0].measured.remote(tasks[0].key)) == \
+        len({r.config_key() for r in tuner.records if r.task_key == tasks[0].key})
+    for actor in pool.actors + [pool.model]:
+        ray_session.kill(actor)
+
+
 def test_tune_a_tiny_model_on_the_gpu(ray_session, tmp_path):
     pytest.importorskip("cupy")
     from raytune_kernels.cuda import device
