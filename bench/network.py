@@ -29,8 +29,10 @@ on), fp16 and bf16 (model cast, images channels_last). A variant that fails to b
 reported and left out. Every output's error, of the output's scale, is taken against fp64
 eager on the CPU. The JSON compares ours with the fastest variant of our precision and
 with the fastest of any (one whose output is not finite does not count), by the medians
-and by per-round ratios (median, min, max). Without a visible CUDA GPU: exit status 2.
-Last line of stdout: one JSON object (with a cuda target, naming the device and target).
+and by per-round ratios (median, min, max), and ours end to end with the sum of its steps
+each timed alone (`steps_alone_ms`, `ours_over_steps`; briefly with --quick). Without a
+visible CUDA GPU: exit status 2. Last line of stdout: one JSON object (with a cuda target,
+naming the device and target).
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ from raytune_kernels.timing import TimingOptions, median, time_fn
 FULL = TimingOptions(warmup=3, min_repeat_ms=200, repeats=5)
 GPU_FULL = TimingOptions(warmup=10, min_repeat_ms=100, repeats=7)  # GpuNetwork.benchmark's
 GPU_QUICK = TimingOptions(warmup=3, min_repeat_ms=10, repeats=3)  # --quick: a check only
+GPU_STEPS = TimingOptions(warmup=2, min_repeat_ms=2, repeats=3)  # --quick: each step alone
 
 
 def torch_variants(model, x, use_compile: bool) -> dict:
@@ -377,14 +380,21 @@ def bench_cuda(args, gpu: str) -> int:
     print(f"{args.model} on {gpu}, target {str(args.target)!r}; errors against {yardstick}, "
           "of the output's scale; CUDA events, median of repeats, median over rounds:")
     print_gpu_table(ms, {k: precision for k in nets} | precisions, errors)
-    if not args.quick:
-        print(nets["ours"].fidelity(ms["ours"] / 1e3, nets["ours"].profile(png=args.png)))
+    if args.quick:  # each step alone, briefly: what end to end is held to (sum of steps)
+        prof = nets["ours"].profile(print_table=False, with_torch=False, opts=GPU_STEPS,
+                                    end_to_end=ms["ours"] / 1e3)
+    else:
+        prof = nets["ours"].profile(png=args.png, end_to_end=ms["ours"] / 1e3)
+        print(nets["ours"].fidelity(ms["ours"] / 1e3, prof))
+    steps_ms = sum(r.alone_s for r in prof.rows) * 1e3
     # a variant whose output is not finite (or does not line up) is no baseline to beat
     comparable = {k: p for k, p in precisions.items() if finite3(errors[k]) is not None}
     print(json.dumps({**run_fields(args, gpu, tuned, nets["ours"]),
                       **timing_fields(rounds, precisions), "torch_failed": failed,
                       "errors": {k: finite3(e) for k, e in errors.items()},
-                      "error_reference": yardstick, **speedups(rounds, comparable, precision)}))
+                      "error_reference": yardstick, "steps_alone_ms": round(steps_ms, 3),
+                      "ours_over_steps": round(ms["ours"] / steps_ms, 3),
+                      **speedups(rounds, comparable, precision)}))
     return 0
 
 

@@ -522,6 +522,12 @@ def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys):
         def benchmark(self, opts):
             return 1.2e-3
 
+        def profile(self, **kw):  # two steps, 0.4 and 0.6 ms each alone
+            from raytune_kernels.compile.report import Profile, ProfileRow
+            assert kw["end_to_end"] == 1.2e-3 and not kw["with_torch"]
+            return Profile([ProfileRow(n, "kernel", (), t, t, None, t)
+                            for n, t in (("a", 4e-4), ("b", 6e-4))], kw["end_to_end"])
+
     tuned = type("Tuned", (), {"trials": 8, "estimated_latency_s": 1e-3, "best": {}})()
     monkeypatch.setattr(network, "tune_network", lambda *a, **k: tuned)
     monkeypatch.setattr(network, "compile_network", lambda model, *a, **k: FakeNet(model))
@@ -550,3 +556,4 @@ def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys):
     assert out["errors"]["eager_fp32"] < 1e-5 < out["errors"]["eager_bf16"] < 5e-2
     assert out["error_reference"] == "fp64 eager on the CPU" and out["quick"] is True
     assert len(out["rounds_ms"]["ours"]) == 3
+    assert out["steps_alone_ms"] == 1.0 and out["ours_over_steps"] == 1.2
