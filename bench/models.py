@@ -187,11 +187,33 @@ ENCODERS = {"DistilBertModel": "DistilBertConfig", "RobertaModel": "RobertaConfi
             "SqueezeBertModel": "SqueezeBertConfig", "T5EncoderModel": "T5Config"}
 
 
+# Speech encoders at their default (base) sizes, 12 layers of width 768: a conv1d feature
+# extractor over one second of 16 kHz waveform (a group norm after its first conv, or
+# Data2VecAudio's layer norms after each), grouped conv1d position embeddings (one under
+# weight norm, or Data2VecAudio's five), then a transformer encoder (WavLM's with a gated
+# relative position bias)
+SPEECH = {"Wav2Vec2Model": "Wav2Vec2Config", "HubertModel": "HubertConfig",
+          "Data2VecAudioModel": "Data2VecAudioConfig", "WavLMModel": "WavLMConfig"}
+WAVEFORM_SAMPLES = 16000
+
+
+def _whisper_encoder(tf: types.ModuleType) -> tuple[torch.nn.Module, Inputs]:
+    """Whisper's encoder (default config: 4 layers, width 384) on 80 log-mel bins by its
+    3000 frames (30 s), the length its position table fixes."""
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    torch.manual_seed(0)
+    config = tf.WhisperConfig()
+    frames = 2 * config.max_source_positions
+    return WhisperEncoder(config).eval(), (_image((1, config.num_mel_bins, frames)),)
+
+
 def hf_models() -> dict[str, Factory]:
     """BertModel, GPT2Model, ViTModel and the ENCODERS with their default configs
-    (BERT-base: 12 layers; GPT-2 small; ViT-B/16), and the DECODERS families at DECODER's
-    size: name -> factory() -> (model, inputs). Text models take token ids int64 (1, 128);
-    ViT takes pixel_values (1, 3, 224, 224)."""
+    (BERT-base: 12 layers; GPT-2 small; ViT-B/16), the DECODERS families at DECODER's
+    size, the SPEECH encoders and WhisperEncoder: name -> factory() -> (model, inputs).
+    Text models take token ids int64 (1, 128); ViT takes pixel_values (1, 3, 224, 224);
+    the SPEECH encoders a waveform (1, 16000)."""
     tf = _import_optional("transformers")
 
     def text(model_cls: str, config_cls: str, **options) -> Factory:
@@ -207,6 +229,13 @@ def hf_models() -> dict[str, Factory]:
         shape = (1, config.num_channels, config.image_size, config.image_size)
         return tf.ViTModel(config).eval(), (_image(shape),)
 
+    def speech(model_cls: str, config_cls: str) -> Factory:
+        def build() -> tuple[torch.nn.Module, Inputs]:
+            torch.manual_seed(0)
+            model = getattr(tf, model_cls)(getattr(tf, config_cls)()).eval()
+            return model, (_image((1, WAVEFORM_SAMPLES)),)
+        return build
+
     def decoder(model_cls: str, config_cls: str, extra: dict) -> Factory:
         options = {k: v for k, v in {**DECODER, **extra}.items() if v is not None}
         return text(model_cls, config_cls, **options)
@@ -218,7 +247,10 @@ def hf_models() -> dict[str, Factory]:
             "GPT2Model": text("GPT2Model", "GPT2Config", use_cache=False),
             "ViTModel": vit,
             **{name: decoder(name, config, extra) for name, (config, extra) in DECODERS.items()
-               if hasattr(tf, name)}}
+               if hasattr(tf, name)},
+            **{name: speech(name, config) for name, config in SPEECH.items()
+               if hasattr(tf, name)},
+            "WhisperEncoder": lambda: _whisper_encoder(tf)}
 
 
 # ------------------------------------------------------------------------------ all of them
