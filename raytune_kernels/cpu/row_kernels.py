@@ -115,12 +115,14 @@ def _anchor(c: Compute, x, accs: int, steps: int, lanes: int):
         op = "max" if kind == "max" else "sum"
         value = Bin("mul", Reg("m"), Num(1.0 / n)) if kind == "mean" else Reg("m")
         return [Reduce("m", op, x, "j", steps, accs)], value, []
-    if c.op == "softmax":
-        shifted = Un("exp", Bin("sub", x, Reg("max")))
+    if c.op == "softmax":  # exp once per element: kept in the output row, then scaled
+        row = x.access.index
+        kept = Ld(Access("out", row))
         body = [Reduce("max", "max", x, "j", steps, accs),
-                Reduce("sum", "sum", shifted, "j", steps, accs),
+                Map(Access("out", row), Un("exp", Bin("sub", x, Reg("max"))), "j", steps),
+                Reduce("sum", "sum", kept, "j", steps, accs),
                 Let("inv", Bin("div", Num(1.0), Reg("sum")))]
-        return body, Bin("mul", shifted, Reg("inv")), []
+        return body, Bin("mul", kept, Reg("inv")), []
     n = steps * lanes
     centred = Bin("sub", x, Reg("mean"))
     var = Bin("add", Bin("mul", Reg("sq"), Num(1.0 / n)), Num(c.attr("eps")))
