@@ -29,6 +29,23 @@ L1's set period (4 KiB on a VIPT L1 indexed inside a page) more rows share one s
 the cache has ways, so every broadcast misses L1 (measured on znver5, 2 threads: a dense
 128x2048 -> 512 ran at 52% of peak with 16 rows at an 8 KiB stride, 86% with 9).
 
+B's vectors come from L2 (a weight panel outgrows L1 in all but the smallest GEMMs) at
+L2_BYTES_PER_CYCLE, which bounds short tiles of many vectors: 2 rows of 4 vectors wait
+on their B lines where 5 rows keep the FMA pipes busy.
+The hardware prefetcher follows a few streams only: runs of adjacent A lines (a GEMM's
+tile rows, each K apart; a conv's tile columns make one run) beyond
+A_STREAMS each wait on an L2 line every 16 updates (on znver5, 2 threads, weights cold:
+dense 128x768 -> 768 at 316 us with 8 rows of 2 vectors, 389 us with 13 and 481 us with 16
+rows of one vector; 86-94% of peak at 5-9 rows).
+
+An operand that a loop does not index is read again on each of its iterations, as much of
+it as the loops inside touch; where that exceeds what the L2 keeps (three quarters of it,
+the rest for the other operands), each pass streams it from L3 or memory at
+RESTREAM_BYTES_PER_CYCLE. That orders the spatial loops of a GEMM whose weights outgrow L2:
+row tiles outside output blocks re-read every weight once per row tile (on znver5, 2
+threads, weights cold: dense 128x768 -> 768 at 316 us with output blocks outside, 383 us
+inside).
+
 With `threads`, a parallel loop's iterations are shared out statically (the busiest
 thread's share counts) and opening the parallel region costs FORK_CYCLES, so a small row
 kernel stays serial and a large one is split; at 1 thread the two cost the same.
@@ -38,8 +55,8 @@ from __future__ import annotations
 import functools
 
 from raytune_kernels.cpu.loopnest import (BCAST_FMA, PARALLEL, UNROLL, VEC_FMA, Bin, For, Ld,
-                                          LoopNest, Map, MapGroup, Reduce, StoreTile, Un,
-                                          UpdateTile, ZeroTile)
+                                          LoopNest, Map, MapGroup, Reduce, Split, StoreTile,
+                                          Un, UpdateTile, ZeroTile)
 from raytune_kernels.cpu.machine import MachineModel, VectorUnit
 
 LOOP_CYCLES = 1.0  # increment, compare and branch of a loop that is not unrolled
@@ -47,6 +64,12 @@ FORK_CYCLES = 2000.0  # opening and joining a parallel region (~0.45 us, bench/d
 SET_PERIOD = 4096  # bytes after which L1 set indices repeat (a VIPT L1 is indexed in-page)
 LINE = 64  # cache line bytes
 MISS_CYCLES = 1.25  # per A line that misses L1 in an update (an L2 hit, overlapped)
+A_STREAMS = 8  # tile rows of A whose lines the prefetcher brings ahead (fitted on znver5)
+L2_LATENCY = 14.0  # cycles an L1 miss waits for its line from L2
+L2_BYTES_PER_CYCLE = 32.0  # sustained L2 -> L1 bandwidth of one core
+# bytes per cycle a core re-reads an operand from L3 or memory, partly overlapped with its
+# FMAs (fitted to the dense gaps above: 64 over-prices them by up to 1.6x, never under)
+RESTREAM_BYTES_PER_CYCLE = 64.0
 TRANSCENDENTAL_OPS = 12  # vector ops of an inlined exp, tanh or sqrt polynomial
 CHEAP_OPS = ("relu", "relu6", "hardswish", "hardsigmoid")  # a few selects and multiplies
 
@@ -56,7 +79,47 @@ def cycles(nest: LoopNest, machine: MachineModel, threads: int = 1) -> float:
     busiest thread's cycles, and the cost of opening parallel regions when threads > 1)."""
     tiles = {t.name: t for t in nest.tiles}
     ways = max(1, machine.caches[0] // SET_PERIOD) if machine.caches[0] else 8
-    return _cycles(nest.body, tiles, machine.unit(nest.lanes), (threads, ways))
+    restream = _restreamed(nest.body, (), tiles, nest.lanes, threads)
+    keeps = 0.75 * (machine.caches[1] or 1 << 20)
+    return _cycles(nest.body, tiles, machine.unit(nest.lanes), (threads, ways)) + \
+        sum(max(0.0, passes - 1) * size for passes, size in restream if size > keeps) \
+        / RESTREAM_BYTES_PER_CYCLE
+
+
+def _restreamed(body, path: tuple, tiles: dict, lanes: int, threads: int) -> list:
+    """(passes, bytes) per operand of each tile update: how many times the loops outside
+    the outermost loop that does not index it repeat the part of it the loops inside that
+    one touch, and that part's size. `path`: the enclosing loops as (var, extent), fused
+    parallel loops as their digits, the outermost shared out over `threads`."""
+    out = []
+    for s in body:
+        if isinstance(s, For):
+            digits = ((s.var, s.extent),)
+            if s.body and isinstance(s.body[0], Split) and s.body[0].var == s.var:
+                digits = tuple(zip(s.body[0].names, s.body[0].extents))
+            if s.kind == PARALLEL:
+                digits = ((digits[0][0], -(-digits[0][1] // threads)),) + digits[1:]
+            out += _restreamed(s.body, path + digits, tiles, lanes, threads)
+        elif isinstance(s, UpdateTile) and s.mode == BCAST_FMA and s.b is not None:
+            tile = tiles[s.tile]
+            per_update = ((s.a, 4 * tile.shape[0] * tile.shape[1]),
+                          (s.b, 4 * tile.vecs * lanes))
+            out += [_passes(path, {v for v, c in acc.index.terms if c}, size)
+                    for acc, size in per_update]
+    return out
+
+
+def _passes(path: tuple, indexed: set, size: int) -> tuple[int, int]:
+    for i, (var, _) in enumerate(path):
+        inner = path[i + 1:]
+        if var not in indexed and any(v in indexed for v, _ in inner):
+            passes = 1
+            for _, extent in path[: i + 1]:
+                passes *= extent
+            for v, extent in inner:
+                size *= extent if v in indexed else 1
+            return passes, size
+    return 1, 0
 
 
 def _cycles(body, tiles: dict, u: VectorUnit, ctx: tuple[int, int]) -> float:
@@ -134,8 +197,21 @@ def _update_cycles(s: UpdateTile, tile, u: VectorUnit, ways: int) -> float:
         loads = 2 * accs
     else:  # max, add, set: one vector of A per accumulator
         loads = accs
-    misses = _conflict_lines(tuple(tile.offsets(s.a_strides)), ways) * MISS_CYCLES
-    return max(accs / u.fma_per_cycle, loads / u.loads_per_cycle, u.fma_latency, misses)
+    offsets = tuple(tile.offsets(s.a_strides))
+    misses = _conflict_lines(offsets, ways) * MISS_CYCLES
+    waits, b_lines = 0.0, 0.0
+    if s.mode == BCAST_FMA:
+        waits = max(0, _streams(offsets) - A_STREAMS) * L2_LATENCY / (LINE // 4)
+        b_lines = tile.vecs * u.lanes * 4 / L2_BYTES_PER_CYCLE
+    return max(accs / u.fma_per_cycle, loads / u.loads_per_cycle, u.fma_latency,
+               misses, b_lines) + waits
+
+
+def _streams(offsets: tuple[int, ...]) -> int:
+    """Runs of adjacent lines among the tile's A elements: a conv's tile columns read one
+    run, a GEMM's tile rows (K apart) one run each."""
+    lines = sorted({off * 4 // LINE for off in offsets})
+    return 1 + sum(1 for x, y in zip(lines, lines[1:]) if y > x + 1)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -125,22 +125,40 @@ def dense_task(k: int, n: int = 512, m: int = 128):
     return task
 
 
-def dense_cfg(ob: int, rows: int, parallel: int = 2) -> Config:
+def dense_cfg(ob: int, rows: int, parallel: int = 2, order=("ko", "oh")) -> Config:
     return Config.of(cb=16, lanes=16, ob=ob, parallel=parallel, reduce_order=("co",),
-                     spatial_order=("ko", "oh"), tile_h=rows, tile_w=1)
+                     spatial_order=order, tile_h=rows, tile_w=1)
+
+
+def per_flop(k: int, cfg: Config, n: int = 512, threads: int = 1) -> float:
+    task = dense_task(k, n)
+    return cycles(lower(task.compute, cfg), CPU.machine, threads) / task.compute.flops()
 
 
 def test_tile_rows_that_share_an_l1_set_cost_misses():
-    """16 rows of A 8 KiB apart fall in one set of an 8-way L1: every broadcast misses.
+    """8 rows of A 8 KiB apart fall in one set of an 8-way L1: every broadcast misses.
     The same tile over rows 3 KiB apart spreads over the sets and costs its FMAs only."""
-    per_flop = {}
-    for k in (2048, 768):
-        task = dense_task(k)
-        for ob, rows in ((16, 16), (64, 5)):
-            nest = lower(task.compute, dense_cfg(ob, rows))
-            per_flop[k, ob] = cycles(nest, CPU.machine) / task.compute.flops()
-    assert per_flop[2048, 16] > 2 * per_flop[2048, 64]
-    assert per_flop[768, 16] == pytest.approx(per_flop[768, 64], rel=0.1)
+    tile = dense_cfg(32, 8)
+    assert per_flop(2048, tile) > 1.2 * per_flop(768, tile)
+    assert per_flop(768, tile) == pytest.approx(per_flop(768, dense_cfg(64, 5)), rel=0.1)
+
+
+def test_rows_beyond_the_prefetched_streams_and_short_wide_tiles_cost_more():
+    """16 rows of one vector wait on their A lines, 2 rows of 4 vectors on their B lines;
+    8 rows of 2 vectors keep the FMA pipes busy."""
+    good = per_flop(768, dense_cfg(32, 8))
+    assert per_flop(768, dense_cfg(16, 16)) > 1.3 * good
+    assert per_flop(768, dense_cfg(64, 2)) > 1.3 * good
+
+
+def test_weights_reread_per_row_tile_cost_their_traffic_once_they_outgrow_l2():
+    """Row tiles outside output blocks read all of a 2.25 MiB weight once per row tile;
+    output blocks outside read each block's panel once. A 0.75 MiB weight stays in L2."""
+    def gap(n: int) -> float:
+        inside = per_flop(768, dense_cfg(32, 8, order=("oh", "ko")), n, threads=2)
+        return inside / per_flop(768, dense_cfg(32, 8, order=("ko", "oh")), n, threads=2)
+    assert gap(768) > 1.15
+    assert gap(256) == pytest.approx(1.0, abs=0.02)
 
 
 def test_threads_share_a_parallel_loop_and_pay_for_opening_it():
