@@ -137,20 +137,59 @@ def torchvision_classifiers() -> dict[str, TorchvisionSpec]:
 
 # ------------------------------------------------------------------------------ timm
 
+# A spread of timm's families at small sizes (0.3-14 GFLOPs): ResNets and their split-
+# attention, selective-kernel, multi-scale and cross-stage-partial kinds (LeakyReLU in
+# cspdarknet53), normaliser-free nets with scaled weight-standardised convs and ECA's conv1d
+# over channels, dense and re-parameterisable nets, mobile nets, and the transformer, MLP
+# and pooling mixers (windowed, cross-covariance, spatial-reduction and convolutional
+# attention)
 TIMM_NAMES = ("resnet50", "efficientnet_b0", "mobilenetv3_large_100", "convnext_tiny",
               "deit_tiny_patch16_224", "ghostnet_100", "mixnet_s", "levit_128", "regnety_016",
-              "vit_tiny_patch16_224")
+              "vit_tiny_patch16_224",
+              "cspresnet50", "cspdarknet53", "cs3darknet_s",
+              "eca_resnet33ts", "nf_regnet_b0", "eca_nfnet_l0", "dm_nfnet_f0",
+              "resnest14d", "skresnet18", "res2net50_26w_4s", "densenet121", "repvgg_a0",
+              "lcnet_100", "rexnet_100", "convnext_atto", "hrnet_w18_small",
+              "swin_tiny_patch4_window7_224", "xcit_nano_12_p16_224", "pvt_v2_b0",
+              "tiny_vit_5m_224", "efficientformer_l1", "mixer_s16_224", "resmlp_12_224",
+              "poolformer_s12", "edgenext_xx_small", "mobilevit_xxs", "fastvit_t8")
+
+
+BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
+
+
+def exercised(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
+    """`model` with every parameter whose elements all equal one constant c (zero or one
+    initialised norms and gains, 1e-6 layer scales, zero heads) moved to c + N(0, s^2),
+    s = 0.1 max(|c|, 1), and batch norms' running statistics drawn at random (mean
+    N(0, 0.01), variance U(0.5, 1.5)); returned in place.
+
+    timm initialises the last norm of each residual branch to zero (ResNets), NFNets' skip
+    gains to zero, layer scales to 1e-5 or 1e-6 (ConvNeXt) and some classifier heads to zero
+    (MLP-Mixer, ResMLP: the output is all zeros), so an output compared at timm's own
+    initialisation hardly depends on those branches, and a wrong one would pass."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            c = p.flatten()[0] if p.numel() else None
+            if c is not None and p.is_floating_point() and bool((p == c).all()):
+                p.add_(0.1 * max(abs(c.item()), 1.0) * torch.randn(p.shape, generator=gen))
+        for m in model.modules():
+            if isinstance(m, BATCH_NORMS) and m.running_var is not None:
+                m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=gen))
+                m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=gen))
+    return model
 
 
 def timm_models() -> dict[str, Factory]:
     """The TIMM_NAMES this timm has: name -> factory() -> (model, (image,)), the image of
-    the model's default input size, batch 1."""
+    the model's default input size, batch 1; the weights random and `exercised`."""
     timm = _import_optional("timm")
 
     def factory(name: str) -> Factory:
         def build() -> tuple[torch.nn.Module, Inputs]:
             torch.manual_seed(0)
-            model = timm.create_model(name, pretrained=False).eval()
+            model = exercised(timm.create_model(name, pretrained=False).eval())
             size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
             return model, (_image((1, *size)),)
         return build

@@ -137,6 +137,39 @@ def test_coverage_summary_counts_what_each_model_gave():
     assert s["untuned_vs_onnxruntime"] == 0.8 and s["compile_s"] == 4.0
 
 
+def test_exercised_weights_leave_no_branch_at_a_constant_init():
+    """bench/models.py's `exercised`: parameters that are one constant (a zero norm weight,
+    a 1e-6 layer scale, a zero head) are drawn around it, random ones are kept, and batch
+    norms get random running statistics; the output then depends on every branch."""
+    models = _bench("models")
+    torch.manual_seed(0)
+    conv, bn, head = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Linear(8, 4)
+    scale = torch.nn.Parameter(torch.full((8, 1, 1), 1e-6))
+    torch.nn.init.zeros_(bn.weight)
+    torch.nn.init.zeros_(head.weight)
+    model = torch.nn.ModuleDict({"conv": conv, "bn": bn, "head": head})
+    model.register_parameter("scale", scale)
+    drawn = conv.weight.detach().clone()
+    models.exercised(model)
+    assert torch.equal(conv.weight, drawn)
+    for p in (bn.weight, bn.bias, head.weight, head.bias, scale):
+        assert p.std() > 0.03 and p.abs().max() < 1.0
+    assert bn.running_mean.std() > 0.03 and 0.5 <= bn.running_var.min() <= \
+        bn.running_var.max() <= 1.5
+
+
+def test_timm_zoo_names_thirty_models_of_the_installed_timm():
+    models = _bench("models")
+    try:
+        timm = models._import_optional("timm")
+    except ImportError as exc:
+        pytest.skip(str(exc))
+    assert len(set(models.TIMM_NAMES)) == len(models.TIMM_NAMES) >= 30
+    assert [n for n in models.TIMM_NAMES if not timm.is_model(n)] == []
+    families = ("csp", "nfnet", "eca")
+    assert all(any(f in n for n in models.TIMM_NAMES) for f in families)
+
+
 def test_coverage_times_every_variant_in_each_round_and_gives_per_round_ratios():
     import time
 
