@@ -389,6 +389,11 @@ def test_a_full_temp_dir_is_retried_then_recorded_as_the_hosts_fault(pipeline, t
                                          [full, build_for(task.compute, configs[1])])
         assert [r.error_kind for r in results] == ["host_error", None]
         assert "No space left" in results[0].error_msg
+        monkeypatch.setattr(pipeline, "phased", False)  # a stream stops alike
+        handle = pipeline.launch([(task, configs[2])])
+        with pytest.raises(pipeline_mod.HostFault, match="No space left on device"):
+            pipeline.wait([handle])
+        pipeline.close_stream()
     finally:
         ray.kill(pipeline.builders[0])
         pipeline.builders = builders
