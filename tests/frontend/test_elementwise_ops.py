@@ -78,3 +78,25 @@ def test_addcmul_is_two_multiplications_and_an_addition():
     assert [n.op for n in graph.nodes].count("mul") == 3
     with torch.no_grad():
         assert torch.allclose(execute(partition(graph), [x])[0], model(x), atol=1e-5)
+
+
+class InPlace(nn.Module):
+    """In-place division and subtraction (ConViT's `attn /= attn.sum(-1)`); the shape test
+    sends the capture through torch.export, whose graph keeps aten::div_ and aten::sub_ and
+    feeds later uses from them."""
+
+    def forward(self, x):
+        y = torch.sigmoid(x) * 2
+        if x.shape[0] > 0:
+            y.div_(y.sum(dim=-1, keepdim=True))
+            y.sub_(0.25)
+        return y * x
+
+
+def test_in_place_division_and_subtraction_from_an_export_are_ours():
+    x = torch.randn(2, 3, 8)
+    graph = rk.capture(InPlace(), (x,), strict=True)  # no island
+    y = torch.randn(2, 3, 8)
+    with torch.no_grad():
+        want = InPlace()(y)
+    assert torch.allclose(execute(partition(graph), [y])[0], want, atol=1e-6, rtol=1e-5)
