@@ -33,7 +33,7 @@ from raytune_kernels.frontend.activations import MODULES as ACTIVATION_MODULES
 from raytune_kernels.errors import CaptureError, DynamicShapeError, UnsupportedOpError
 from raytune_kernels.frontend.builder import Builder, Ctx, T, bind
 from raytune_kernels.frontend.graph import Graph
-from raytune_kernels.frontend.inline import export_call, inlinable
+from raytune_kernels.frontend.inline import autocast_off, export_call, inlinable
 from raytune_kernels.frontend.island import ISLAND, Island, MethodCall, island_of
 from raytune_kernels.frontend.conv1d import conv1d_module_handler, lift_unit_axis
 from raytune_kernels.frontend.passes import fold_affine, pad_channels, prune_params
@@ -225,6 +225,10 @@ class _Walker:
         ops.check_static(node.target, ctx)
         if node.target is operator.getitem and isinstance(args[0], (tuple, list, dict)):
             return args[0][args[1]]  # one output of a call that returned several
+        region = autocast_off(node.target, args)
+        if region is not None:  # a block with autocast off: its ops, walked in place
+            return tuple(_Walker(region[0], region[1], self.strict,
+                                 (self.b, ctx.layer)).run_inside())
         concrete = lambda v: v.value if isinstance(v, T) else v  # noqa: E731
         cargs = pytree.tree_map(concrete, args)
         ckwargs = pytree.tree_map(concrete, kwargs)

@@ -9,6 +9,11 @@ matmul and softmax kernels, and only an op inside without a handler stays in PyT
 The inlined form is kept when it puts at least one op in our kernels; otherwise (one
 unknown aten op standing for the whole call, or an export that fails) the call stays one
 island named as the user wrote it. Nothing a failed attempt added to the graph survives.
+
+torch.export keeps a `with torch.autocast(..., enabled=False)` block as one call of the
+higher-order op wrap_with_autocast on a subgraph; with autocast off, the block computes in
+the dtypes it is given (float32 here), so `autocast_off` hands its subgraph to the walker
+as if the block were not there. A block with autocast on stays an island.
 """
 from __future__ import annotations
 
@@ -33,6 +38,15 @@ class _Call(nn.Module):
 
     def forward(self, *tensors: torch.Tensor) -> Any:
         return self.island(*tensors)
+
+
+def autocast_off(target: Any, args: tuple) -> tuple[torch.fx.GraphModule, tuple] | None:
+    """(subgraph, operands) of a wrap_with_autocast call whose autocast is off, else None.
+    Its arguments are (device_type, dtype, enabled, cache_enabled, subgraph, *operands)."""
+    hop = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
+    if hop is None or target is not hop or len(args) < 5 or args[2] is not False:
+        return None
+    return (args[4], tuple(args[5:])) if isinstance(args[4], torch.fx.GraphModule) else None
 
 
 def inlinable(call: Callable) -> bool:

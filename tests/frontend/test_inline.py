@@ -130,3 +130,44 @@ def test_only_the_unknown_op_inside_stays_pytorch():
     assert torch.allclose(execute(partition(graph), [x])[0], model(x))
     with pytest.raises(rk.UnsupportedOpError, match="'gated' in layer 'gated'"):
         rk.capture(model, (x,), strict=True)
+
+
+class LinearAttention(nn.Module):
+    """EfficientViT's ReLU linear attention: the division kept in float32 under a block
+    with autocast off; the shape test sends the capture through torch.export."""
+
+    def __init__(self, autocast: bool = False, dim: int = 16):
+        super().__init__()
+        self.qkv, self.autocast = nn.Linear(dim, 3 * dim), autocast
+
+    def forward(self, x):
+        q, k, v = F.relu(self.qkv(x)).chunk(3, dim=-1)
+        if x.shape[1] > 1:
+            v = F.pad(v, (0, 1), value=1.0)
+        with torch.autocast(device_type="cpu", enabled=self.autocast):
+            out = q @ (k.transpose(-1, -2) @ v)
+            out = out[..., :-1] / (out[..., -1:] + 1e-5)
+        return out.float() + x
+
+
+def test_a_block_with_autocast_off_is_walked_into_our_ops():
+    torch.manual_seed(0)
+    model, x = LinearAttention().eval(), torch.randn(1, 12, 16)
+    graph = rk.capture(model, (x,), strict=True)  # no island
+    assert [n.op for n in graph.nodes].count("matmul") == 2
+    y = torch.randn(1, 12, 16)
+    with torch.no_grad():
+        want = model(y)
+    assert torch.allclose(execute(partition(graph), [y])[0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_block_with_autocast_on_stays_an_island():
+    """Autocast on changes the dtypes inside the block: not ours to walk as float32."""
+    torch.manual_seed(0)
+    model, x = LinearAttention(autocast=True).eval(), torch.randn(1, 12, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = rk.capture(model, (x,))
+    islands = [n.attr("what") for n in graph.nodes if n.op == ISLAND]
+    assert islands[0] == "wrap_with_autocast" and [n.op for n in graph.nodes].count(
+        "matmul") == 0
