@@ -313,12 +313,23 @@ def _with_image(spec: TorchvisionSpec) -> Factory:
 
 def gflops(model: torch.nn.Module, inputs: Inputs) -> float:
     """GFLOPs of one forward pass (a multiply-add counts 2), counted by
-    torch.utils.flop_counter.FlopCounterMode on one no-grad run at the given inputs."""
+    torch.utils.flop_counter.FlopCounterMode on one no-grad run at the given inputs.
+
+    The parameters' requires_grad is off for the count (and restored): a view of a parameter
+    made under no_grad still requires grad with no grad_fn (CaiT's expanded class token),
+    and the counter's module tracker fails on such a module input."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    flags = [(p, p.requires_grad) for p in model.parameters()]
     counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model(*inputs)
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        with torch.no_grad(), counter:
+            model(*inputs)
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
     return counter.get_total_flops() / 1e9
 
 

@@ -158,6 +158,26 @@ def test_exercised_weights_leave_no_branch_at_a_constant_init():
         bn.running_var.max() <= 1.5
 
 
+def test_gflops_counts_a_module_fed_a_parameter_view():
+    """A parameter expanded under no_grad (CaiT's class token) and passed to a submodule:
+    FlopCounterMode's module tracker failed on it; the count works and requires_grad is
+    restored."""
+    models = _bench("models")
+
+    class Tokens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token = torch.nn.Parameter(torch.randn(1, 1, 8))
+            self.proj = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.proj(self.token.expand(x.shape[0], -1, -1)) + x.sum()
+
+    model = Tokens()
+    assert models.gflops(model, (torch.randn(2, 3),)) == 2 * 2 * 8 * 4 / 1e9
+    assert all(p.requires_grad for p in model.parameters())
+
+
 def test_timm_zoo_names_thirty_models_of_the_installed_timm():
     models = _bench("models")
     try:
