@@ -1,5 +1,5 @@
 """Data movement by constants as glue (run by PyTorch between kernels, no task of their own):
-slices, constant and reflect padding, roll, expand, stack; and einsum of two operands as the
+slices, constant and reflect padding, roll, expand, stack, unfold's sliding windows; and einsum of two operands as the
 permutes, reshapes and one batched matmul it stands for, so its FLOPs run in our kernels."""
 from __future__ import annotations
 
@@ -69,6 +69,30 @@ def stack_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
         value = x.value.unsqueeze(dim)
         parts.append(b.node("reshape", [x], {"shape": tuple(value.shape)}, value, ctx))
     return b.node("concat", parts, {"dim": dim}, out, ctx)
+
+
+MAX_WINDOWS = 64  # unfold's windows, one slice node each
+
+
+def unfold_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
+    """x.unfold(dim, size, step): sliding windows (HaloNet's overlapping blocks) as one
+    slice per window with an axis of 1 at `dim`, one concat, then the window's own axis
+    moved last, where unfold puts it."""
+    x = tensor_arg(a["input"], ctx)
+    dim = norm_dim(int(a["dimension"]), x.value.dim())
+    size, step, count = int(a["size"]), int(a["step"]), out.shape[dim]
+    if count > MAX_WINDOWS:
+        raise ctx.unsupported(f"unfold into {count} windows (at most {MAX_WINDOWS})")
+    parts = []
+    for i in range(count):
+        index = (slice(None),) * dim + (None, slice(i * step, i * step + size))
+        parts.append(b.node("index", [x], {"index": encode_index(index)}, x.value[index], ctx))
+    stacked = torch.cat([p.value for p in parts], dim) if count > 1 else parts[0].value
+    y = b.node("concat", parts, {"dim": dim}, stacked, ctx) if count > 1 else parts[0]
+    order = tuple(d for d in range(out.dim()) if d != dim + 1) + (dim + 1,)
+    if order == tuple(range(out.dim())):
+        return T(y.ref, out)
+    return b.node("permute", [y], {"dims": order}, out, ctx)
 
 
 def einsum_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:

@@ -22,7 +22,8 @@ from raytune_kernels.frontend.integers import (COMPARE_FNS, argmax_handler, cast
                                                compare_handler, cumsum_handler, gather_handler)
 from raytune_kernels.frontend.reference import REDUCE_FNS
 from raytune_kernels.frontend.movement import (einsum_handler, expand_handler, pad_handler,
-                                               roll_handler, slice_handler, stack_handler)
+                                               roll_handler, slice_handler, stack_handler,
+                                               unfold_handler)
 from raytune_kernels.frontend.slicing import (getitem_handler, index_handler, select_handler,
                                               split_handler, unbind_handler)
 
@@ -89,6 +90,7 @@ def _slice_stub(input, dim=0, start=None, end=None, step=1): ...
 def _pad_stub(input, pad, mode="constant", value=None): ...
 def _constant_pad_stub(input, pad, value=0.0, mode="constant"): ...
 def _roll_stub(input, shifts, dims=None): ...
+def _unfold_stub(input, dimension, size, step): ...
 def _einsum_stub(equation, *operands, path=None): ...
 def _embedding_aten_stub(weight, indices, padding_idx=-1, scale_grad_by_freq=False,
                          sparse=False): ...
@@ -781,6 +783,7 @@ _TORCH_FUNCS: list[tuple[tuple, Callable, Callable]] = [
     ((F.pad, "aten::pad"), _pad_stub, pad_handler),
     ((torch.constant_pad_nd, "aten::constant_pad_nd"), _constant_pad_stub, pad_handler),
     ((torch.roll, "roll", "aten::roll"), _roll_stub, roll_handler),
+    (("unfold", "aten::unfold"), _unfold_stub, unfold_handler),
     ((torch.broadcast_to, "expand", "expand_as", "broadcast_to", "repeat", "aten::expand",
       "aten::expand_as", "aten::broadcast_to", "aten::repeat"), _any_stub, expand_handler),
     ((torch.einsum, "aten::einsum"), _einsum_stub, einsum_handler),

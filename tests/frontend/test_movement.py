@@ -51,6 +51,30 @@ def test_movement_ops_are_glue_and_match(fn, op):
     _check(fn, torch.randn(1, 3, 6, 7), want_ops=[op])
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.relu(x).unfold(2, 4, 2).unfold(3, 3, 2).flatten(-2),  # HaloNet's blocks
+    lambda x: torch.relu(x).unfold(-1, 7, 1).sum(-1),  # one window, on the last dim
+    lambda x: torch.relu(x).unfold(1, 2, 1),  # overlapping channel windows
+])
+def test_unfold_windows_are_slices_and_one_concat(fn):
+    torch.manual_seed(0)
+    _check(fn, torch.randn(1, 3, 6, 7), want_ops=["index"])
+
+
+def test_unfold_through_export_and_too_many_windows():
+    class Halo(nn.Module):
+        def forward(self, x):
+            if x.shape[-1] > 4:  # control flow on a shape: fx cannot trace it, export can
+                x = x.unfold(2, 4, 2)
+            return torch.relu(x)
+    x = torch.randn(1, 2, 8, 6)
+    graph = rk.capture(Halo(), (x,), strict=True)
+    assert "concat" in {n.op for n in graph.nodes}
+    assert torch.equal(execute(partition(graph), [x])[0], Halo()(x))
+    with pytest.raises(rk.UnsupportedOpError, match="windows"):
+        rk.capture(Fn(lambda x: x.unfold(-1, 1, 1) * 2), (torch.randn(1, 80),), strict=True)
+
+
 def test_slices_through_export_are_glue():
     """x[..., a:b:c] reaches the graph as aten.slice when a model goes through export."""
     class Sliced(nn.Module):
