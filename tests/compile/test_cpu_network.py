@@ -610,3 +610,16 @@ def test_a_compile_that_raises_leaves_no_check_child_behind(monkeypatch):
     with pytest.raises(CompileError, match="capture refused"):
         compile_network(torch.nn.Linear(4, 4), torch.randn(1, 4))
     assert child.killed and child.reaped
+
+
+def test_untuned_candidates_are_priced_at_the_compile_threads():
+    """An untuned 12x128x128 softmax at 2 threads runs its rows in parallel, estimated at
+    about half its time at 1 thread (the estimate found serial and parallel rows equal)."""
+    from raytune_kernels.compile.cpu_network import estimated_candidates
+    from raytune_kernels.frontend.partition import TaskStep, partition
+
+    part = partition(rk.capture(torch.nn.Softmax(-1), (torch.randn(1, 12, 128, 128),)))
+    (step,) = [s for s in part.steps if isinstance(s, TaskStep)]
+    picks = {t: min(estimated_candidates(part, step, cpu_info(), t), key=lambda c: c.seconds)
+             for t in (1, 2)}
+    assert picks[2].config["parallel"] and picks[2].seconds < 0.6 * picks[1].seconds
