@@ -137,12 +137,12 @@ def torchvision_classifiers() -> dict[str, TorchvisionSpec]:
 
 # ------------------------------------------------------------------------------ timm
 
-# A spread of timm's families at small sizes (0.3-14 GFLOPs): ResNets and their split-
+# A spread of timm's families at small sizes (0.2-14 GFLOPs): ResNets and their split-
 # attention, selective-kernel, multi-scale and cross-stage-partial kinds (LeakyReLU in
 # cspdarknet53), normaliser-free nets with scaled weight-standardised convs and ECA's conv1d
 # over channels, dense and re-parameterisable nets, mobile nets, and the transformer, MLP
-# and pooling mixers (windowed, cross-covariance, spatial-reduction and convolutional
-# attention)
+# and pooling mixers (windowed, haloed, cross-covariance, class, gated positional, linear,
+# rotary, spatial-reduction and convolutional attention; focal modulation)
 TIMM_NAMES = ("resnet50", "efficientnet_b0", "mobilenetv3_large_100", "convnext_tiny",
               "deit_tiny_patch16_224", "ghostnet_100", "mixnet_s", "levit_128", "regnety_016",
               "vit_tiny_patch16_224",
@@ -152,7 +152,11 @@ TIMM_NAMES = ("resnet50", "efficientnet_b0", "mobilenetv3_large_100", "convnext_
               "lcnet_100", "rexnet_100", "convnext_atto", "hrnet_w18_small",
               "swin_tiny_patch4_window7_224", "xcit_nano_12_p16_224", "pvt_v2_b0",
               "tiny_vit_5m_224", "efficientformer_l1", "mixer_s16_224", "resmlp_12_224",
-              "poolformer_s12", "edgenext_xx_small", "mobilevit_xxs", "fastvit_t8")
+              "poolformer_s12", "edgenext_xx_small", "mobilevit_xxs", "fastvit_t8",
+              "cait_xxs24_224", "convit_tiny", "efficientvit_b0", "efficientvit_m0",
+              "halonet26t", "eva02_tiny_patch14_224", "gmlp_ti16_224", "maxvit_nano_rw_256",
+              "coatnet_nano_rw_224", "focalnet_tiny_srf", "repvit_m1", "ghostnetv2_100",
+              "crossvit_tiny_240")
 
 
 BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
