@@ -1,6 +1,7 @@
 """Data movement by constants as glue (run by PyTorch between kernels, no task of their own):
-slices, constant and reflect padding, roll, expand, stack, unfold's sliding windows; and einsum of two operands as the
-permutes, reshapes and one batched matmul it stands for, so its FLOPs run in our kernels."""
+slices, constant and reflect padding, roll, expand, stack, unfold's sliding windows; and
+einsum of two operands as the permutes, reshapes and one batched matmul it stands for, so
+its FLOPs run in our kernels."""
 from __future__ import annotations
 
 import torch
