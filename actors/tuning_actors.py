@@ -148,8 +148,13 @@ class RaySearchPool:
     def _call(self, k: int, method: str, *args):
         """Search actor `k`'s `method`; one that died with its node (or was killed) is
         replaced once and asked again."""
+        return self._get(k, getattr(self.actors[k], method).remote(*args), method, *args)
+
+    def _get(self, k: int, ref, method: str, *args):
+        """The value of `ref`, a call of search actor `k`'s `method` with `args`; where
+        the actor died, its replacement's answer to the same call."""
         try:
-            return ray.get(getattr(self.actors[k], method).remote(*args))
+            return ray.get(ref)
         except ray.exceptions.RayActorError:
             self._replace(k)
             return ray.get(getattr(self.actors[k], method).remote(*args))
@@ -171,14 +176,9 @@ class RaySearchPool:
         """One proposal per (task key, n), each by its task's search actor: actors work
         in parallel (a task's rounds in turn, on its one actor)."""
         refs = [self.actors[self.group_of[key]].propose.remote(key, n) for key, n in asks]
-        out = []
-        for (key, n), ref in zip(asks, refs):
-            try:
-                got = ray.get(ref)
-            except ray.exceptions.RayActorError:
-                got = self._call(self.group_of[key], "propose", key, n)
-            out.append([Config.from_json(c) for c in got])
-        return out
+        return [[Config.from_json(c) for c in self._get(self.group_of[key], ref, "propose",
+                                                        key, n)]
+                for (key, n), ref in zip(asks, refs)]
 
     def observe(self, key: str, cfgs: list[Config], seconds: list[float]) -> None:
         js = [c.to_json() for c in cfgs]
@@ -191,8 +191,9 @@ class RaySearchPool:
 
     def learn(self, records: list[Record]) -> None:
         state = self.model.learn.remote([r.to_json() for r in records])  # an ObjectRef
-        for k in range(len(self.actors)):
-            self._call(k, "refresh", state)
+        refs = [a.refresh.remote(state) for a in self.actors]  # in parallel
+        for k, ref in enumerate(refs):
+            self._get(k, ref, "refresh", state)
 
     def exhausted(self, key: str) -> bool:
         return key in self._exhausted
@@ -201,14 +202,17 @@ class RaySearchPool:
         """Every search actor prepares its searches, in parallel (search.prepare)."""
         refs = [a.prepare.remote() for a in self.actors]
         for k, ref in enumerate(refs):
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError:
-                self._call(k, "prepare")
+            self._get(k, ref, "prepare")
 
-    def nodes(self) -> list[str]:
-        """The node of each search actor."""
-        return ray.get([a.node.remote() for a in self.actors])
+    def nodes(self) -> list[str | None]:
+        """The node of each search actor (None for one that is gone)."""
+        out = []
+        for ref in [a.node.remote() for a in self.actors]:
+            try:
+                out.append(ray.get(ref))
+            except ray.exceptions.RayActorError:
+                out.append(None)
+        return out
 
     def pids(self) -> list[int]:
         """The processes of the search actors and the cost model actor."""
