@@ -21,30 +21,26 @@ thread): with warm caches (160 configs a task) the estimate's ranks correlate wi
 the measured ones at 0.87 on average, and its first 8 picks hold a config within 5% of the
 best on 17 tasks (8 random picks would on 9.2 tasks, in expectation); with the weights out of
 cache, as tune_network times them (80 configs a task), 0.82 and 14 tasks (random: 7.0).
-Memory traffic is left out: a reuse-distance term (bytes re-fetched per loop, priced by
-the cache level their footprint fits) did not rank better with cold weights. One memory
-effect is kept, because it decides between tiles the compute bounds find equal: the rows
-of a register tile read A at a fixed stride, and where that stride is a multiple of the
-L1's set period (4 KiB on a VIPT L1 indexed inside a page) more rows share one set than
-the cache has ways, so every broadcast misses L1 (measured on znver5, 2 threads: a dense
-128x2048 -> 512 ran at 52% of peak with 16 rows at an 8 KiB stride, 86% with 9).
-
-B's vectors come from L2 (a weight panel outgrows L1 in all but the smallest GEMMs) at
-L2_BYTES_PER_CYCLE, which bounds short tiles of many vectors: 2 rows of 4 vectors wait
-on their B lines where 5 rows keep the FMA pipes busy.
-The hardware prefetcher follows a few streams only: runs of adjacent A lines (a GEMM's
-tile rows, each K apart; a conv's tile columns make one run) beyond
-A_STREAMS each wait on an L2 line every 16 updates (on znver5, 2 threads, weights cold:
-dense 128x768 -> 768 at 316 us with 8 rows of 2 vectors, 389 us with 13 and 481 us with 16
-rows of one vector; 86-94% of peak at 5-9 rows).
-
-An operand that a loop does not index is read again on each of its iterations, as much of
-it as the loops inside touch; where that exceeds what the L2 keeps (three quarters of it,
-the rest for the other operands), each pass streams it from L3 or memory at
-RESTREAM_BYTES_PER_CYCLE. That orders the spatial loops of a GEMM whose weights outgrow L2:
-row tiles outside output blocks re-read every weight once per row tile (on znver5, 2
-threads, weights cold: dense 128x768 -> 768 at 316 us with output blocks outside, 383 us
-inside).
+Those figures predate the memory terms below. A general reuse-distance term (bytes
+re-fetched per loop, priced by the cache level their footprint fits) did not rank
+ResNet-18's convs better with cold weights, so only narrower effects are priced, each
+because it decides between tiles the compute bounds find equal (measured on znver5, 2
+threads, weights cold):
+- L1 set conflicts: the rows of a register tile read A at a fixed stride; where it is a
+  multiple of the L1's set period (4 KiB on a VIPT L1 indexed inside a page), more rows
+  share one set than the cache has ways and every broadcast misses (dense 128x2048 -> 512:
+  52% of peak with 16 rows 8 KiB apart, 86% with 9);
+- B's vectors come from L2 (a weight panel outgrows L1 in all but the smallest GEMMs) at
+  L2_BYTES_PER_CYCLE, which bounds short tiles of many vectors (2 rows of 4 vectors);
+- the prefetcher follows a few streams only: runs of adjacent A lines (a GEMM's tile rows,
+  each K apart; a conv's tile columns make one run) beyond A_STREAMS each wait on an L2
+  line every 16 updates (dense 128x768 -> 768: 316 us with 8 rows of 2 vectors, 389 us
+  with 13 rows and 481 us with 16 rows of one vector);
+- an operand that a loop does not index is read again on each of its iterations, as much
+  of it as the loops inside touch; where that exceeds what L2 keeps (three quarters of it,
+  the rest for the other operands), each pass streams it from L3 or memory at
+  RESTREAM_BYTES_PER_CYCLE: row tiles outside output blocks re-read every weight once per
+  row tile (dense 128x768 -> 768: 316 us with output blocks outside, 383 us inside).
 
 With `threads`, a parallel loop's iterations are shared out statically (the busiest
 thread's share counts) and opening the parallel region costs FORK_CYCLES, so a small row
