@@ -24,8 +24,8 @@ cache, as tune_network times them (80 configs a task), 0.82 and 14 tasks (random
 Those figures predate the memory terms below. A general reuse-distance term (bytes
 re-fetched per loop, priced by the cache level their footprint fits) did not rank
 ResNet-18's convs better with cold weights, so only narrower effects are priced, each
-because it decides between tiles the compute bounds find equal (measured on znver5, 2
-threads, weights cold):
+because it decides between tiles the compute bounds find equal (measured with 2 threads
+and weights cold; docs/measurement.md names the machine):
 - L1 set conflicts: the rows of a register tile read A at a fixed stride; where it is a
   multiple of the L1's set period (4 KiB on a VIPT L1 indexed inside a page), more rows
   share one set than the cache has ways and every broadcast misses (dense 128x2048 -> 512:
@@ -60,7 +60,7 @@ FORK_CYCLES = 2000.0  # opening and joining a parallel region (~0.45 us, bench/d
 SET_PERIOD = 4096  # bytes after which L1 set indices repeat (a VIPT L1 is indexed in-page)
 LINE = 64  # cache line bytes
 MISS_CYCLES = 1.25  # per A line that misses L1 in an update (an L2 hit, overlapped)
-A_STREAMS = 8  # tile rows of A whose lines the prefetcher brings ahead (fitted on znver5)
+A_STREAMS = 8  # tile rows of A whose lines the prefetcher brings ahead (fitted, not probed)
 L2_LATENCY = 14.0  # cycles an L1 miss waits for its line from L2
 L2_BYTES_PER_CYCLE = 32.0  # sustained L2 -> L1 bandwidth of one core
 # bytes per cycle a core re-reads an operand from L3 or memory, partly overlapped with its

@@ -144,7 +144,7 @@ def priced_transform(shape: tuple[int, ...], src: str, dst: str, ghz: float,
 
 # A transform's time as a call plus a cost per float by what the copy must do: fitted on
 # 847 transforms this code timed at 1 thread with warm caches (NCHW, NHWC and NCHW<x>c
-# of ResNet, MobileNet and BERT tensors, 3 to 800K floats, znver5 at 4.2 GHz): median
+# of ResNet, MobileNet and BERT tensors, 3 to 800K floats, a 4.2 GHz core): median
 # error 5.7%, 90th percentile 27%, rank correlation 0.97. Per float, in cycles: a copy
 # with channels innermost on both sides moves vectors; one with W innermost on a side
 # transposes C with W (4x dearer); NCHW to NCHW only adds or drops a border.
