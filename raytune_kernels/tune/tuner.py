@@ -247,23 +247,21 @@ class Tuner:
 
     def run(self, callbacks: Sequence[Callback] = ()) -> TuningResult:
         """Every round, telling `callbacks` (tune/callbacks.py) as the driver does."""
-        path = self.writer.path if self.writer else None
-        notify(callbacks, "on_start", self.initial(), stopped(0, self.spent, path))
-        while (summary := self.step()) is not None:
-            where = stopped(summary.round, summary.trials, path)
-            notify(callbacks, "on_records", self.last, where)
-            notify(callbacks, "on_round", summary, where)
-        result = self.result()
-        notify(callbacks, "on_end", result, stopped(self.round, self.spent, path))
-        return result
+        return self._told(iter(self.step, None), callbacks)
 
     def stream(self, launch: Launch, wait: Wait, depth: int | Callable[[], int],
                callbacks: Sequence[Callback] = ()) -> TuningResult:
         """Every round, measured `depth` at a time (`streamed`), telling `callbacks` of
         each as `run` does."""
+        return self._told(self.streamed(launch, wait, depth), callbacks)
+
+    def _told(self, rounds: Iterator[RoundSummary], callbacks: Sequence[Callback]
+              ) -> TuningResult:
+        """Run `rounds` to the end, telling `callbacks` of the start, each round (its
+        records, then its summary) and the result."""
         path = self.writer.path if self.writer else None
         notify(callbacks, "on_start", self.initial(), stopped(0, self.spent, path))
-        for summary in self.streamed(launch, wait, depth):
+        for summary in rounds:
             where = stopped(summary.round, summary.trials, path)
             notify(callbacks, "on_records", self.last, where)
             notify(callbacks, "on_round", summary, where)

@@ -8,7 +8,7 @@ import torch
 
 from raytune_kernels.compile.api import compile_network
 from raytune_kernels.compile.report import output_error
-from tests.support.hf import transformers_or_skip
+from tests.support.hf import hf_model
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
@@ -43,12 +43,7 @@ def _ids(seed: int) -> torch.Tensor:
 
 
 def _compiles_with_no_island(family: tuple) -> float:
-    tf = transformers_or_skip()
-    model_cls, config_cls, options = family
-    if not hasattr(tf, model_cls):
-        pytest.skip(f"this transformers has no {model_cls}")
-    torch.manual_seed(0)
-    model = getattr(tf, model_cls)(getattr(tf, config_cls)(**options)).eval()
+    model = hf_model(family)
     net = compile_network(model, (_ids(0),), None, target="llvm", threads=1)
     islands = [n.attr("what") for n in net.part.graph.nodes if n.op == "torch"]
     assert islands == [], islands
@@ -80,10 +75,7 @@ def test_a_decoder_lm_runs_on_the_emulated_gpu(name):
     from tests.support.gpu_emulator import EmulatorDevice
     if nvrtc_unavailable() is not None or cuda_emulate.compiler() is None:
         pytest.skip("needs NVRTC and a C++ compiler for the CUDA emulator")
-    tf = transformers_or_skip()
-    model_cls, config_cls, options = {**FAMILIES, **MORE_FAMILIES}[name]
-    torch.manual_seed(0)
-    model = getattr(tf, model_cls)(getattr(tf, config_cls)(**options)).eval()
+    model = hf_model({**FAMILIES, **MORE_FAMILIES}[name])
     with pytest.warns(UserWarning, match="untuned default"):
         net = compile_network_cuda(model, (_ids(0),), [], "cuda -arch=sm_90",
                                    device=EmulatorDevice)

@@ -9,7 +9,7 @@ import torch
 
 from raytune_kernels.compile.api import compile_network
 from raytune_kernels.compile.report import output_error
-from tests.support.hf import transformers_or_skip
+from tests.support.hf import hf_model, transformers_or_skip
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
@@ -53,13 +53,7 @@ def test_more_speech_encoders_capture_with_no_island_and_compile(name):
 
 
 def _check_encoder(family: tuple) -> None:
-    tf = transformers_or_skip()
-    model_cls, config_cls, options = family
-    if not hasattr(tf, model_cls):
-        pytest.skip(f"this transformers has no {model_cls}")
-    torch.manual_seed(0)
-    model = getattr(tf, model_cls)(getattr(tf, config_cls)(**options)).eval()
-    assert _error(model, _wave(0), _wave(1)) < 1e-5
+    assert _error(hf_model(family), _wave(0), _wave(1)) < 1e-5
 
 
 def test_whisper_encoder_captures_with_no_island_and_compiles():
