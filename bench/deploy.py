@@ -8,14 +8,16 @@ compiles the model (compile_s), saves it (file MiB), loads it in fresh processes
 ray, xgboost and pulp cannot be imported (load_s: the median of --loads processes, timing
 raytune_kernels.compile.artifact.load alone; import_s: the imports before it), checks the
 loaded network gives the same output bit for bit, then times compile_network's network and
-torch.compile(model, backend="raytune_kernels") from the same records (as it comes, and with
-torch's guard filter skip_guard_on_all_nn_modules_unsafe), interleaved round by round, and
+torch.compile(model, backend="raytune_kernels") from the same records (as it comes; with its
+Dynamo's guards as it builds them, dynamo_guards=True; and with torch's guard filter
+skip_guard_on_all_nn_modules_unsafe), interleaved round by round, and
 reports the median of per-round ratios with its spread. Last line of stdout:
 one JSON object.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import types
 
 import torch
 
@@ -35,6 +38,7 @@ from raytune_kernels.cpu.build import host_cpu  # noqa: E402
 from raytune_kernels.timing import TimingOptions, median, time_fn  # noqa: E402
 
 LEAN = "torch.compile, module guards off"  # torch.compiler.skip_guard_on_all_nn_modules_unsafe
+GUARDED = "torch.compile, Dynamo's guards"  # dynamo_guards=True
 CHILD = textwrap.dedent("""
     import importlib.abc, json, sys, time
     class Block(importlib.abc.MetaPathFinder):
@@ -68,6 +72,19 @@ def load_in_fresh_processes(path: str, io: str, threads: int, n: int) -> list[di
             raise SystemExit(f"loading in a fresh process failed:\n{run.stderr[-3000:]}")
         out.append(json.loads(run.stdout.strip().splitlines()[-1]))
     return out
+
+
+def twin(model: torch.nn.Module, tag: str) -> torch.nn.Module:
+    """A shallow copy of `model` (the same submodules and weights) whose forward is a code
+    object of its own: Dynamo caches its compiles by code object, so each variant compiled
+    from a twin keeps its own guards, and every variant is called as a module, as a user
+    calls torch.compile(model)."""
+    twin = copy.copy(model)
+    fwd = type(model).forward
+    code = fwd.__code__.replace(co_name=f"{fwd.__name__}_{tag}")
+    twin.forward = types.MethodType(types.FunctionType(
+        code, fwd.__globals__, code.co_name, fwd.__defaults__, fwd.__closure__), twin)
+    return twin
 
 
 def interleaved(fns: dict, rounds: int) -> dict[str, list[float]]:
@@ -119,18 +136,19 @@ def main() -> None:
     torch._dynamo.reset()
     options = {"records": records, "threads": args.threads}
     dyn = torch.compile(model, backend="raytune_kernels", options=options)
-    def call(*xs):  # a code object of its own: Dynamo caches its compiles by code object
-        return model(*xs)
-    lean = torch.compile(call, backend="raytune_kernels", options={
+    guarded = torch.compile(twin(model, "guarded"), backend="raytune_kernels",
+                            options={**options, "dynamo_guards": True})
+    lean = torch.compile(twin(model, "lean"), backend="raytune_kernels", options={
         **options, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
     with torch.no_grad():
-        dyn(*inputs)  # Dynamo captures and we compile here, outside the timing
-        lean(*inputs)
+        for fn in (dyn, lean, guarded):
+            fn(*inputs)  # Dynamo captures and we compile here, outside the timing
         times = interleaved({"compile_network": lambda: net(*inputs),
                              "torch.compile backend": lambda: dyn(*inputs),
+                             GUARDED: lambda: guarded(*inputs),
                              LEAN: lambda: lean(*inputs)}, args.rounds)
     for name, ts in times.items():
-        print(f"{name:24s} {median(ts) * 1e3:8.3f} ms  (rounds {min(ts) * 1e3:.3f}-"
+        print(f"{name:36s} {median(ts) * 1e3:8.3f} ms  (rounds {min(ts) * 1e3:.3f}-"
               f"{max(ts) * 1e3:.3f})")
     result = {"bench": "deploy", "model": args.model, "cpu": cpu, "threads": args.threads,
               "records": records and os.path.relpath(records, os.path.dirname(HERE)),
@@ -142,6 +160,8 @@ def main() -> None:
               "ours_ms": median(times["compile_network"]) * 1e3,
               "dynamo_ms": median(times["torch.compile backend"]) * 1e3,
               "dynamo_over_ours": ratio(times, "torch.compile backend"),
+              "dynamo_guards_ms": median(times[GUARDED]) * 1e3,
+              "dynamo_guards_over_ours": ratio(times, GUARDED),
               "dynamo_lean_ms": median(times[LEAN]) * 1e3,
               "dynamo_lean_over_ours": ratio(times, LEAN),
               "rounds_ms": {k: [t * 1e3 for t in v] for k, v in times.items()},

@@ -270,6 +270,8 @@ def deploy_row(run: Run) -> dict[str, str]:
             "load (s)": f"{d['load_s']:.2f}", "ours (ms)": ms(d["ours_ms"]),
             "torch.compile backend (ms)": ms(d["dynamo_ms"]),
             "backend / ours": spread(ratio),
+            "Dynamo's guards / ours": spread(d["dynamo_guards_over_ours"])
+            if "dynamo_guards_over_ours" in d else "",
             "guards off / ours": spread(d["dynamo_lean_over_ours"])
             if "dynamo_lean_over_ours" in d else "", "file": run.path}
 
@@ -308,7 +310,8 @@ SHAPES = (
           "load: a saved network loaded in a fresh process without Ray, XGBoost or PuLP "
           "(median of processes, imports apart); backend / ours: torch.compile with our "
           "backend over compile_network's network, same records, median (range) of "
-          "per-round ratios; guards off: the same with torch's guard filter "
+          "per-round ratios; Dynamo's guards: the same with dynamo_guards=True (the "
+          "backend's lean guards off); guards off: with torch's guard filter "
           "skip_guard_on_all_nn_modules_unsafe.",
           lambda d: d.get("bench") == "deploy", deploy_row),
     Shape("Runner dispatch (bench/dispatch.py)",

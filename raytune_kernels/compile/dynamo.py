@@ -12,13 +12,22 @@ compile_network refuses stays PyTorch's, with a warning naming why; an op it has
 for runs as a PyTorch island inside ours, as in compile_network. Inference only: a call
 that needs gradients runs the graph as PyTorch would.
 
-Options: records, target, and any keyword of compile_network (threads, fallback, layout,
-atol, graph, ...). Dynamo checks its guards (one per module attribute it read) before
-every call; after a network has streamed its weights through the caches those checks miss
-in them, about 0.3 ms a call for ResNet-18. torch's own `"guard_filter_fn":
-torch.compiler.skip_guard_on_all_nn_modules_unsafe` in the same options drops the module
-guards, for a model whose modules do not change after compiling. Registered under the name "raytune_kernels" through torch's
-`torch_dynamo_backends` entry point (pyproject.toml) when the package is installed.
+Options: records, target, dynamo_guards, and any keyword of compile_network (threads,
+fallback, layout, atol, graph, ...).
+
+Guards. Dynamo checks its guards before every call, one or more per module attribute it
+read (ResNet-18: ~1300); after a network has streamed its weights through the caches,
+those checks miss in them (bench/deploy.py times the backend against compile_network's
+network, with and without these guards). The weights of a graph we compiled are its own constants, so the
+guards on the module's parameters and buffers (their metadata and the dicts holding them)
+protect nothing it reads: the backend drops them (`lean_guards`; `dynamo_guards=True`
+keeps them). Every other guard stays, so a module replaced, retyped or switched to training
+is still recompiled; as in compile_network, a weight changed after compiling is not seen:
+compile again. torch's own `"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe`
+drops the module guards as well, for a model whose modules never change.
+
+Registered under the name "raytune_kernels" through torch's `torch_dynamo_backends` entry
+point (pyproject.toml) when the package is installed.
 """
 from __future__ import annotations
 
@@ -60,15 +69,35 @@ def _module_state(node: torch.fx.Node, x) -> bool:
     """Whether a graph input is a module's parameter or buffer (BatchNorm's running
     statistics): a Parameter, or reached through a module's _parameters or _buffers by
     the source Dynamo records for it."""
-    if isinstance(x, torch.nn.Parameter):
-        return True
-    source = getattr(node.meta.get("grapharg"), "source", None)
+    return isinstance(x, torch.nn.Parameter) or \
+        _state_source(getattr(node.meta.get("grapharg"), "source", None))
+
+
+def _state_source(source) -> bool:
+    """Whether a Dynamo source reaches through a module's _parameters or _buffers."""
     while source is not None:
         if getattr(source, "member", None) in ("_parameters", "_buffers") or \
                 "ParamBuffer" in type(source).__name__:
             return True
         source = getattr(source, "base", None)
     return False
+
+
+def lean_guards() -> int:
+    """Drops, from the frame Dynamo is compiling, the guards whose source is a module's
+    parameter or buffer (module docstring); how many it dropped. Called from the backend,
+    before Dynamo builds the frame's guards from the set."""
+    from torch._guards import TracingContext
+    from torch.utils._ordered_set import OrderedSet
+
+    ctx = TracingContext.try_get()
+    if ctx is None:  # called outside a Dynamo compile (a test calling the backend)
+        return 0
+    guards = ctx.guards_context.dynamo_guards
+    kept = OrderedSet(g for g in guards.inner if not _state_source(g.originating_source))
+    dropped = len(guards.inner) - len(kept)
+    guards.inner = kept
+    return dropped
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor],
@@ -78,6 +107,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor],
 
     opts = dict(options or {})
     records, target = opts.pop("records", None), opts.pop("target", "llvm")
+    dynamo_guards = opts.pop("dynamo_guards", False)
     bound, slots = bind_parameters(gm, example_inputs)
     data = [example_inputs[i] for i in slots]
     try:
@@ -88,6 +118,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor],
         warnings.warn(f"raytune_kernels left a graph of {len(gm.graph.nodes)} nodes to "
                       f"PyTorch: {type(exc).__name__}: {exc}", stacklevel=2)
         return gm.forward
+    if not dynamo_guards:
+        lean_guards()
     return _runner(gm, net, slots)
 
 

@@ -97,3 +97,35 @@ def test_a_graph_we_refuse_stays_pytorchs_with_a_warning():
     with torch.no_grad(), pytest.warns(UserWarning, match="left a graph of .* to PyTorch: "
                                                           "CompileError: fallback must be"):
         assert torch.allclose(fast(x), model(x), atol=1e-6)
+
+
+def _guard_names(model, x, **options):
+    """The names of the guards Dynamo keeps for `model` compiled by the backend with
+    `options`, seen by a guard filter that keeps them all."""
+    names = []
+
+    def see(entries):
+        names.extend(e.name for e in entries)
+        return [True] * len(entries)
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend="raytune_kernels",
+                         options={"threads": 1, "guard_filter_fn": see, **options})
+    with torch.no_grad():
+        fast(x)
+    return names, fast
+
+
+def test_guards_on_bound_weights_are_dropped_and_the_rest_kept():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    kept, _ = _guard_names(model, x, dynamo_guards=True)
+    names, fast = _guard_names(model, x)
+    weights = [n for n in kept if "_parameters" in n or "_buffers" in n]
+    assert weights and not [n for n in names if "_parameters" in n or "_buffers" in n]
+    assert len(names) == len(kept) - len(weights)  # nothing else went
+    assert any(".training" in n for n in names)
+    with torch.no_grad():
+        assert torch.allclose(fast(x), model(x), rtol=1e-4, atol=1e-5)
+        model[1] = torch.nn.Identity()  # a changed module is still seen: Dynamo recompiles
+        assert torch.allclose(fast(x), model(x), rtol=1e-4, atol=1e-5)
