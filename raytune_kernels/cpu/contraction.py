@@ -237,7 +237,9 @@ class DenseContraction(Contraction):
 @dataclass(frozen=True)
 class MatmulContraction(Contraction):
     """Batched y[b, M, N] = x[b, M, K] @ w[b, K, N], both operands as they come (row-major):
-    B's vector axis N is contiguous already, so no packing is needed at run time."""
+    B's vector axis N is contiguous already, so no packing is needed at run time. An N that
+    the vector block does not divide (attention scores over 197 or 1500 tokens) ends in a
+    masked block: B and the output are read and written as they lie, nothing padded."""
 
     batch: int
     m: int
@@ -246,14 +248,15 @@ class MatmulContraction(Contraction):
     lead: tuple[int, ...]
 
     op = "matmul"
+    masks_vector = True
     spatial = ("bt", "ko", "oh")
     reduce = ("co",)
 
     @classmethod
     def from_compute(cls, c: Compute) -> "MatmulContraction | None":
         a, b = c.inputs[0].shape, c.inputs[1].shape
-        if a[:-2] != b[:-2] or b[-1] % 8:
-            return None  # broadcast batches, or N not a multiple of the narrowest vector
+        if a[:-2] != b[:-2]:
+            return None  # broadcast batches
         return cls(math.prod(a[:-2]), a[-2], a[-1], b[-1], tuple(c.output.shape))
 
     vector_extent = property(lambda self: self.n)

@@ -22,6 +22,8 @@ class Contraction:
     init = 0.0  # accumulator initial value
     blocked_reduce = True  # the reduction has a channel block `cb`, unrolled innermost
     pads_vector = False  # the vector axis is padded up to the block instead of divided
+    masks_vector = False  # the vector axis ends in a masked block where the block does
+    # not divide it (lower._vector_runs)
     unrollable: str | None = None
 
     out_layouts: tuple[str, ...] = ()  # output layouts beyond the default, as a knob

@@ -253,13 +253,22 @@ Stmt = Union[For, Split, ZeroTile, UpdateTile, StoreTile, Reduce, Let, Map, MapG
 
 @dataclass(frozen=True)
 class Tile:
+    """rows x `vecs` vectors of accumulators; with `mask`, only the first `mask` lanes of
+    each row's last vector are live (a vector axis that no vector width divides): its
+    loads and stores are masked, so nothing past the axis is read or written."""
+
     name: str
     shape: tuple[int, int]
     vecs: int
+    mask: int = 0
 
     @property
     def rows(self) -> int:
         return self.shape[0] * self.shape[1]
+
+    def width(self, lanes: int) -> int:
+        """The live floats of a tile row."""
+        return (self.vecs - 1) * lanes + self.mask if self.mask else self.vecs * lanes
 
     def offsets(self, strides: tuple[int, int]) -> list[int]:
         """Element offset of each tile row (i, j), row-major, for the given strides."""
@@ -400,9 +409,13 @@ def _split(s: Split, env: dict) -> None:
 
 
 def _gather(nest: LoopNest, access: Access, strides, tile: Tile, env, bufs) -> np.ndarray:
+    """The tile's rows of vectors at `access`; lanes past a masked tile's width read 0."""
     base = access.index.eval(env)
     rows = np.array(tile.offsets(strides))[:, None]
-    return bufs[access.buffer][base + rows + np.arange(tile.vecs * nest.lanes)[None, :]]
+    out = np.zeros((tile.rows, tile.vecs * nest.lanes), np.float32)
+    live = tile.width(nest.lanes)
+    out[:, :live] = bufs[access.buffer][base + rows + np.arange(live)[None, :]]
+    return out
 
 
 def _update(nest: LoopNest, s: UpdateTile, env, bufs, acc: np.ndarray, tile: Tile) -> None:
@@ -411,8 +424,10 @@ def _update(nest: LoopNest, s: UpdateTile, env, bufs, acc: np.ndarray, tile: Til
     else:
         a = _gather(nest, s.a, s.a_strides, tile, env, bufs)
     if s.mode in (BCAST_FMA, VEC_FMA):
-        b0 = s.b.index.eval(env)
-        acc += a * bufs[s.b.buffer][b0: b0 + acc.shape[1]][None, :]
+        b0, live = s.b.index.eval(env), tile.width(nest.lanes)
+        b = np.zeros(acc.shape[1], np.float32)
+        b[:live] = bufs[s.b.buffer][b0: b0 + live]
+        acc += a * b[None, :]
     elif s.mode == MAX:
         np.maximum(acc, a, out=acc)
     elif s.mode == ADD:
@@ -426,6 +441,6 @@ def _store(nest: LoopNest, s: StoreTile, env, bufs, acc: np.ndarray, tile: Tile)
     for step in s.epilogue:
         ops = [_gather(nest, a, st, tile, env, bufs) for a, st in step.operands]
         value = apply_epilogue_np(step, value, ops).astype(np.float32)
-    base = s.out.index.eval(env)
+    base, live = s.out.index.eval(env), tile.width(nest.lanes)
     rows = np.array(tile.offsets(s.out_strides))[:, None]
-    bufs[s.out.buffer][base + rows + np.arange(acc.shape[1])[None, :]] = value
+    bufs[s.out.buffer][base + rows + np.arange(live)[None, :]] = value[:, :live]

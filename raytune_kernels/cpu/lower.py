@@ -79,10 +79,26 @@ def lower(compute: Compute, cfg: Config) -> LoopNest:
     tiles, body = [], []
     for rows in _runs(oh_ext, cfg["tile_h"]):  # whole tiles, then a shorter tail tile
         for cols in _runs(ow_ext, tw):
-            tile = Tile(f"t{len(tiles)}", (rows[1], cols[1]), cfg["ob"] // lanes)
-            tiles.append(tile)
-            body.extend(_nest(con, cfg, compute, kinds, tile, rows, cols))
+            for blocks, vecs, mask, first in _vector_runs(con, cfg):
+                tile = Tile(f"t{len(tiles)}", (rows[1], cols[1]), vecs, mask)
+                tiles.append(tile)
+                body.extend(_nest(con, cfg, compute, kinds, tile, rows, cols,
+                                  (blocks, first)))
     return LoopNest(f"k_{compute.key()}", tuple(buffers), tuple(tiles), tuple(body), lanes)
+
+
+def _vector_runs(con, cfg: Config) -> list[tuple[int, int, int, int]]:
+    """(blocks, vectors, mask, first block) of the vector blocks covering the output's
+    vector axis: whole blocks of `ob`, then, where a contraction masks its vector axis
+    (masks_vector) and `ob` does not divide it, one block of the remainder whose last
+    vector has `mask` live lanes."""
+    lanes, ob = cfg["lanes"], cfg["ob"]
+    whole = con.extents(cfg)["ko"]
+    if not con.masks_vector or con.vector_extent % ob == 0:
+        return [(whole, ob // lanes, 0, 0)]
+    rest = con.vector_extent % ob
+    return ([(whole, ob // lanes, 0, 0)] if whole else []) + \
+        [(1, -(-rest // lanes), rest % lanes, whole)]
 
 
 def _runs(extent: int, step: int) -> list[tuple[int, int, int]]:
@@ -99,7 +115,7 @@ def _validate(con, cfg: Config) -> None:
     problems = []
     if cfg["ob"] % cfg["lanes"]:
         problems.append(f"ob={cfg['ob']} is not a multiple of lanes={cfg['lanes']}")
-    if not con.pads_vector and con.vector_extent % cfg["ob"]:
+    if not (con.pads_vector or con.masks_vector) and con.vector_extent % cfg["ob"]:
         problems.append(f"ob={cfg['ob']} does not divide {con.vector_extent}")
     if not 1 <= cfg["tile_h"] <= con.tile_extents[0]:
         problems.append(f"tile_h={cfg['tile_h']} outside 1..{con.tile_extents[0]}")
@@ -111,16 +127,19 @@ def _validate(con, cfg: Config) -> None:
         raise LoweringError(f"bad config for {con.op}: " + "; ".join(problems))
 
 
-def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, rows: tuple, cols: tuple):
+def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, rows: tuple, cols: tuple,
+          blocks: tuple[int, int]):
     """The loops of one tile shape: `rows` and `cols` are (count, size, offset) runs of
-    the tiled output rows and columns (see _runs)."""
+    the tiled output rows and columns (see _runs), `blocks` the (count, first) vector
+    blocks (see _vector_runs)."""
     ext = dict(con.extents(cfg))
-    ext["oh"], ext["ow"] = rows[0], cols[0]
+    ext["oh"], ext["ow"], ext["ko"] = rows[0], cols[0], blocks[0]
     strides = con.strides(cfg)
     col = strides["ow"]
     row = tuple(s // cfg["tile_h"] for s in strides["oh"])  # per output row
     strides["ow"] = tuple(s * tile.shape[1] for s in col)
-    consts = tuple(c * cols[2] + r * rows[2] for c, r in zip(col, row))
+    consts = tuple(c * cols[2] + r * rows[2] + k * blocks[1]
+                   for c, r, k in zip(col, row, strides["ko"]))
     live = {v: e for v, e in ext.items() if e > 1}
     consts = consts[:2] + (consts[2] + con.out_offset(cfg),)  # past the output's border
     a_idx, b_idx, o_idx = (_affine(live, strides, i, consts[i]) for i in range(3))
@@ -132,7 +151,7 @@ def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, rows: tuple, co
             inner = (For(var, live[var], kind, inner),)
     groups = con.vector_extent if "grp" in live else 0
     epilogue = con.pre_epilogue() + epilogue_steps(compute, kinds, o_idx, o_ts, live, cfg,
-                                                   groups)
+                                                   groups, blocks[1] * cfg["ob"])
     store = StoreTile(tile.name, Access("out", o_idx), o_ts, epilogue)
     stmts: tuple = (ZeroTile(tile.name, con.init),) + inner + (store,)
     return _spatial_loops(cfg, live, stmts)
@@ -188,12 +207,12 @@ def _spatial_loops(cfg: Config, live: dict, stmts: tuple) -> list:
 
 
 def epilogue_steps(compute: Compute, kinds, o_idx: Affine, o_ts, live, cfg,
-                   group_channels: int = 0) -> tuple:
+                   group_channels: int = 0, first_channel: int = 0) -> tuple:
     """Epilogue ops on the tile; channel operands are read at the output-channel block
-    (ko * ob, plus grp * channels-per-group for grouped convs)."""
+    (first_channel + ko * ob, plus grp * channels-per-group for grouped convs)."""
     steps, i = [], 0
     chan = Affine(tuple(t for t in (("ko", cfg["ob"]), ("grp", group_channels))
-                        if t[0] in live and t[1]))
+                        if t[0] in live and t[1]), first_channel)
     for op in compute.epilogue:
         operands = []
         for _ in op.operands:

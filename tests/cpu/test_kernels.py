@@ -250,6 +250,36 @@ def test_tile_heights_that_do_not_divide_the_rows_get_a_tail_tile():
                 (task.compute.describe(), cfg)
 
 
+class Scores(torch.nn.Module):
+    """Attention scores over token counts that no vector width divides (197: ViT-B/16's
+    tokens; 5 and 20: fewer than or between vector widths), scaled, with a key bias along
+    the last axis and a residual: the last vector block of each row is masked."""
+
+    def forward(self, q, k, bias, r):
+        return (q @ k.transpose(-2, -1)) * 0.125 + bias + r
+
+
+@pytest.mark.parametrize("tokens", [197, 5, 20])
+def test_matmuls_whose_columns_no_vector_divides_end_in_a_masked_block(tokens):
+    n = tokens
+    inputs = (torch.randn(2, 7, 24), torch.randn(2, n, 24), torch.randn(n), torch.randn(2, 7, n))
+    task = next(t for t in rk.extract_tasks(Scores().eval(), inputs) if t.compute.op == "matmul")
+    space, rng = space_for(task.compute, cpu_info()), random.Random(n)
+    masked = {c for c in (space.sample(rng) for _ in range(300)) if n % c["ob"]}
+    assert masked  # the space offers blocks that do not divide N
+    ops = operands(task.compute, n)
+    expected = reference(task.compute, *ops)
+    for cfg in sorted(masked, key=str)[:5]:
+        nest = lower(task.compute, cfg)
+        assert any(t.mask for t in nest.tiles) == bool(n % cfg["lanes"]), cfg
+        got = run_candidate(task.compute, cfg, ops, threads=2)
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), (cfg, n)
+        bufs = pack(task.compute, cfg, ops)
+        interpret(nest, bufs)
+        assert torch.allclose(unpack(task.compute, cfg, bufs["out"]), expected,
+                              rtol=1e-4, atol=1e-4), (cfg, n)
+
+
 class HeadScaled(torch.nn.Module):
     """Swin V2's cosine attention: scores of (1, heads, T, T) times a per-head scale of
     shape (heads, 1, 1), then a standalone op with an operand along the last axis whose

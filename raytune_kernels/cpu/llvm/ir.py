@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from raytune_kernels.cpu.llvm import row_statements
-from raytune_kernels.cpu.llvm.text import (F32, I32, I64, PTR, VOID, Builder, Function, Module,
+from raytune_kernels.cpu.llvm.text import (F32, I1, I32, I64, PTR, VOID, Builder, Function, Module,
                                            Value, const, splat, vector)
 from raytune_kernels.cpu.llvm.math_ops import apply as apply_epilogue
 from raytune_kernels.cpu.loopnest import (ADD, BCAST_FMA, MAX, PARALLEL, UNROLL, VEC_FMA, Access,
@@ -197,8 +197,31 @@ class _Emitter:
             return ptr
         return self.b.gep(ptr, [i64(extra)], inbounds=True, source_etype=F32)
 
-    def vload(self, ptr, extra: int = 0):
-        return self.b.load(self.at(ptr, extra), typ=self.mod.vt, align=4)
+    def vload(self, ptr, extra: int = 0, mask: int = 0):
+        """The vector `extra` floats past `ptr`; with `mask`, its first `mask` lanes only
+        (the rest read as 0, their memory untouched)."""
+        if not mask:
+            return self.b.load(self.at(ptr, extra), typ=self.mod.vt, align=4)
+        m, lanes = self.mod, self.mod.nest.lanes
+        fn = m.decl(f"llvm.masked.load.v{lanes}f32.p0", m.vt,
+                    [PTR, I32, vector(I1, lanes), m.vt])
+        return self.b.call(fn, [self.at(ptr, extra), const(I32, 4), self.lane_mask(mask),
+                                Value(m.vt, "zeroinitializer")])
+
+    def vstore(self, x, ptr, extra: int = 0, mask: int = 0) -> None:
+        """Store vector `x` `extra` floats past `ptr`; with `mask`, its first lanes only."""
+        if not mask:
+            self.b.store(x, self.at(ptr, extra), align=4)
+            return
+        m, lanes = self.mod, self.mod.nest.lanes
+        fn = m.decl(f"llvm.masked.store.v{lanes}f32.p0", VOID,
+                    [m.vt, PTR, I32, vector(I1, lanes)])
+        self.b.call(fn, [x, self.at(ptr, extra), const(I32, 4), self.lane_mask(mask)])
+
+    def lane_mask(self, live: int) -> Value:
+        lanes = self.mod.nest.lanes
+        bits = ", ".join(f"i1 {'true' if i < live else 'false'}" for i in range(lanes))
+        return Value(vector(I1, lanes), f"<{bits}>")
 
     def splat(self, x):
         m = self.mod
@@ -211,13 +234,13 @@ class _Emitter:
         bs = []
         if s.b is not None:
             pb = self.pointer(s.b)
-            bs = [self.vload(pb, v * lanes) for v in range(tile.vecs)]
+            bs = [self.vload(pb, v * lanes, _mask(tile, v)) for v in range(tile.vecs)]
         for row, off in zip(self.accs[s.tile], tile.offsets(s.a_strides)):
             x = None
             if s.mode == BCAST_FMA:
                 x = self.splat(self.b.load(self.at(pa, off), typ=F32, align=4))
             for v, acc in enumerate(row):
-                a = x if x is not None else self.vload(pa, off + v * lanes)
+                a = x if x is not None else self.vload(pa, off + v * lanes, _mask(tile, v))
                 self.b.store(self._combine(s.mode, acc, a, bs[v] if bs else None), acc)
 
     def _combine(self, mode: str, acc, a, b):
@@ -239,9 +262,10 @@ class _Emitter:
 
         def operand(k: int, j: int, st, r: int, v: int):
             if st != (0, 0):
-                return self.vload(bases[k][j], _row_offset(tile, st, r) + v * lanes)
+                return self.vload(bases[k][j], _row_offset(tile, st, r) + v * lanes,
+                                  _mask(tile, v))
             if (k, j, v) not in shared:
-                shared[k, j, v] = self.vload(bases[k][j], v * lanes)
+                shared[k, j, v] = self.vload(bases[k][j], v * lanes, _mask(tile, v))
             return shared[k, j, v]
 
         for r, (row, off) in enumerate(zip(self.accs[s.tile], tile.offsets(s.out_strides))):
@@ -250,7 +274,7 @@ class _Emitter:
                 for k, step in enumerate(s.epilogue):
                     ops = [operand(k, j, st, r, v) for j, (_, st) in enumerate(step.operands)]
                     x = self.epilogue(step, x, ops)
-                self.b.store(x, self.at(po, off + v * lanes), align=4)
+                self.vstore(x, po, off + v * lanes, _mask(tile, v))
 
     # ---- epilogue math ----
     def const(self, value: float):
@@ -267,6 +291,11 @@ class _Emitter:
 
     def epilogue(self, step: EpiStep, x, ops):
         return apply_epilogue(self, step, x, ops)
+
+
+def _mask(tile, v: int) -> int:
+    """The live lanes of vector `v` of the tile's rows, 0 where all are."""
+    return tile.mask if v == tile.vecs - 1 else 0
 
 
 def _row_offset(tile, strides: tuple[int, int], r: int) -> int:
