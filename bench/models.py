@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import types
 from collections.abc import Callable
@@ -100,9 +101,30 @@ def import_torchvision() -> types.ModuleType:
 def _import_optional(name: str) -> types.ModuleType:
     guard_torchvision_import()  # timm imports torchvision; so do some transformers models
     try:
-        return importlib.import_module(name)
+        module = importlib.import_module(name)
     except ImportError as err:
         raise ImportError(f"{name} is not installed: {INSTALL_HINT}") from err
+    if name == "transformers":
+        _probe_off_bench(module)
+    return module
+
+
+def _probe_off_bench(tf: types.ModuleType) -> None:
+    """transformers probes optional packages by their import name (`kernels`: the Hugging
+    Face kernel hub) and, finding no metadata for what it found, imports it. A script run
+    from bench/ has bench/ on sys.path, where bench/kernels.py is found under that name,
+    imported, and the model classes fail to load. The probe is cached: it runs here once
+    with bench/ off the path."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved = sys.path[:]
+    sys.path[:] = [p for p in saved if os.path.abspath(p or os.curdir) != here]
+    importlib.invalidate_caches()
+    try:
+        probe = getattr(tf.utils.import_utils, "is_kernels_available", None)
+        if probe is not None:
+            probe()
+    finally:
+        sys.path[:] = saved
 
 
 def _image(shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
