@@ -47,6 +47,9 @@ class Conv2dContraction(Contraction):
     groups: int = 1
 
     op = "conv2d"
+    # one group: output channels the block does not divide (24 or 40 at 16 lanes; the
+    # frontend pads counts to whole 8-lane vectors) end in a masked block
+    masks_vector = property(lambda self: self.groups == 1)
 
     @classmethod
     def from_compute(cls, c: Compute) -> "Conv2dContraction":
@@ -122,9 +125,14 @@ class Conv2dContraction(Contraction):
         cb = cfg["cb"]
         return ((self.stride[0] * wp * cb, self.stride[1] * cb), (o_row, o_col))
 
+    def kpad(self, cfg) -> int:
+        """Output channels with the weights' last block padded whole."""
+        return -(-self.k // cfg["ob"]) * cfg["ob"]
+
     def buffer_sizes(self, cfg) -> dict[str, int]:
         hp, wp = self.padded()
-        return {"a": self.c * hp * wp, "b": self.k * self.reduce_extent * self.kh * self.kw,
+        weights = self.kpad(cfg) * self.reduce_extent * self.kh * self.kw
+        return {"a": self.c * hp * wp, "b": weights,
                 "out": self.out_layout(cfg).size((1, self.k, self.oh, self.ow))}
 
     def channel_axis(self) -> int:
@@ -139,8 +147,11 @@ class Conv2dContraction(Contraction):
         return as_blocks(xp.reshape(self.c // cb, cb, hp, wp).permute(0, 2, 3, 1)).ravel()
 
     def pack_b(self, w: torch.Tensor, cfg) -> np.ndarray:
-        cb, ob = cfg["cb"], cfg["ob"]
-        v = w.reshape(self.k // ob, ob, self.reduce_extent // cb, cb, self.kh, self.kw)
+        import torch
+        cb, ob, kp = cfg["cb"], cfg["ob"], self.kpad(cfg)
+        if kp != self.k:  # a masked last block: its weights padded with zeros
+            w = torch.cat([w, w.new_zeros((kp - self.k,) + tuple(w.shape[1:]))])
+        v = w.reshape(kp // ob, ob, self.reduce_extent // cb, cb, self.kh, self.kw)
         return as_blocks(v.permute(0, 2, 4, 5, 3, 1)).ravel()
 
     def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:

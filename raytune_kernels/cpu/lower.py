@@ -117,6 +117,10 @@ def _validate(con, cfg: Config) -> None:
         problems.append(f"ob={cfg['ob']} is not a multiple of lanes={cfg['lanes']}")
     if not (con.pads_vector or con.masks_vector) and con.vector_extent % cfg["ob"]:
         problems.append(f"ob={cfg['ob']} does not divide {con.vector_extent}")
+    elif con.masks_vector and con.out_layouts and con.vector_extent % cfg["ob"] and \
+            cfg.get("out_layout", "blocked") != "nhwc":
+        problems.append(f"ob={cfg['ob']} does not divide {con.vector_extent}: a masked "
+                        "block is written NHWC only")
     if not 1 <= cfg["tile_h"] <= con.tile_extents[0]:
         problems.append(f"tile_h={cfg['tile_h']} outside 1..{con.tile_extents[0]}")
     if not 1 <= cfg["tile_w"] <= con.tile_extents[1]:

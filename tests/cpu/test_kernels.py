@@ -280,6 +280,56 @@ def test_matmuls_whose_columns_no_vector_divides_end_in_a_masked_block(tokens):
                               rtol=1e-4, atol=1e-4), (cfg, n)
 
 
+class Head(torch.nn.Module):
+    """A conv whose output channels fill 8-lane vectors but not 16-lane ones (24, 40:
+    MobileNets' and EfficientNets' narrow stages), with a bias, a residual and a ReLU."""
+
+    def __init__(self, k):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, k, 3, padding=1)
+
+    def forward(self, x, r):
+        return torch.relu(self.conv(x) + r)
+
+
+@pytest.mark.parametrize("k", [24, 40])
+def test_convs_whose_channels_16_lanes_do_not_tile_end_in_a_masked_nhwc_block(k):
+    """Where the host has no 16-lane vectors the kernels are checked by the interpreter
+    alone, on the space a 16-lane CPU would have."""
+    import dataclasses
+    inputs = (torch.randn(1, 16, 9, 10), torch.randn(1, k, 9, 10))
+    task = next(t for t in rk.extract_tasks(Head(k).eval(), inputs) if t.compute.op == "conv2d")
+    host = cpu_info()
+    native = 16 in host.lanes
+    cpu = host
+    if 16 not in host.lanes:  # a 16-lane unit like the host's 8-lane one
+        wide = dataclasses.replace(host.machine.unit(8), lanes=16)
+        machine = dataclasses.replace(host.machine, units=host.machine.units + (wide,))
+        cpu = dataclasses.replace(host, lanes=(16,) + tuple(host.lanes), machine=machine)
+    space, rng = space_for(task.compute, cpu), random.Random(k)
+    direct = [c for c in (space.sample(rng) for _ in range(400))
+              if c.get("algorithm", "direct") == "direct"]
+    masked = {c for c in direct if k % c["ob"]}
+    assert masked and all(c["out_layout"] == "nhwc" for c in direct if c["lanes"] == 16)
+    assert any(c["out_layout"] == "blocked" for c in direct if c["lanes"] == 8)
+    ops = operands(task.compute, k)
+    expected = reference(task.compute, *ops)
+    for cfg in sorted(masked, key=str)[:5]:
+        nest = lower(task.compute, cfg)
+        assert any(t.mask for t in nest.tiles), cfg
+        if native:
+            got = run_candidate(task.compute, cfg, ops, threads=2)
+            assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), (cfg, k)
+        bufs = pack(task.compute, cfg, ops)
+        interpret(nest, bufs)
+        assert torch.allclose(unpack(task.compute, cfg, bufs["out"]), expected,
+                              rtol=1e-4, atol=1e-4), (cfg, k)
+    bad = Config(tuple(sorted({**dict(next(iter(masked)).knobs), "out_layout": "blocked"}
+                              .items())))
+    with pytest.raises(LoweringError, match="written NHWC only"):
+        lower(task.compute, bad)
+
+
 class HeadScaled(torch.nn.Module):
     """Swin V2's cosine attention: scores of (1, heads, T, T) times a per-head scale of
     shape (heads, 1, 1), then a standalone op with an operand along the last axis whose
