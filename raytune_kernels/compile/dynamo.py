@@ -5,9 +5,10 @@
 
 TorchDynamo hands the backend each graph it captured (a graph break splits a function into
 several) with example inputs; the backend compiles each with compile_network from the
-records and returns a callable for it. Dynamo passes a module's parameters and buffers as graph
-inputs: they are bound back into the graph as constants (bind_parameters) (so weights are packed once, as in
-compile_network), and the compiled callable takes the data inputs alone. A graph that
+records and returns a callable for it. Dynamo passes a module's parameters and buffers as
+graph inputs: they are bound back into the graph as constants (bind_parameters), so weights
+are packed once, as in compile_network, and the compiled callable takes the data inputs
+alone. A graph that
 compile_network refuses stays PyTorch's, with a warning naming why; an op it has no node
 for runs as a PyTorch island inside ours, as in compile_network. Inference only: a call
 that needs gradients runs the graph as PyTorch would.
@@ -18,13 +19,14 @@ fallback, layout, atol, graph, ...).
 Guards. Dynamo checks its guards before every call, one or more per module attribute it
 read (ResNet-18: ~1300); after a network has streamed its weights through the caches,
 those checks miss in them (bench/deploy.py times the backend against compile_network's
-network, with and without these guards). The weights of a graph we compiled are its own constants, so the
-guards on the module's parameters and buffers (their metadata and the dicts holding them)
-protect nothing it reads: the backend drops them (`lean_guards`; `dynamo_guards=True`
-keeps them). Every other guard stays, so a module replaced, retyped or switched to training
-is still recompiled; as in compile_network, a weight changed after compiling is not seen:
-compile again. torch's own `"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe`
-drops the module guards as well, for a model whose modules never change.
+network, with and without these guards). The weights of a graph we compiled are its own
+constants, so the guards on the module's parameters and buffers (their metadata and the
+dicts holding them) protect nothing it reads: the backend drops them (`lean_guards`;
+`dynamo_guards=True` keeps them). Every other guard stays, so a module replaced, retyped
+or switched to training is still recompiled; as in compile_network, a weight changed after
+compiling is not seen: compile again. torch's own `"guard_filter_fn":
+torch.compiler.skip_guard_on_all_nn_modules_unsafe` drops the module guards as well, for a
+model whose modules never change.
 
 Registered under the name "raytune_kernels" through torch's `torch_dynamo_backends` entry
 point (pyproject.toml) when the package is installed.
