@@ -42,6 +42,7 @@ class WindowContraction(Contraction):
     dil: tuple[int, int]
 
     blocked_reduce = False
+    masks_vector = True  # channels the block does not divide end in a masked block (NHWC)
     spatial = ("ko", "oh", "ow")
     reduce = ("kh", "kw")
     unrollable = "kw"
@@ -133,9 +134,13 @@ class WindowContraction(Contraction):
         """The output's layout, its border included."""
         return written_layout(cfg)
 
+    def cpad(self, cfg) -> int:
+        """Channels with the weights' last block padded whole."""
+        return -(-self.c // cfg["ob"]) * cfg["ob"]
+
     def buffer_sizes(self, cfg) -> dict[str, int]:
         hp, wp = self.padded()
-        return {"a": self.c * hp * wp, "b": self.c * self.kh * self.kw,
+        return {"a": self.c * hp * wp, "b": self.cpad(cfg) * self.kh * self.kw,
                 "out": self.out_layout(cfg).size((1, self.c, self.oh, self.ow))}
 
     def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
@@ -145,8 +150,12 @@ class WindowContraction(Contraction):
                         float("-inf") if self.kind == "max" else 0.0)
 
     def pack_b(self, w: torch.Tensor, cfg) -> np.ndarray:
-        ob = cfg["ob"]
-        return as_blocks(w.reshape(self.c // ob, ob, self.kh, self.kw).permute(0, 2, 3, 1)).ravel()
+        import torch
+        ob, cp = cfg["ob"], self.cpad(cfg)
+        w = w.reshape(self.c, self.kh, self.kw)
+        if cp != self.c:  # a masked last block: its weights padded with zeros
+            w = torch.cat([w, w.new_zeros((cp - self.c, self.kh, self.kw))])
+        return as_blocks(w.reshape(cp // ob, ob, self.kh, self.kw).permute(0, 2, 3, 1)).ravel()
 
     def pack_out(self, y: torch.Tensor, cfg) -> np.ndarray:
         return self.out_layout(cfg).pack(y.reshape(1, self.c, self.oh, self.ow))

@@ -281,24 +281,31 @@ def test_matmuls_whose_columns_no_vector_divides_end_in_a_masked_block(tokens):
 
 
 class Head(torch.nn.Module):
-    """A conv whose output channels fill 8-lane vectors but not 16-lane ones (24, 40:
-    MobileNets' and EfficientNets' narrow stages), with a bias, a residual and a ReLU."""
+    """A conv, a depthwise conv or a max pool whose channels fill 8-lane vectors but not
+    16-lane ones (24, 40, 72: MobileNets' and EfficientNets' narrow stages), with a bias,
+    a residual and a ReLU where it has them."""
 
-    def __init__(self, k):
+    def __init__(self, op, k):
         super().__init__()
-        self.conv = torch.nn.Conv2d(16, k, 3, padding=1)
+        self.op = op
+        self.conv = torch.nn.Conv2d(16 if op == "conv" else k, k, 3, padding=1,
+                                    groups=1 if op == "conv" else k)
 
     def forward(self, x, r):
+        if self.op == "max":
+            return torch.nn.functional.max_pool2d(x, 3, 1, 1)
         return torch.relu(self.conv(x) + r)
 
 
-@pytest.mark.parametrize("k", [24, 40])
-def test_convs_whose_channels_16_lanes_do_not_tile_end_in_a_masked_nhwc_block(k):
+@pytest.mark.parametrize("op,k", [("conv", 24), ("conv", 40), ("depthwise", 72),
+                                  ("max", 40)])
+def test_channels_16_lanes_do_not_tile_end_in_a_masked_nhwc_block(op, k):
     """Where the host has no 16-lane vectors the kernels are checked by the interpreter
     alone, on the space a 16-lane CPU would have."""
     import dataclasses
-    inputs = (torch.randn(1, 16, 9, 10), torch.randn(1, k, 9, 10))
-    task = next(t for t in rk.extract_tasks(Head(k).eval(), inputs) if t.compute.op == "conv2d")
+    inputs = (torch.randn(1, 16 if op == "conv" else k, 9, 10), torch.randn(1, k, 9, 10))
+    task = next(t for t in rk.extract_tasks(Head(op, k).eval(), inputs)
+                if t.compute.op in ("conv2d", "max_pool2d"))
     host = cpu_info()
     native = 16 in host.lanes
     cpu = host
