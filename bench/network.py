@@ -12,7 +12,10 @@ at the same thread count and interleaved round by round: ours, ours uniform, PyT
 channels_last, TorchScript trace+freeze, torch.compile with freezing where the machine
 can build it, and, from the model exported to ONNX, ONNX Runtime and OpenVINO where they are
 installed (`pip install -e '.[compare]'`), each checked against eager first. Prints the
-per-layer profile and the fidelity report.
+per-layer profile and the fidelity report. With --max-rounds M, rounds go on past --rounds
+(up to M) until the median of per-round ratios against the best other variant is known
+within --ci of itself (a ~95% interval, reported as ci95 with the rounds it took): on a
+machine whose timings drift, a ratio is only as good as its interval.
 
     python bench/network.py resnet18 --target cuda [--trials 1000] [--records FILE]
     python bench/network.py resnet18 --target "cuda -arch=sm_90 -precision=tf32" ...
@@ -174,17 +177,21 @@ def rotated(names: list, r: int) -> list:
     return names[shift:] + names[:shift]
 
 
-def interleaved(fns: dict, rounds: int, per_round: dict | None = None) -> dict:
+def interleaved(fns: dict, rounds: int, per_round: dict | None = None,
+                unsettled=None, max_rounds: int = 0) -> dict:
     """Median over rounds of each fn's median time. Each round starts one place further
     along the list: whoever runs right after ONNX Runtime or OpenVINO meets their thread
     pools still spinning, and no variant should always be the one that does. Each round's
-    time of each fn goes to `per_round` when given."""
+    time of each fn goes to `per_round` when given. After `rounds` rounds, more are run,
+    up to `max_rounds` in all, while `unsettled(times)` says the figure is not yet stable."""
     times: dict[str, list[float]] = {k: [] for k, f in fns.items() if f is not None}
     names = list(times)
     with torch.no_grad():
-        for r in range(rounds):
+        r = 0
+        while r < rounds or (unsettled is not None and r < max_rounds and unsettled(times)):
             for k in rotated(names, r):
                 times[k].append(median(time_fn(fns[k], FULL)))
+            r += 1
     if per_round is not None:
         per_round.update(times)
     return {k: median(v) for k, v in times.items()}
@@ -275,10 +282,33 @@ def fastest(ms: dict[str, float], names) -> str | None:
     return min(timed, key=ms.__getitem__, default=None)
 
 
-def spread(ratios: list[float]) -> dict[str, float]:
-    """Median, min and max of per-round ratios: a figure is only as good as its spread."""
-    return {"median": round(median(ratios), 3), "min": round(min(ratios), 3),
-            "max": round(max(ratios), 3)}
+def spread(ratios: list[float]) -> dict:
+    """Median, min and max of per-round ratios: a figure is only as good as its spread;
+    from 6 rounds on, also the ~95% interval of the median (median_ci)."""
+    out = {"median": round(median(ratios), 3), "min": round(min(ratios), 3),
+           "max": round(max(ratios), 3)}
+    ci = median_ci(ratios)
+    if ci is not None:
+        out.update(ci95=[round(ci[0], 3), round(ci[1], 3)], rounds=len(ratios))
+    return out
+
+
+def median_ci(values: list[float]) -> tuple[float, float] | None:
+    """A distribution-free ~95% confidence interval of the median of `values`: the order
+    statistics n/2 -+ 0.98 sqrt(n) (the binomial's normal approximation); None under 6
+    values, where it would be the whole range."""
+    n = len(values)
+    if n < 6:
+        return None
+    xs, half = sorted(values), 0.98 * math.sqrt(n)
+    return xs[max(0, math.floor(n / 2 - half))], xs[min(n - 1, math.ceil(n / 2 + half) - 1)]
+
+
+def unsettled(ratios: list[float], half_width: float) -> bool:
+    """Whether the median of per-round ratios is still unsure by more than `half_width`
+    of itself either way (its ~95% interval; always, under 6 rounds)."""
+    ci = median_ci(ratios)
+    return ci is None or (ci[1] - ci[0]) / 2 > half_width * median(ratios)
 
 
 def best_other_ratios(rounds_s: dict[str, list[float]]) -> list[float]:
@@ -446,6 +476,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                     "<threads>threads.jsonl (cuda: GPU/"
                                                     "network_MODEL_cuda[_PRECISION].jsonl)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-rounds", type=int, default=0,
+                    help="CPU: run more rounds, up to this many, until the median of "
+                    "per-round ratios against the best other variant is known within --ci")
+    ap.add_argument("--ci", type=float, default=0.03,
+                    help="the half-width, relative, of the ~95%% interval --max-rounds "
+                    "waits for")
     ap.add_argument("--precision", choices=PRECISIONS, default=None,
                     help="cuda only: our kernels' arithmetic (default: the target's "
                          "-precision, else fp32); PyTorch is timed in every precision")
@@ -508,7 +544,9 @@ def main() -> None:
                                                                     args.threads, tmp)
     fns.update(engines)
     rounds: dict[str, list[float]] = {}
-    ms = {k: v * 1e3 for k, v in interleaved(fns, args.rounds, rounds).items()}
+    ms = {k: v * 1e3 for k, v in interleaved(
+        fns, args.rounds, rounds, lambda t: unsettled(best_other_ratios(t), args.ci),
+        args.max_rounds).items()}
     prof = net.profile(png=args.png)
     print(net.fidelity(ms["ours"] / 1e3, prof))
     torch_ms = {k: (round(ms[k], 3) if k in ms else None)

@@ -280,6 +280,35 @@ def test_interleaved_rounds_rotate_and_report_every_round(monkeypatch):
     assert got["a"] < got["b"]
 
 
+def test_the_median_ratio_gets_an_interval_and_rounds_go_on_until_it_is_narrow(monkeypatch):
+    """bench/network.py --max-rounds: the interval of the median of per-round ratios is
+    the order statistics around it (none under 6 rounds); rounds are added until it is
+    narrower than --ci, and stop at --max-rounds when it never is."""
+    from raytune_kernels.timing import TimingOptions
+
+    network = _bench("network")
+    assert network.median_ci([1.0] * 5) is None
+    ratios = [1.0 + 0.01 * i for i in range(25)]  # median 1.12
+    lo, hi = network.median_ci(ratios)
+    assert lo < 1.12 < hi and (lo, hi) == (ratios[7], ratios[17])
+    assert network.spread(ratios)["ci95"] == [1.07, 1.17]
+    assert network.unsettled(ratios, 0.03) and not network.unsettled(ratios, 0.05)
+    assert "ci95" not in network.spread(ratios[:5])
+
+    monkeypatch.setattr(network, "FULL", TimingOptions(warmup=0, min_repeat_ms=0, repeats=1))
+    monkeypatch.setattr(network, "time_fn", lambda fn, opts: [fn()])
+    noisy = iter([1.0, 1.3, 0.8, 1.25, 0.7] * 40)
+    fns = {"ours": lambda: 1.0, "other": lambda: next(noisy)}
+
+    def settle(half):
+        per: dict = {}
+        network.interleaved(fns, 3, per, lambda t: network.unsettled(
+            [o / u for o, u in zip(t["other"], t["ours"])], half), 40)
+        return len(per["ours"])
+    assert settle(10.0) == 6  # settled as soon as an interval exists
+    assert settle(0.001) == 40  # never settles: stops at the cap
+
+
 # ------------------------------------------------ GPU baselines: the pure parts, on the CPU
 
 @pytest.mark.parametrize("name, lead", [("kernels", []), ("network", ["resnet18"])])
