@@ -8,8 +8,8 @@ compiles the model (compile_s), saves it (file MiB), loads it in fresh processes
 ray, xgboost and pulp cannot be imported (load_s: the median of --loads processes, timing
 raytune_kernels.compile.artifact.load alone; import_s: the imports before it), checks the
 loaded network gives the same output bit for bit, then times compile_network's network and
-torch.compile(model, backend="raytune_kernels") from the same records (as it comes; with its
-Dynamo's guards as it builds them, dynamo_guards=True; and with torch's guard filter
+torch.compile(model, backend="raytune_kernels") from the same records (as it comes; with
+Dynamo's guards kept, dynamo_guards=True; and with torch's guard filter
 skip_guard_on_all_nn_modules_unsafe), interleaved round by round, and
 reports the median of per-round ratios with its spread. Last line of stdout:
 one JSON object.
