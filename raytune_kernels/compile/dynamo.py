@@ -60,7 +60,25 @@ def bind_parameters(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]
         with graph.inserting_before(node):
             node.replace_all_uses_with(graph.get_attr(name))
         graph.erase_node(node)
+    bound = {f"param{i}" for i in range(len(inputs))}
+    for k, node in enumerate(n for n in graph.nodes if n.op == "get_attr"
+                             and n.target not in bound):
+        # a tensor Dynamo put in the graph itself (torch._dynamo.config.install_free_tensors)
+        value = _attr(gm, node.target)
+        name = f"const{k}"
+        if isinstance(value, torch.Tensor):
+            root.register_buffer(name, value.detach())
+        else:
+            setattr(root, name, value)
+        node.target = name
     return torch.fx.GraphModule(root, graph).eval(), slots
+
+
+def _attr(module: torch.nn.Module, target: str):
+    """The attribute a get_attr node names (a dotted path)."""
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
 
 
 def _placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:

@@ -129,3 +129,19 @@ def test_guards_on_bound_weights_are_dropped_and_the_rest_kept():
         assert torch.allclose(fast(x), model(x), rtol=1e-4, atol=1e-5)
         model[1] = torch.nn.Identity()  # a changed module is still seen: Dynamo recompiles
         assert torch.allclose(fast(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_weights_dynamo_installs_in_the_graph_are_bound_too():
+    """With torch._dynamo.config.install_free_tensors, Dynamo hands the backend the
+    weights as attributes of its graph module, not as inputs: they are constants of ours
+    all the same (the backend raised AttributeError on them)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    torch._dynamo.reset()
+    compiled.clear()
+    with torch._dynamo.config.patch(install_free_tensors=True), torch.no_grad():
+        fast = torch.compile(model, backend=_spy, options={"threads": 1})
+        assert torch.allclose(fast(x), model(x), rtol=1e-4, atol=1e-5)
+    net = compiled[-1].network
+    assert len(net.graph.inputs) == 1 and net.graph.params
