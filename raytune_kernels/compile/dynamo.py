@@ -103,21 +103,19 @@ def _state_source(source) -> bool:
     return False
 
 
-def lean_guards() -> int:
+def lean_guards() -> None:
     """Drops, from the frame Dynamo is compiling, the guards whose source is a module's
-    parameter or buffer (module docstring); how many it dropped. Called from the backend,
-    before Dynamo builds the frame's guards from the set."""
+    parameter or buffer (module docstring). Called from the backend, before Dynamo builds
+    the frame's guards from the set."""
     from torch._guards import TracingContext
     from torch.utils._ordered_set import OrderedSet
 
     ctx = TracingContext.try_get()
     if ctx is None:  # called outside a Dynamo compile (a test calling the backend)
-        return 0
+        return
     guards = ctx.guards_context.dynamo_guards
-    kept = OrderedSet(g for g in guards.inner if not _state_source(g.originating_source))
-    dropped = len(guards.inner) - len(kept)
-    guards.inner = kept
-    return dropped
+    guards.inner = OrderedSet(g for g in guards.inner
+                              if not _state_source(g.originating_source))
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor],

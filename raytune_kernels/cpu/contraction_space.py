@@ -43,7 +43,8 @@ def contraction_space(con, cpu: CpuInfo) -> Space:
         # a width whose vectors do not tile the axis: where the contraction masks its
         # last vector, blocks of any size (but no larger than the axis) end in a masked one
         ragged = con.masks_vector and con.vector_extent % lanes != 0
-        ragged_widths |= {lanes} if ragged else set()
+        if ragged:
+            ragged_widths.add(lanes)
         for vecs in (1, 2, 3, 4):
             ob = vecs * lanes
             if not (con.pads_vector or ragged) and con.vector_extent % ob:

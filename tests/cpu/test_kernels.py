@@ -267,17 +267,25 @@ def test_matmuls_whose_columns_no_vector_divides_end_in_a_masked_block(tokens):
     space, rng = space_for(task.compute, cpu_info()), random.Random(n)
     masked = {c for c in (space.sample(rng) for _ in range(300)) if n % c["ob"]}
     assert masked  # the space offers blocks that do not divide N
-    ops = operands(task.compute, n)
-    expected = reference(task.compute, *ops)
-    for cfg in sorted(masked, key=str)[:5]:
-        nest = lower(task.compute, cfg)
+    for cfg, nest in check_natively_and_interpreted(task, sorted(masked, key=str)[:5]):
         assert any(t.mask for t in nest.tiles) == bool(n % cfg["lanes"]), cfg
-        got = run_candidate(task.compute, cfg, ops, threads=2)
-        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), (cfg, n)
+
+
+def check_natively_and_interpreted(task, configs, native=True):
+    """Each config's kernel (natively, unless not `native`) and its loop nest
+    (interpreted) against the reference; yields each config with its nest."""
+    ops = operands(task.compute, 0)
+    expected = reference(task.compute, *ops)
+    for cfg in configs:
+        nest = lower(task.compute, cfg)
+        if native:
+            got = run_candidate(task.compute, cfg, ops, threads=2)
+            assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), cfg
         bufs = pack(task.compute, cfg, ops)
         interpret(nest, bufs)
         assert torch.allclose(unpack(task.compute, cfg, bufs["out"]), expected,
-                              rtol=1e-4, atol=1e-4), (cfg, n)
+                              rtol=1e-4, atol=1e-4), cfg
+        yield cfg, nest
 
 
 class Head(torch.nn.Module):
@@ -319,18 +327,9 @@ def test_channels_16_lanes_do_not_tile_end_in_a_masked_nhwc_block(op, k):
     masked = {c for c in direct if k % c["ob"]}
     assert masked and all(c["out_layout"] == "nhwc" for c in direct if c["lanes"] == 16)
     assert any(c["out_layout"] == "blocked" for c in direct if c["lanes"] == 8)
-    ops = operands(task.compute, k)
-    expected = reference(task.compute, *ops)
-    for cfg in sorted(masked, key=str)[:5]:
-        nest = lower(task.compute, cfg)
+    for cfg, nest in check_natively_and_interpreted(task, sorted(masked, key=str)[:5],
+                                                    native):
         assert any(t.mask for t in nest.tiles), cfg
-        if native:
-            got = run_candidate(task.compute, cfg, ops, threads=2)
-            assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), (cfg, k)
-        bufs = pack(task.compute, cfg, ops)
-        interpret(nest, bufs)
-        assert torch.allclose(unpack(task.compute, cfg, bufs["out"]), expected,
-                              rtol=1e-4, atol=1e-4), (cfg, k)
     bad = Config(tuple(sorted({**dict(next(iter(masked)).knobs), "out_layout": "blocked"}
                               .items())))
     with pytest.raises(LoweringError, match="written NHWC only"):
