@@ -150,6 +150,9 @@ def cuda_graphed(fn: Callable[[], object], warmup: int = 3) -> Callable[[], obje
     def replay() -> object:
         graph.replay()
         return out
+    # the graph reads fn's model and inputs at the addresses they had at capture: they
+    # must live as long as replay (freed, the next capture's empty_cache unmaps them)
+    replay.reads = fn
     return replay
 
 

@@ -154,3 +154,60 @@ def test_a_matmul_on_the_gpu_is_timed_by_cuda_events():
     # 2 * 2048^3 flops in fp32 cannot beat 200 TFLOP/s (no GPU does without TF32)
     assert min(times) > 2 * 2048 ** 3 / 200e12
     assert torch_gpu.require_gpu("this test") == torch_gpu.gpu_name()
+
+
+class _FakeStream:
+    cuda_stream = 0
+
+    def wait_stream(self, other) -> None:
+        pass
+
+
+class _FakeGraph:
+    def replay(self) -> None:
+        pass
+
+
+def test_a_graphed_callable_keeps_what_its_graph_reads_alive(monkeypatch):
+    """A captured graph reads the model's weights and the inputs at fixed addresses: the
+    replaying callable must hold them. Dropped, their memory goes back to the allocator,
+    and the next capture's empty_cache unmaps it under the graph (an illegal address)."""
+    import contextlib
+    import gc
+    import weakref
+
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+
+    class Weights:
+        pass
+
+    weights = Weights()
+    alive = weakref.ref(weights)
+    replay = torch_gpu.cuda_graphed(lambda w=weights: "out", warmup=1)
+    del weights
+    gc.collect()
+    assert alive() is not None
+    assert replay() == "out"
+    del replay
+    gc.collect()
+    assert alive() is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason=f"needs a CUDA GPU: {torch_gpu.gpu_problem()}")
+def test_a_graph_variant_replays_after_later_captures_empty_the_cache():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 3, 32, 32)
+    first = torch_gpu.GpuVariant("graph", "fp32")
+    with torch.no_grad(), torch_gpu.precision_mode("fp32"):
+        fn = torch_gpu.build_variant(model, (x,), first)
+        torch_gpu.build_variant(model, (x,), torch_gpu.GpuVariant("graph", "fp16"))
+        torch.cuda.empty_cache()
+        out = fn().cpu()
+        torch.cuda.synchronize()
+        want = model(x)
+    assert torch.allclose(out, want, atol=1e-4)
