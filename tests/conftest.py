@@ -34,3 +34,15 @@ def ray_session():
                  configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+# fixtures that skip a test without a GPU: the tests that take them need one
+GPU_FIXTURES = {"gpu", "gpu_arch"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `gpu` what needs a CUDA GPU through its fixtures (the others carry the mark
+    themselves), so that a GPU machine runs those alone: pytest -m gpu."""
+    for item in items:
+        if GPU_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.gpu)

@@ -163,6 +163,7 @@ def test_compile_for_cuda_without_a_gpu_names_the_missing_gpu(target, tmp_path, 
                             f"and no CUDA GPU is visible here ({_gpu_problem()})\n")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(_gpu_problem() is not None, reason=f"needs a CUDA GPU: {_gpu_problem()}")
 def test_compile_for_cuda_times_pytorch_on_the_gpu(tmp_path, capsys, request):
     from raytune_kernels.cuda.build import nvrtc_unavailable

@@ -174,6 +174,7 @@ def test_a_search_actor_lost_mid_run_is_replaced_and_told_what_its_tasks_measure
         ray_session.kill(actor)
 
 
+@pytest.mark.gpu
 def test_tune_a_tiny_model_on_the_gpu(ray_session, tmp_path):
     pytest.importorskip("cupy")
     from raytune_kernels.cuda import device

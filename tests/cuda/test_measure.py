@@ -202,6 +202,30 @@ def test_every_resnet18_task_matches_the_reference_on_the_gpu(gpu, resnet18_task
             assert len(result.times) == 3 and 0 < result.median < 0.1
 
 
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+def test_tensor_core_configs_of_resnet18_tasks_match_on_the_gpu(gpu, resnet18_tasks, precision):
+    """What the emulator's model of mma.sync and cp.async cannot show: that the PTX
+    operand order and fragment layouts are the hardware's. Every tensor-core GEMM task
+    runs its untuned default and a sampled tensor-core config, checked against the
+    float32 reference within the precision's kernel tolerance."""
+    from raytune_kernels.cuda.gpu import arch_has_mma
+    from raytune_kernels.cuda.render import default_config
+
+    if not arch_has_mma(gpu):
+        pytest.skip(f"{gpu} has no tensor cores")
+    checked = 0
+    for i, task in enumerate(resnet18_tasks):
+        space, rng = cuda_space_for(task.compute, precision), random.Random(i)
+        mma = [c for c in (space.sample(rng) for _ in range(64))
+               if dict(c.knobs).get("kernel") == "mma"][:1]
+        default = default_config(task.compute, precision)
+        for cfg in ([default] if dict(default.knobs).get("kernel") == "mma" else []) + mma:
+            result = _measure(task.compute, cfg, gpu)
+            assert result.ok, (task.compute.describe(), cfg.to_json(), result.error_msg)
+            checked += 1
+    assert checked >= 10  # ResNet-18's convs and its dense layer
+
+
 @pytest.mark.slow
 def test_sampled_configs_of_every_zoo_task_match_on_the_gpu(gpu, zoo_models):
     for name in sorted(zoo_models):

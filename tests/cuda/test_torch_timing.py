@@ -140,6 +140,7 @@ def test_on_gpu_copies_model_and_inputs_leaving_the_callers_alone():
     assert px.is_contiguous()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason=f"needs a CUDA GPU: {torch_gpu.gpu_problem()}")
 def test_a_matmul_on_the_gpu_is_timed_by_cuda_events():
     a = torch.randn(2048, 2048, device="cuda")
