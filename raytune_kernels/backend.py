@@ -33,7 +33,7 @@ from raytune_kernels.cuda.build import nvrtc_unavailable
 from raytune_kernels.cuda.features import featurize_cuda
 from raytune_kernels.cuda.gpu import GpuInfo, arch_has_mma, gpu_info
 from raytune_kernels.cuda.render import (cuda_layouts, cuda_pack, cuda_space_for, cuda_unpack,
-                                         cuda_unsupported_reason)
+                                         cuda_unsupported_reason, default_config)
 from raytune_kernels.errors import UnknownTargetError
 from raytune_kernels.layout.costs import layouts_of
 from raytune_kernels.precision import DEFAULT
@@ -46,6 +46,12 @@ if TYPE_CHECKING:
 
 # (features, one row per config; estimated cost, lower is faster, or None without one)
 Analysis = tuple[np.ndarray | None, np.ndarray | None]
+
+
+def no_seeds(compute: Compute) -> list[Config]:
+    """A backend's seeds where nothing runs untuned first (the CPU's estimate guides the
+    first proposal instead)."""
+    return []
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,8 @@ class Backend:
     has_estimate: bool  # whether analyze returns an estimated cost
     pack: Callable[[Compute, Config, list[torch.Tensor]], object]  # operands -> buffers
     unpack: Callable[[Compute, Config, object], torch.Tensor]  # output buffer -> tensor
+    # configs a task's search measures first, before any other: what runs untuned
+    seeds: Callable[[Compute], list[Config]] = no_seeds
 
 
 def cpu_backend(cpu: CpuInfo) -> Backend:
@@ -76,7 +84,8 @@ def cpu_backend(cpu: CpuInfo) -> Backend:
 def cuda_backend(gpu: GpuInfo, precision: str = DEFAULT) -> Backend:
     """CUDA C rendered per config, compiled by NVRTC for `gpu`'s arch, in `precision`
     (tensor cores, which need sm_80 or newer, where it is not fp32); no analytic estimate
-    (the search explores at random until the cost model has learnt)."""
+    (the search explores at random until the cost model has learnt, after measuring the
+    config an untuned task runs: a task tuned for one trial runs what it would untuned)."""
     if precision != DEFAULT and not arch_has_mma(gpu.arch):
         raise UnknownTargetError(f"precision {precision} runs on tensor cores (mma.sync "
                                  f"with tf32, fp16 or bf16), which {gpu.arch} lacks: "
@@ -84,7 +93,8 @@ def cuda_backend(gpu: GpuInfo, precision: str = DEFAULT) -> Backend:
     return Backend("cuda", gpu, cuda_unsupported_reason,
                    functools.partial(cuda_space_for, precision=precision), _cuda_layouts,
                    functools.partial(featurize_cuda, gpu=gpu),
-                   functools.partial(_cuda_analyze, gpu=gpu), False, _cuda_pack, _cuda_unpack)
+                   functools.partial(_cuda_analyze, gpu=gpu), False, _cuda_pack, _cuda_unpack,
+                   functools.partial(_cuda_seeds, precision=precision))
 
 
 def backend_for(target: str | Target, device: CpuInfo | GpuInfo | None = None) -> Backend:
@@ -193,6 +203,10 @@ def _cuda_analyze(compute: Compute, cfgs: list[Config], features: bool = True,
         return None, None
     return np.asarray([featurize_cuda(compute, c, gpu) for c in cfgs],
                       dtype=np.float32).reshape(len(cfgs), -1), None
+
+
+def _cuda_seeds(compute: Compute, precision: str) -> list[Config]:
+    return [default_config(compute, precision)]
 
 
 def _cuda_pack(compute: Compute, cfg: Config, operands) -> list[np.ndarray]:

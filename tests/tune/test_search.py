@@ -178,3 +178,35 @@ def test_the_model_knows_how_many_records_of_each_task_it_learnt(conv):
     assert copy.learnt == model.learnt and copy.trained and copy.identity != model.identity
     x = search.pool.x[:10]
     np.testing.assert_array_equal(copy.predict(x), model.predict(x))
+
+
+def test_the_backends_seeds_are_measured_first_and_once(conv):
+    space = BACKEND.space(conv.compute)
+    rng = random.Random(11)
+    a, b = space.sample(rng), space.sample(rng)
+    backend = dataclasses.replace(BACKEND, seeds=lambda compute: [a, b, a])
+    fake, model, records = FakeMeasurer(), CostModel(), []
+    search = EvolutionarySearch(conv, space, backend, seed=3)
+    first = _round(search, model, records, conv, fake)
+    assert first[:2] == [a, b] and len(set(first)) == 8
+    later = [c for _ in range(3) for c in _round(search, model, records, conv, fake)]
+    assert a not in later and b not in later
+    # one proposal of one: the first seed alone; a resumed search skips what it measured
+    assert EvolutionarySearch(conv, space, backend).propose(1, model) == [a]
+    resumed = EvolutionarySearch(conv, space, backend, seed=3)
+    resumed.observe([a], [1e-3])
+    assert resumed.propose(4, model)[0] == b
+
+
+def test_a_cuda_task_measures_its_untuned_default_first(conv):
+    """A task tuned for a trial runs at least what it would untuned, tensor cores included."""
+    from raytune_kernels.backend import backend_for
+    from raytune_kernels.cuda.render import default_config
+
+    for precision in ("fp32", "tf32", "fp16"):
+        cuda = backend_for(f"cuda -arch=sm_90 -precision={precision}")
+        search = EvolutionarySearch(conv, cuda.space(conv.compute), cuda, seed=1)
+        first = search.propose(4, CostModel())
+        assert first[0] == default_config(conv.compute, precision)
+        assert (dict(first[0].knobs).get("kernel") == "mma") == (precision != "fp32")
+    assert BACKEND.seeds(conv.compute) == []  # the CPU's estimate guides its first picks
