@@ -98,9 +98,11 @@ def interleaved(fns: dict, rounds: int) -> dict[str, list[float]]:
 
 
 def ratio(times: dict[str, list[float]], name: str) -> dict[str, float]:
-    """The median and spread of a variant's per-round time over compile_network's."""
-    r = sorted(b / a for a, b in zip(times["compile_network"], times[name]))
-    return {"median": median(r), "min": r[0], "max": r[-1]}
+    """The median and spread of a variant's per-round time over compile_network's (with
+    its ~95% interval from 6 rounds on: network.spread)."""
+    from network import spread
+
+    return spread([b / a for a, b in zip(times["compile_network"], times[name])])
 
 
 def main() -> None:
