@@ -276,6 +276,19 @@ def deploy_row(run: Run) -> dict[str, str]:
             if "dynamo_lean_over_ours" in d else "", "file": run.path}
 
 
+def dynamo_overhead_row(run: Run) -> dict[str, str]:
+    d, v = run.data, run.data["variants"]
+
+    def us(name: str) -> str:
+        return f"{v[name]['before_us'] + v[name]['after_us']:.0f}" if name in v else ""
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": f"bench/dynamo_overhead.py {d['model']} --threads {d['threads']}",
+            "ours (ms)": ms(v["backend"]["inside_us"] / 1e3), "backend (us)": us("backend"),
+            "Dynamo's guards (us)": us("dynamo_guards"), "free tensors (us)": us("free_tensors"),
+            "module guards off (us)": us("skip_modules"), "both (us)": us("free_and_skip"),
+            "no network (us)": us("no_network"), "file": run.path}
+
+
 def spread(ratio: dict) -> str:
     return f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})"
 
@@ -314,6 +327,14 @@ SHAPES = (
           "backend's lean guards off); guards off: with torch's guard filter "
           "skip_guard_on_all_nn_modules_unsafe.",
           lambda d: d.get("bench") == "deploy", deploy_row),
+    Shape("torch.compile's cost per call (bench/dynamo_overhead.py)",
+          "microseconds a call of torch.compile(model, backend=\"raytune_kernels\") spends "
+          "outside our network (Dynamo's guards, fetching the graph's inputs, returning), "
+          "median over calls, each variant in a fresh process: as it comes (the weights' "
+          "guards dropped), with Dynamo's guards, with install_free_tensors, with torch's "
+          "module-guard filter, with both; no network: a callable that runs nothing, so "
+          "the caches stay warm.",
+          lambda d: d.get("bench") == "dynamo_overhead", dynamo_overhead_row),
     Shape("Runner dispatch (bench/dispatch.py)",
           "what a native step pays to open and join its OpenMP parallel region inside the "
           "runner (kernels that do nothing else), median over repeats.",
