@@ -399,7 +399,7 @@ def bench_cuda(args, gpu: str) -> int:
     model, inputs = load_model(args.model)  # random inputs (zoo: seeded randn)
     tuned, nets = tune_and_compile_gpu(args, model, inputs, records, gpu)
     want, yardstick = reference_output(model, inputs)
-    variants = gpu_variants(not args.no_compile)
+    variants = gpu_variants(not args.no_compile, args.compile_precisions)
     fns, failed, errors = build_variants(model, inputs, variants,
                                          lambda out: output_error_of(out, want))
     errors = {"ours": output_error_of(nets["ours"](*inputs), want), **errors}
@@ -435,7 +435,9 @@ def run_fields(args, gpu: str, tuned, net) -> dict:
             "record_targets": sorted({r.target for r in tuned.best.values()}),
             "device": gpu, "trials": tuned.trials, "graph": net.graph,
             "layouts": net.plan.summary(), "estimated_ms": round(net.estimated_s * 1e3, 3),
-            "quick": args.quick, "cudnn_benchmark": True, "torch": torch.__version__,
+            "quick": args.quick, "cudnn_benchmark": True,
+            "compile_precisions": None if args.no_compile else list(args.compile_precisions),
+            "torch": torch.__version__,
             "torch_cuda": torch.version.cuda}
 
 
@@ -464,6 +466,16 @@ def load_model(name: str):
     return zoo.load(name)
 
 
+def precision_list(text: str) -> tuple[str, ...]:
+    """--compile-precisions: comma-separated precisions, each one of PRECISIONS."""
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in names if p not in PRECISIONS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: give precisions among "
+                                         f"{', '.join(PRECISIONS)}, comma-separated")
+    return names
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -489,6 +501,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="cuda only: a check, not a figure: short timing, no one-layout "
                          "network, no per-layer profile")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--compile-precisions", type=precision_list, default=PRECISIONS,
+                    metavar="LIST", help="cuda only: torch.compile's variants in these "
+                    "precisions alone (comma-separated; default all: each takes a minute "
+                    "or more); eager and CUDA graphs run in every precision")
     ap.add_argument("--fallback", choices=["torch"], default=None,
                     help="cuda only: run PyTorch's kernel for tasks without a record")
     ap.add_argument("--png", default=None, help="save the per-layer chart here")

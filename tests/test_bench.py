@@ -352,6 +352,22 @@ def test_every_baseline_how_in_every_precision():
     assert len({v.name for v in variants}) == 16
     assert {v.how for v in torch_gpu.gpu_variants(use_compile=False)} == {"eager", "graph"}
     assert [v.precision for v in variants if v.channels_last] == ["fp16", "bf16"] * 4
+    # torch.compile in some precisions alone (the slow variants); eager and graphs in all
+    some = torch_gpu.gpu_variants(compile_precisions=("tf32",))
+    assert [v.name for v in some[8:]] == ["compile_tf32", "compile_ro_tf32"]
+    assert some[:8] == variants[:8]
+
+
+def test_compile_precisions_parse_and_refuse_what_is_not_one(capsys):
+    network = _bench("network")
+    args = network.parse_args(["resnet18", "--target", "cuda", "--compile-precisions",
+                               "tf32, fp16"])
+    assert args.compile_precisions == ("tf32", "fp16")
+    assert network.parse_args(["resnet18"]).compile_precisions == network.PRECISIONS
+    with pytest.raises(SystemExit) as exc:
+        network.parse_args(["resnet18", "--compile-precisions", "tf32,fp64"])
+    assert exc.value.code == 2 and "give precisions among fp32, tf32, fp16, bf16" in \
+        capsys.readouterr().err
 
 
 # made-up per-round seconds: ours and five PyTorch variants in three precisions

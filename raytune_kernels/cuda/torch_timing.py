@@ -179,10 +179,15 @@ class GpuVariant:
         return self.precision in ("fp16", "bf16")
 
 
-def gpu_variants(use_compile: bool = True) -> list[GpuVariant]:
-    """Every how in every precision (without torch.compile: eager and graph only)."""
-    hows = HOWS if use_compile else HOWS[:2]
-    return [GpuVariant(h, p) for h in hows for p in PRECISIONS]
+def gpu_variants(use_compile: bool = True,
+                 compile_precisions: Sequence[str] = PRECISIONS) -> list[GpuVariant]:
+    """Eager and graph in every precision, and torch.compile's two modes in each of
+    `compile_precisions` (none without `use_compile`: each takes a minute or more)."""
+    cheap = [GpuVariant(h, p) for h in HOWS[:2] for p in PRECISIONS]
+    if not use_compile:
+        return cheap
+    return cheap + [GpuVariant(h, p) for h in HOWS[2:] for p in PRECISIONS
+                    if p in compile_precisions]
 
 
 def build_variant(model: torch.nn.Module, inputs: Sequence[torch.Tensor], v: GpuVariant,
