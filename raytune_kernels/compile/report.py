@@ -64,7 +64,7 @@ def worst(errors) -> float:
 @dataclass
 class ProfileRow:
     """One step: its time inside a running network (caches as the network leaves them),
-    its time alone (repeated, warm: what the records measure), PyTorch's time for the same
+    its time alone (repeated, as the records measure it), PyTorch's time for the same
     layer inside PyTorch's own run of the network, and what the plan expected."""
 
     name: str
@@ -172,5 +172,5 @@ class Reporting:
         lines.append(f"steps timed alone sum to {prof.alone_s * 1e3:.3f} ms, inside the "
                      f"network to {prof.total_s * 1e3:.3f} ms: "
                      f"{(prof.total_s - prof.alone_s) * 1e3:+.3f} ms from running them in "
-                     "sequence (weights and activations no longer warm in cache)")
+                     "sequence (what each step leaves in the caches for the next)")
         return "\n".join(lines)

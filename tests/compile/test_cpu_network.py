@@ -306,6 +306,34 @@ def test_profile_table_chart_and_fidelity(net, tmp_path, capsys):
     assert "steps timed alone" in far
 
 
+def test_a_step_alone_reads_its_weights_cold_as_records_are_timed(net):
+    """profile()'s "alone": a conv's or dense's weights from copies that cycle, each the
+    same bytes, so the step computes what it computes in the network; other steps as
+    they are; cold_weights=False leaves the weights in place."""
+    from raytune_kernels.cpu.measure import cold_copies
+
+    net(*net._random_inputs())  # every buffer written
+    i = next(i for i, s in enumerate(net.steps) if s.name == "conv2")
+    weights = max((o for o in net.steps[i].operands if isinstance(o, np.ndarray)),
+                  key=lambda o: o.nbytes)
+    out = net._arrays[id(net.steps[i].writes[0])]
+    warm = net._alone(i, False)
+    assert not hasattr(warm, "copies")
+    warm()  # on whatever the network left in its input buffer (buffers are shared)
+    want = out.copy()
+    cold = net._alone(i, True)
+    assert len(cold.copies) == cold_copies(weights.nbytes) >= 2
+    assert all(c.ctypes.data != weights.ctypes.data and np.array_equal(c, weights)
+               for c in cold.copies)
+    for _ in range(len(cold.copies) + 1):  # every copy in turn
+        out[:] = np.nan
+        cold()
+        np.testing.assert_array_equal(out, want)
+    other = next(i for i, s in enumerate(net.steps) if s.kind != "kernel" or s.key is None
+                 or net.part.task(s.key).compute.op not in ("conv2d", "dense"))
+    assert not hasattr(net._alone(other, True), "copies")
+
+
 def test_fidelity_times_our_steps_only(net, monkeypatch):
     """Explaining a gap needs our steps, never PyTorch's layers (a compile without
     --profile times no PyTorch layer) nor another end-to-end benchmark."""
