@@ -289,6 +289,21 @@ def dynamo_overhead_row(run: Run) -> dict[str, str]:
             "no network (us)": us("no_network"), "file": run.path}
 
 
+def steps_row(run: Run) -> dict[str, str]:
+    d = run.data
+
+    def each(key: str) -> str:
+        return "; ".join(f"{n.split('/')[-1]} {v[key]:.3f}" for n, v in d["models"].items())
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": shlex.join(["bench/steps.py", *d["models"], "--threads",
+                                   str(d["threads"]), "--rounds", str(d["rounds"])]),
+            "end to end (ms)": each("end_to_end_ms"), "steps alone, cold (ms)":
+            each("alone_cold_ms"), "end to end / cold steps": "; ".join(
+                f"{n.split('/')[-1]} {spread(v['over_alone_cold'])}"
+                for n, v in d["models"].items()),
+            "steps alone, warm (ms)": each("alone_warm_ms"), "file": run.path}
+
+
 def spread(ratio: dict) -> str:
     return f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})"
 
@@ -335,6 +350,11 @@ SHAPES = (
           "module-guard filter, with both; no network: a callable that runs nothing, so "
           "the caches stay warm.",
           lambda d: d.get("bench") == "dynamo_overhead", dynamo_overhead_row),
+    Shape("Networks against their steps (bench/steps.py)",
+          "end to end against the sum of the steps timed alone: cold, as records are timed "
+          "(conv and dense weights out of cache), median (range) of per-round ratios; warm, "
+          "repeated in place; models without records run untuned.",
+          lambda d: d.get("bench") == "steps", steps_row),
     Shape("Runner dispatch (bench/dispatch.py)",
           "what a native step pays to open and join its OpenMP parallel region inside the "
           "runner (kernels that do nothing else), median over repeats.",
