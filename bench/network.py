@@ -588,12 +588,14 @@ def main() -> None:
               "speedup_vs_best_engine_rounds": spread(best_other_ratios(rounds)),
               "uniform_over_ours_rounds": spread([u / o for u, o in
                                                   zip(rounds["uniform"], rounds["ours"])]),
-              # each step inside the network, alone (warm), and as the plan estimated it
+              # each step inside the network, alone (conv and dense weights cold, as
+              # records are timed), and as the plan estimated it
               "steps_us": [{"name": r.name, "kind": r.kind, "network": round(r.ours_s * 1e6, 1),
                             "alone": round(r.alone_s * 1e6, 1),
                             "estimate": round(r.estimate_s * 1e6, 1)} for r in prof.rows],
               "steps_network_ms": round(sum(r.ours_s for r in prof.rows) * 1e3, 3),
               "steps_alone_ms": round(sum(r.alone_s for r in prof.rows) * 1e3, 3),
+              "steps_alone_weights": "cold",
               # every round's time of every variant (the figures above are their medians):
               # this VM's timings drift, and a figure is only as good as its spread
               "rounds_ms": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds.items()}}
