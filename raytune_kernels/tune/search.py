@@ -56,7 +56,7 @@ class EvolutionarySearch:
         normally backend.space(task.compute)."""
         self.task, self.space, self.opts = task, space, opts
         self.analyze, self.has_estimate = backend.analyze, backend.has_estimate
-        self._seeds: list[Config] | None = None  # backend.seeds, until the first proposal
+        self._seeds: list[Config] | None = None  # backend.seeds not proposed yet
         self._seed_from = backend.seeds
         self.rng = random.Random(f"{seed}:{task.key}")
         self.measured: dict[Config, float] = {}
@@ -102,8 +102,8 @@ class EvolutionarySearch:
         self.space.prepare()
 
     def propose(self, n: int, model: CostModel) -> list[Config]:
-        """n configs to measure: the backend's seeds first (at the first proposal, those
-        not measured yet: what the task runs untuned), then the search's own picks."""
+        """n configs to measure: the backend's seeds first (what the task runs untuned;
+        those not measured yet, until all are), then the search's own picks."""
         self.features = {}
         seeds = self._take_seeds(n)
         return seeds + (self._propose(n - len(seeds), model) if n > len(seeds) else [])
@@ -111,8 +111,8 @@ class EvolutionarySearch:
     def _take_seeds(self, n: int) -> list[Config]:
         if self._seeds is None:
             self._seeds = [c for c in self._seed_from(self.task.compute) if c in self.space]
-        seeds = [c for c in dict.fromkeys(self._seeds) if not self._taken(c)][:n]
-        self._seeds = []
+        fresh = [c for c in dict.fromkeys(self._seeds) if not self._taken(c)]
+        seeds, self._seeds = fresh[:n], fresh[n:]
         self.pending.update(seeds)
         self._drop(seeds)
         return seeds

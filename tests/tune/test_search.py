@@ -191,8 +191,10 @@ def test_the_backends_seeds_are_measured_first_and_once(conv):
     assert first[:2] == [a, b] and len(set(first)) == 8
     later = [c for _ in range(3) for c in _round(search, model, records, conv, fake)]
     assert a not in later and b not in later
-    # one proposal of one: the first seed alone; a resumed search skips what it measured
-    assert EvolutionarySearch(conv, space, backend).propose(1, model) == [a]
+    # proposals of one: a seed each, in order; a resumed search skips what it measured
+    one = EvolutionarySearch(conv, space, backend)
+    assert one.propose(1, model) == [a] and one.propose(1, model) == [b]
+    assert one.propose(1, model)[0] not in (a, b)
     resumed = EvolutionarySearch(conv, space, backend, seed=3)
     resumed.observe([a], [1e-3])
     assert resumed.propose(4, model)[0] == b
