@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # A GPU check in minutes, on a bare GPU machine: the tests that need a GPU, then ResNet-18,
-# MobileNetV2 and BERT-base tuned briefly, compiled and timed against PyTorch, the tensor-core
-# precisions first, all in at most 8 minutes.
+# MobileNetV2 and BERT-base tuned briefly, compiled and timed against PyTorch in each
+# precision, all in at most 8 minutes.
 #
 #   bench/gpu_check.sh [--dry-run] [OUTDIR]
 #
 # OUTDIR (default: $OUT where set, else bench/results/<gpu>/) receives at most three files:
 # gpu_check.log (everything every step printed), gpu_check.jsonl (one JSON line per model
-# and precision: the run's own last line, or what became of it) and, where OUTDIR is not
+# and precision: the run's own line for it, or what became of it) and, where OUTDIR is not
 # bench/results/<gpu>/, records.tar.gz (the records the runs wrote there, to unpack into
 # that folder). A step that fails or runs out of time is logged and the next one runs.
 # --dry-run prints each command with the seconds it would be given, and runs nothing.
@@ -18,29 +18,27 @@
 #
 # Time. 480 s in all: up to 10 s to name the GPU and pack the records, the tests marked
 # `gpu` at most 100 s, one line each as it ends (the other tests need no GPU: CI runs
-# them), and the rest (at least 370 s) shared by the 7 runs in proportion to their weights,
-# a step that ends early leaving its time to the ones after it. Each runs under `timeout`
-# for its share less KILL_S, the grace its kill may take, so the whole never passes 480 s.
-# Runs go by what they tell: ResNet-18 in tf32 and fp16 first (against PyTorch's CUDA
-# graphs in the same precisions), then MobileNetV2 and BERT-base in tf32, ResNet-18 in
-# fp32, MobileNetV2 and BERT-base in fp16; if time runs short, the last lose their runs.
-# bf16 is left out: its kernels are fp16's with another operand type (mma m16n8k16 both).
-# On an H100 a ResNet-18 run with 24 trials took about 40 s: 28-31 s to start Ray and
-# tune (one trial per task), 2 s to compile and check, the rest for the eight PyTorch
-# baselines (--quick --rounds 2 --no-compile: torch.compile alone would take minutes).
-# Records already in bench/results/<gpu>/ count toward the trials (resumed): ResNet-18's
-# 48 leave room past the 24 of one random config a task already there, so that each task's
-# search measures its default first (a task with records runs its best one, never the
-# default).
+# them), and the rest (at least 370 s) shared by the 3 models in proportion to their
+# weights, a step that ends early leaving its time to the ones after it. Each runs under
+# `timeout` for its share less KILL_S, the grace its kill may take, so the whole never
+# passes 480 s. A model's four precisions run in one process (bench/network.py --precision
+# tf32,fp16,fp32,bf16): on an H100 a run of one precision took about 40 s, of which some
+# 20 s were starting Ray and its actors and 5 s loading torch and the model, paid here
+# once per model; the trials (one per task, 24 of ResNet-18's in 10 s), the compile and
+# check (2 s) and our timing are paid per precision, PyTorch's eight baselines once
+# (--quick --rounds 2 --no-compile: torch.compile alone would take minutes). Records
+# already in bench/results/<gpu>/ count toward the trials (resumed): ResNet-18's 48 leave
+# room past the 24 of one random config a task already there, so that each task's search
+# measures its default first (a task with records runs its best one, never the default).
 set -uo pipefail
 
 TOTAL_S=480
 RESERVE_S=10
 TESTS_S=100
 KILL_S=3
-# model:precision, in the order they run
-RUNS=(resnet18:tf32 resnet18:fp16 mobilenet_v2:tf32 hf/BertModel:tf32 resnet18:fp32
-      mobilenet_v2:fp16 hf/BertModel:fp16)
+# model:precisions, one process each, in the order they run
+RUNS=(resnet18:tf32,fp16,fp32,bf16 mobilenet_v2:tf32,fp16,fp32,bf16
+      hf/BertModel:tf32,fp16,fp32,bf16)
 declare -A TRIALS=([resnet18]=48 [mobilenet_v2]=32 [hf/BertModel]=16)
 declare -A WEIGHT=([resnet18]=10 [mobilenet_v2]=12 [hf/BertModel]=11)
 TESTS=(tests/cuda tests/compile/test_cuda_network.py tests/actors/test_tune_cuda.py
@@ -116,6 +114,24 @@ step "$(share 1 1 "$TESTS_S")" python -m pytest -v -m "gpu and not slow" -rfE --
 rc=$?
 [[ $DRY == 1 ]] || { cat "$STEP" >> "$LOG"; tail -n 1 "$STEP"; say "GPU tests: exit status $rc"; }
 
+collect() {  # model, precisions, why: each precision's JSON line from the run, else why not
+  python - "$STEP" "$1" "$2" "$GPU" "$3" >> "$JSONL" <<'EOF'
+import json, sys
+step, model, precisions, gpu, why = sys.argv[1:]
+lines = {}
+for line in open(step, errors="replace"):
+    try:
+        run = json.loads(line) if line.startswith("{") else None
+    except ValueError:
+        run = None
+    if isinstance(run, dict) and "precision" in run:
+        lines[run["precision"]] = line.strip()
+for p in precisions.split(","):
+    print(lines.get(p) or json.dumps({"model": model, "precision": p, "device": gpu,
+                                      "error": "no JSON line" if why == "ok" else why}))
+EOF
+}
+
 weights_left=0
 for r in "${RUNS[@]}"; do weights_left=$((weights_left + WEIGHT[${r%:*}])); done
 for r in "${RUNS[@]}"; do
@@ -127,16 +143,12 @@ for r in "${RUNS[@]}"; do
   rc=$?
   [[ $DRY == 1 ]] && continue
   cat "$STEP" >> "$LOG"
-  last=$(tail -n 1 "$STEP")
   why="ok"
-  if [[ $rc == 0 && $last == "{"* ]]; then
-    echo "$last" >> "$JSONL"
-  else
+  if [[ $rc != 0 ]]; then
     why="exit status $rc"
     [[ $rc == 124 || $rc == 137 ]] && why="timed out after $((s - KILL_S)) s"
-    printf '{"model": "%s", "precision": "%s", "device": "%s", "error": "%s"}\n' \
-      "$m" "$p" "$GPU" "$why" >> "$JSONL"
   fi
+  collect "$m" "$p" "$why"
   say "$m $p: $why"
 done
 

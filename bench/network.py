@@ -20,6 +20,7 @@ machine whose timings drift, a ratio is only as good as its interval.
     python bench/network.py resnet18 --target cuda [--trials 1000] [--records FILE]
     python bench/network.py resnet18 --target "cuda -arch=sm_90 -precision=tf32" ...
     python bench/network.py hf/BertModel --target cuda --precision fp16 ...
+    python bench/network.py resnet18 --target cuda --precision tf32,fp16,fp32,bf16 --quick
 
 With a cuda target: tunes on the GPU (GPU measurers, NVRTC builders; records default
 bench/results/GPU/network_MODEL_cuda[_PRECISION].jsonl, GPU as gpu_folder() names it, fp32
@@ -35,7 +36,8 @@ with the fastest of any (one whose output is not finite does not count), by the 
 and by per-round ratios (median, min, max), and ours end to end with the sum of its steps
 each timed alone (`steps_alone_ms`, `ours_over_steps`; briefly with --quick). Without a
 visible CUDA GPU: exit status 2. Last line of stdout: one JSON object (with a cuda target,
-naming the device and target).
+naming the device and target); with several cuda precisions, one such line per precision,
+in the order given, each tuned and compiled in turn, all timed interleaved in one run.
 """
 from __future__ import annotations
 
@@ -361,25 +363,27 @@ def gpu_folder(name: str) -> str:
     return "-".join(w for w in words if w != "nvidia") or "gpu"
 
 
-def tune_and_compile_gpu(args, model, inputs, records: str, gpu: str):
-    """Tune (resuming `records`), then compile the network (and, unless --quick, the
-    one-layout network it must beat): the tuning result and name -> GpuNetwork."""
-    target = str(args.target)
+def tune_gpu(args, model, inputs, target: Target, records: str, gpu: str):
+    """Tune `target` (resuming `records`) in the running Ray, or one it starts."""
     start = time.perf_counter()
-    tuned = tune_network(model, inputs, target=target, trials=args.trials, records=records,
-                         verbose=False)
-    import ray
-    ray.shutdown()  # nothing of Ray's on the GPU while we time
-    print(f"tuned {tuned.trials} trials for target {target!r} on {gpu} "
+    tuned = tune_network(model, inputs, target=str(target), trials=args.trials,
+                         records=records, verbose=False)
+    print(f"tuned {tuned.trials} trials for target {str(target)!r} on {gpu} "
           f"({time.perf_counter() - start:.0f} s this run), estimated "
           f"{tuned.estimated_latency_s * 1e3:.3f} ms")
+    return tuned
+
+
+def compile_gpu(args, model, inputs, target: Target, records: str) -> dict:
+    """name -> GpuNetwork: the network (and, unless --quick, the one-layout network it
+    must beat), compiled and checked."""
     start = time.perf_counter()
     layouts = ("ilp",) if args.quick else ("ilp", "uniform")
-    nets = {name: compile_network(model, inputs, records, target=target,
+    nets = {name: compile_network(model, inputs, records, target=str(target),
                                   fallback=args.fallback, layout=layout, verbose=True)
             for name, layout in zip(("ours", "ours_uniform"), layouts)}
     print(f"compiled and checked in {time.perf_counter() - start:.0f} s")
-    return tuned, nets
+    return nets
 
 
 def print_gpu_table(ms: dict, precisions: dict, errors: dict) -> None:
@@ -391,23 +395,47 @@ def print_gpu_table(ms: dict, precisions: dict, errors: dict) -> None:
 
 
 def bench_cuda(args, gpu: str) -> int:
+    """Every precision asked, in one process: each tuned (one Ray for all), then compiled;
+    PyTorch's baselines built once; ours in each precision and the baselines timed
+    interleaved together; then one report and JSON line per precision."""
     from raytune_kernels.cuda.torch_timing import build_variants, gpu_variants
 
-    precision = args.target.precision
-    records = args.records or default_records(gpu, args.model, precision)
-    os.makedirs(os.path.dirname(os.path.abspath(records)), exist_ok=True)  # a GPU new here
+    targets = args.targets
     model, inputs = load_model(args.model)  # random inputs (zoo: seeded randn)
-    tuned, nets = tune_and_compile_gpu(args, model, inputs, records, gpu)
+    records = {}
+    for t in targets:
+        records[t.precision] = args.records or default_records(gpu, args.model, t.precision)
+        os.makedirs(os.path.dirname(os.path.abspath(records[t.precision])), exist_ok=True)
+    tuned = {t.precision: tune_gpu(args, model, inputs, t, records[t.precision], gpu)
+             for t in targets}
+    import ray
+    ray.shutdown()  # nothing of Ray's on the GPU while we time
+    nets = {t.precision: compile_gpu(args, model, inputs, t, records[t.precision])
+            for t in targets}
     want, yardstick = reference_output(model, inputs)
     variants = gpu_variants(not args.no_compile, args.compile_precisions)
     fns, failed, errors = build_variants(model, inputs, variants,
                                          lambda out: output_error_of(out, want))
-    errors = {"ours": output_error_of(nets["ours"](*inputs), want), **errors}
     precisions = {v.name: v.precision for v in variants if v.name in fns}
     opts = GPU_QUICK if args.quick else GPU_FULL
-    rounds = interleaved_gpu(gpu_timers(nets, fns, precisions, opts), args.rounds)
+    ours = {f"{name}@{p}": net for p, named in nets.items() for name, net in named.items()}
+    every = interleaved_gpu(gpu_timers(ours, fns, precisions, opts), args.rounds)
+    for t in targets:
+        p = t.precision
+        rounds = {name: every[f"{name}@{p}"] for name in nets[p]} | \
+            {k: every[k] for k in fns}
+        mine = {"ours": output_error_of(nets[p]["ours"](*inputs), want), **errors}
+        report_cuda(args, gpu, t, tuned[p], nets[p], rounds, precisions, mine, failed,
+                    yardstick)
+    return 0
+
+
+def report_cuda(args, gpu: str, target: Target, tuned, nets: dict, rounds: dict,
+                precisions: dict, errors: dict, failed: dict, yardstick: str) -> None:
+    """One precision's table, its steps timed alone, and its JSON line."""
+    precision = target.precision
     ms = {k: median(v) * 1e3 for k, v in rounds.items()}
-    print(f"{args.model} on {gpu}, target {str(args.target)!r}; errors against {yardstick}, "
+    print(f"{args.model} on {gpu}, target {str(target)!r}; errors against {yardstick}, "
           "of the output's scale; CUDA events, median of repeats, median over rounds:")
     print_gpu_table(ms, {k: precision for k in nets} | precisions, errors)
     if args.quick:  # each step alone, briefly: what end to end is held to (sum of steps)
@@ -419,19 +447,18 @@ def bench_cuda(args, gpu: str) -> int:
     steps_ms = sum(r.alone_s for r in prof.rows) * 1e3
     # a variant whose output is not finite (or does not line up) is no baseline to beat
     comparable = {k: p for k, p in precisions.items() if finite3(errors[k]) is not None}
-    print(json.dumps({**run_fields(args, gpu, tuned, nets["ours"]),
+    print(json.dumps({**run_fields(args, gpu, tuned, nets["ours"], target),
                       **timing_fields(rounds, precisions), "torch_failed": failed,
                       "errors": {k: finite3(e) for k, e in errors.items()},
                       "error_reference": yardstick, "steps_alone_ms": round(steps_ms, 3),
                       "ours_over_steps": round(ms["ours"] / steps_ms, 3),
-                      **speedups(rounds, comparable, precision)}))
-    return 0
+                      **speedups(rounds, comparable, precision)}), flush=True)
 
 
-def run_fields(args, gpu: str, tuned, net) -> dict:
+def run_fields(args, gpu: str, tuned, net, target: Target | None = None) -> dict:
     """What ran where: the JSON's keys that are not timings."""
-    return {"model": args.model, "target": str(args.target),
-            "precision": args.target.precision,
+    target = target or args.target
+    return {"model": args.model, "target": str(target), "precision": target.precision,
             "record_targets": sorted({r.target for r in tuned.best.values()}),
             "device": gpu, "trials": tuned.trials, "graph": net.graph,
             "layouts": net.plan.summary(), "estimated_ms": round(net.estimated_s * 1e3, 3),
@@ -467,8 +494,8 @@ def load_model(name: str):
 
 
 def precision_list(text: str) -> tuple[str, ...]:
-    """--compile-precisions: comma-separated precisions, each one of PRECISIONS."""
-    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    """--precision, --compile-precisions: comma-separated precisions among PRECISIONS."""
+    names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
     bad = [p for p in names if p not in PRECISIONS]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"{text!r}: give precisions among "
@@ -494,9 +521,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ci", type=float, default=0.03,
                     help="the half-width, relative, of the ~95%% interval --max-rounds "
                     "waits for")
-    ap.add_argument("--precision", choices=PRECISIONS, default=None,
+    ap.add_argument("--precision", type=precision_list, default=None, metavar="LIST",
                     help="cuda only: our kernels' arithmetic (default: the target's "
-                         "-precision, else fp32); PyTorch is timed in every precision")
+                         "-precision, else fp32); several, comma-separated, run in one "
+                         "process (Ray started, the model loaded and PyTorch's baselines "
+                         "built once), one JSON line each; PyTorch is timed in every "
+                         "precision")
     ap.add_argument("--quick", action="store_true",
                     help="cuda only: a check, not a figure: short timing, no one-layout "
                          "network, no per-layer profile")
@@ -510,9 +540,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--png", default=None, help="save the per-layer chart here")
     args = ap.parse_args(argv)
     try:
-        args.target = with_precision(args.target, args.precision)
+        args.targets = [with_precision(args.target, p) for p in args.precision or (None,)]
     except ValueError as exc:
         ap.error(str(exc))  # a usage error: exit status 2
+    args.target = args.targets[0]
     return args
 
 

@@ -2,6 +2,7 @@
 GPU a one-line error and exit status 2 before any work (run here as subprocesses, as a
 user would); on a machine with a GPU, each bench end to end at a small budget."""
 import importlib.util
+import collections
 import json
 import math
 import os
@@ -327,7 +328,9 @@ def test_precision_comes_from_the_flag_or_the_target_string(name, lead, capsys):
     for argv, why in ((["--target", "cuda -precision=tf32", "--precision", "fp16"],
                        "--precision fp16 contradicts the target's -precision=tf32"),
                       (["--precision", "fp16"], "--precision fp16: a cuda option"),
-                      (["--target", "cuda", "--precision", "int8"], "invalid choice: 'int8'")):
+                      (["--target", "cuda", "--precision", "int8"],
+                       "invalid choice: 'int8'" if name == "kernels" else
+                       "'int8': give precisions among fp32, tf32, fp16, bf16")):
         with pytest.raises(SystemExit) as info:
             parse(lead + argv)
         assert info.value.code == 2 and why in capsys.readouterr().err
@@ -506,9 +509,8 @@ def test_kernel_baseline_runs_in_the_precision_asked():
 GPU_CHECK = os.path.join(ROOT, "bench", "gpu_check.sh")
 CHECK_TESTS = ["tests/cuda", "tests/compile/test_cuda_network.py",
                "tests/actors/test_tune_cuda.py", "tests/test_bench.py", "tests/test_cli.py"]
-CHECK_RUNS = [("resnet18", "tf32"), ("resnet18", "fp16"), ("mobilenet_v2", "tf32"),
-              ("hf/BertModel", "tf32"), ("resnet18", "fp32"), ("mobilenet_v2", "fp16"),
-              ("hf/BertModel", "fp16")]
+CHECK_MODELS = ["resnet18", "mobilenet_v2", "hf/BertModel"]
+CHECK_PRECISIONS = ["tf32", "fp16", "fp32", "bf16"]  # the tensor-core ones first
 
 
 def _check(*argv: str, env: dict | None = None, script: str = GPU_CHECK):
@@ -526,7 +528,8 @@ def test_gpu_check_dry_run_plans_every_step_within_8_minutes(tmp_path):
         "--durations=10 " + " ".join(CHECK_TESTS)
     assert all(os.path.exists(os.path.join(ROOT, p)) for p in CHECK_TESTS)
     runs = [(s[6], s[s.index("--precision") + 1]) for s in steps[1:]]
-    assert runs == CHECK_RUNS  # the tensor-core precisions first
+    assert runs == [(m, ",".join(CHECK_PRECISIONS)) for m in CHECK_MODELS]  # one process
+    # each, its precisions together
     assert all(s[4:6] == ["python", "bench/network.py"] and "--quick" in s
                for s in steps[1:])
     # each step's limit plus the grace of its kill, all together, within 480 s
@@ -542,13 +545,16 @@ def test_gpu_check_writes_to_OUT_by_default():
 
 FAKE_PYTHON = """#!/usr/bin/env bash
 case "$1" in
-  -) cat > /dev/null; printf 'NVIDIA Fake GPU\\tfake-gpu\\n' ;;
+  -) if [ $# -gt 1 ]; then exec python3 "$@"; fi  # the script's own helpers run for real
+     cat > /dev/null; printf 'NVIDIA Fake GPU\\tfake-gpu\\n' ;;
   -c) exit 0 ;;
   -m) echo "3 passed in 0.1s" ;;
   bench/network.py)
     case "$2" in
-      resnet18) echo '{}' > "bench/results/fake-gpu/network_resnet18_cuda_$6.jsonl"
-                echo "tuned"; echo "{\\"model\\": \\"resnet18\\", \\"precision\\": \\"$6\\"}" ;;
+      resnet18) for p in tf32 fp16 fp32; do  # no line for bf16
+                  echo '{}' > "bench/results/fake-gpu/network_resnet18_cuda_$p.jsonl"
+                  echo "tuned"; echo "{\\"model\\": \\"resnet18\\", \\"precision\\": \\"$p\\"}"
+                done ;;
       mobilenet_v2) echo "boom in $6" >&2; exit 1 ;;
       *) exit 124 ;;
     esac ;;
@@ -577,15 +583,16 @@ def test_gpu_check_goes_on_past_failures_and_keeps_to_three_files(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out)) == ["gpu_check.jsonl", "gpu_check.log", "records.tar.gz"]
     lines = [json.loads(line) for line in (out / "gpu_check.jsonl").read_text().splitlines()]
-    assert [(x["model"], x["precision"]) for x in lines] == CHECK_RUNS
+    assert [(x["model"], x["precision"]) for x in lines] == \
+        [(m, p) for m in CHECK_MODELS for p in CHECK_PRECISIONS]
     by_model = {m: [x for x in lines if x["model"] == m]
                 for m in ("resnet18", "mobilenet_v2", "hf/BertModel")}
-    assert [x["precision"] for x in by_model["resnet18"]] == ["tf32", "fp16", "fp32"]
-    assert all("error" not in x for x in by_model["resnet18"])
+    assert [x.get("error") for x in by_model["resnet18"]] == [None] * 3 + ["no JSON line"]
     assert all(x["error"] == "exit status 1" for x in by_model["mobilenet_v2"])
     assert all(x["error"].startswith("timed out after ") for x in by_model["hf/BertModel"])
     log = (out / "gpu_check.log").read_text()
-    assert "3 passed" in log and "boom in fp16" in log and "GPU: NVIDIA Fake GPU" in log
+    assert "3 passed" in log and "boom in tf32,fp16,fp32,bf16" in log and \
+        "GPU: NVIDIA Fake GPU" in log
     import tarfile
     with tarfile.open(out / "records.tar.gz") as tar:
         assert sorted(os.path.basename(n) for n in tar.getnames()) == sorted(
@@ -601,11 +608,13 @@ def test_gpu_check_without_a_gpu_says_so_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("precision", ["bf16", "tf32,bf16"])
+def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys, precision):
     """bench_cuda end to end with the GPU parts faked: tuning and compiling (a fake network
     that runs the model), the baselines built on the CPU (CUDA graphs fail here and are
     reported), and a clock that gives each precision its own time. The JSON holds every
-    key the issue asks for, computed from those times."""
+    key the issue asks for, computed from those times. Several precisions in one run:
+    each tuned and compiled, the baselines built once, one JSON line each."""
     network = _bench("network")
     factory = tmp_path / "tiny.py"
     factory.write_text("import torch\n\ndef make():\n    torch.manual_seed(0)\n"
@@ -632,19 +641,26 @@ def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys):
                             for n, t in (("a", 4e-4), ("b", 6e-4))], kw["end_to_end"])
 
     tuned = type("Tuned", (), {"trials": 8, "estimated_latency_s": 1e-3, "best": {}})()
-    monkeypatch.setattr(network, "tune_network", lambda *a, **k: tuned)
+    calls = collections.Counter()
+    monkeypatch.setattr(network, "tune_network",
+                        lambda *a, target, **k: calls.update(["tune " + target]) or tuned)
     monkeypatch.setattr(network, "compile_network", lambda model, *a, **k: FakeNet(model))
     real_build = torch_gpu.build_variants
-    monkeypatch.setattr(torch_gpu, "build_variants",
-                        lambda *a, **k: real_build(*a, **k, device="cpu"))
+    monkeypatch.setattr(torch_gpu, "build_variants", lambda *a, **k: calls.update(
+        ["baselines"]) or real_build(*a, **k, device="cpu"))
     clock = {"fp32": 3e-3, "tf32": 2e-3, "fp16": 1e-3, "bf16": 1.5e-3}
     monkeypatch.setattr(torch_gpu, "time_torch_gpu",
                         lambda fn, opts, precision: [clock[precision]])
-    args = network.parse_args([f"{factory}:make", "--target", "cuda", "--precision", "bf16",
-                               "--quick", "--no-compile", "--records",
+    args = network.parse_args([f"{factory}:make", "--target", "cuda", "--precision",
+                               precision, "--quick", "--no-compile", "--records",
                                str(tmp_path / "r.jsonl")])
     assert network.bench_cuda(args, "NVIDIA Fake GPU") == 0
-    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+             if line.startswith("{")]
+    assert [x["precision"] for x in lines] == precision.split(",")
+    assert calls == {"baselines": 1, **{f"tune cuda -precision={p}": 1
+                                        for p in precision.split(",")}}
+    out = lines[-1]
     assert (out["target"], out["precision"], out["device"]) == \
         ("cuda -precision=bf16", "bf16", "NVIDIA Fake GPU")
     assert set(out["torch_failed"]) == {f"graph_{p}" for p in clock}  # no CUDA graphs here
