@@ -397,8 +397,10 @@ def print_gpu_table(ms: dict, precisions: dict, errors: dict) -> None:
 def bench_cuda(args, gpu: str) -> int:
     """Every precision asked, in one process: each tuned (one Ray for all), then compiled;
     PyTorch's baselines built once; ours in each precision and the baselines timed
-    interleaved together; then one report and JSON line per precision."""
+    interleaved together; then one report and JSON line per precision. Of several, one
+    that fails to tune or compile gets a JSON line naming why, and the others go on."""
     from raytune_kernels.cuda.torch_timing import build_variants, gpu_variants
+    from raytune_kernels.errors import RaytuneError
 
     targets = args.targets
     model, inputs = load_model(args.model)  # random inputs (zoo: seeded randn)
@@ -406,12 +408,25 @@ def bench_cuda(args, gpu: str) -> int:
     for t in targets:
         records[t.precision] = args.records or default_records(gpu, args.model, t.precision)
         os.makedirs(os.path.dirname(os.path.abspath(records[t.precision])), exist_ok=True)
-    tuned = {t.precision: tune_gpu(args, model, inputs, t, records[t.precision], gpu)
-             for t in targets}
+    lost: dict[str, str] = {}  # precision -> why it has no network (the others go on)
+
+    def each(targets, step):
+        out = {}
+        for t in targets:
+            try:
+                out[t.precision] = step(t)
+            except RaytuneError as exc:
+                if len(args.targets) == 1:
+                    raise
+                lost[t.precision] = f"{type(exc).__name__}: {exc}"[:500]
+                print(f"bench/network.py: {t}: {lost[t.precision]}", file=sys.stderr)
+        return out
+    tuned = each(targets, lambda t: tune_gpu(args, model, inputs, t, records[t.precision],
+                                             gpu))
     import ray
     ray.shutdown()  # nothing of Ray's on the GPU while we time
-    nets = {t.precision: compile_gpu(args, model, inputs, t, records[t.precision])
-            for t in targets}
+    nets = each([t for t in targets if t.precision in tuned],
+                lambda t: compile_gpu(args, model, inputs, t, records[t.precision]))
     want, yardstick = reference_output(model, inputs)
     variants = gpu_variants(not args.no_compile, args.compile_precisions)
     fns, failed, errors = build_variants(model, inputs, variants,
@@ -422,6 +437,10 @@ def bench_cuda(args, gpu: str) -> int:
     every = interleaved_gpu(gpu_timers(ours, fns, precisions, opts), args.rounds)
     for t in targets:
         p = t.precision
+        if p in lost:
+            print(json.dumps({"model": args.model, "target": str(t), "precision": p,
+                              "device": gpu, "error": lost[p]}), flush=True)
+            continue
         rounds = {name: every[f"{name}@{p}"] for name in nets[p]} | \
             {k: every[k] for k in fns}
         mine = {"ours": output_error_of(nets[p]["ours"](*inputs), want), **errors}

@@ -1,8 +1,8 @@
 """bench/kernels.py and bench/network.py on a cuda target: --target parsing, and without a
 GPU a one-line error and exit status 2 before any work (run here as subprocesses, as a
 user would); on a machine with a GPU, each bench end to end at a small budget."""
-import importlib.util
 import collections
+import importlib.util
 import json
 import math
 import os
@@ -16,6 +16,7 @@ import raytune_kernels as rk
 from raytune_kernels import Target, zoo
 from raytune_kernels.cuda import torch_timing as torch_gpu
 from raytune_kernels.cuda.build import nvrtc_unavailable
+from raytune_kernels.errors import CompileError
 
 from tests.test_cli import TINY_GPU
 
@@ -644,7 +645,11 @@ def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys, 
     calls = collections.Counter()
     monkeypatch.setattr(network, "tune_network",
                         lambda *a, target, **k: calls.update(["tune " + target]) or tuned)
-    monkeypatch.setattr(network, "compile_network", lambda model, *a, **k: FakeNet(model))
+    def compile_network(model, *a, target, **k):  # of several precisions, tf32's fails
+        if "tf32" in target:
+            raise CompileError("no kernel for this in tf32")
+        return FakeNet(model)
+    monkeypatch.setattr(network, "compile_network", compile_network)
     real_build = torch_gpu.build_variants
     monkeypatch.setattr(torch_gpu, "build_variants", lambda *a, **k: calls.update(
         ["baselines"]) or real_build(*a, **k, device="cpu"))
@@ -660,6 +665,8 @@ def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys, 
     assert [x["precision"] for x in lines] == precision.split(",")
     assert calls == {"baselines": 1, **{f"tune cuda -precision={p}": 1
                                         for p in precision.split(",")}}
+    assert [x["error"] for x in lines[:-1]] == \
+        ["CompileError: no kernel for this in tf32"] * (len(lines) - 1)  # the others go on
     out = lines[-1]
     assert (out["target"], out["precision"], out["device"]) == \
         ("cuda -precision=bf16", "bf16", "NVIDIA Fake GPU")
