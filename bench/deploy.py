@@ -113,12 +113,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--loads", type=int, default=5)
     args = p.parse_args()
-    from network import load_model
+    from network import cpu_records, load_model
 
     cpu = host_cpu()[0]
-    records = args.records or os.path.join(
-        HERE, "results", cpu, f"network_{args.model.replace('/', '_')}_{args.threads}"
-        "threads.jsonl")
+    records = args.records or cpu_records(cpu, args.model, args.threads)
     if not os.path.exists(records):
         print(f"no records at {records}: every task runs untuned", file=sys.stderr)
         records = None

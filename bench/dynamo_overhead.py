@@ -103,12 +103,11 @@ def main() -> None:
     if args.variant:
         print(json.dumps(child(args)))
         return
+    from network import cpu_records
     from raytune_kernels.cpu.build import host_cpu
 
     cpu = host_cpu()[0]
-    records = args.records or os.path.join(
-        HERE, "results", cpu, f"network_{args.model.replace('/', '_')}_{args.threads}"
-        "threads.jsonl")
+    records = args.records or cpu_records(cpu, args.model, args.threads)
     if not os.path.exists(records):
         sys.exit(f"no records at {records}: pass --records")
     out = {}

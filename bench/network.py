@@ -215,6 +215,13 @@ def with_precision(target: Target, precision: str | None) -> Target:
     return dataclasses.replace(target, precision=precision)
 
 
+def cpu_records(cpu: str, model: str, threads: int) -> str:
+    """bench/results/<CPU>/network_MODEL_<threads>threads.jsonl: a CPU's records (CPU as
+    LLVM names it), which the CPU benchmarks resume or compile from by default."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", cpu,
+                        f"network_{model.replace('/', '_')}_{threads}threads.jsonl")
+
+
 def default_records(gpu: str, model: str, precision: str) -> str:
     """bench/results/<GPU>/network_MODEL_cuda[_PRECISION].jsonl: fp32 is left out of the
     name as it is left out of target strings, so fp32 records keep their file."""
@@ -575,9 +582,7 @@ def main() -> None:
               "runs on this machine's own CPU; drop -mcpu", file=sys.stderr)
         sys.exit(2)
     cpu = cpu_info().name  # records measured on one CPU model are not this one's
-    records = args.records or os.path.join(
-        os.path.dirname(__file__), "results", cpu,
-        f"network_{args.model.replace('/', '_')}_{args.threads}threads.jsonl")
+    records = args.records or cpu_records(cpu, args.model, args.threads)
     os.makedirs(os.path.dirname(os.path.abspath(records)), exist_ok=True)
     model, inputs = load_model(args.model)
     x = inputs[0]

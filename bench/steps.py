@@ -31,10 +31,9 @@ from raytune_kernels.timing import median  # noqa: E402
 
 
 def one_model(name: str, cpu: str, threads: int, rounds: int) -> dict:
-    from network import load_model, spread
+    from network import cpu_records, load_model, spread
 
-    records = os.path.join(HERE, "results", cpu,
-                           f"network_{name.replace('/', '_')}_{threads}threads.jsonl")
+    records = cpu_records(cpu, name, threads)
     records = records if os.path.exists(records) else None
     model, inputs = load_model(name)
     with warnings.catch_warnings():
