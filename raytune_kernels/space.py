@@ -62,6 +62,11 @@ class Space:
     def count(self) -> int:
         return len(self.coupled) * math.prod(len(c) for _, c in self.independent)
 
+    @property
+    def names(self) -> frozenset[str]:
+        """Every knob a config of this space sets."""
+        return frozenset(self.coupled_names) | {n for n, _ in self.independent}
+
     def __iter__(self) -> Iterator[Config]:
         names = self.coupled_names + tuple(n for n, _ in self.independent)
         for combo in self.coupled:
@@ -129,14 +134,18 @@ class Space:
 
 # Knobs added to a space after records were written, with the value that kernel had then:
 # an older record that lacks one is the config with it (see completed()).
-KNOB_DEFAULTS = {"out_layout": "blocked"}  # windows were blocked before they had the knob
+KNOB_DEFAULTS = {
+    "out_layout": "blocked",  # windows were blocked before they had the knob
+    "split": 1,  # FFMA GEMMs on a GPU walked the whole reduction before split-K
+}
 
 
-def completed(cfg: Config) -> Config:
-    """`cfg` with every knob of KNOB_DEFAULTS it lacks set to that default."""
+def completed(cfg: Config, space: "Space | UnionSpace") -> Config:
+    """`cfg` with every knob of KNOB_DEFAULTS that `space` has and cfg lacks set to that
+    default."""
     have = dict(cfg.knobs)
-    return Config(tuple(sorted({**KNOB_DEFAULTS, **have}.items()))) if \
-        set(KNOB_DEFAULTS) - set(have) else cfg
+    missing = {k: v for k, v in KNOB_DEFAULTS.items() if k not in have and k in space.names}
+    return Config(tuple(sorted({**missing, **have}.items()))) if missing else cfg
 
 
 def tuned_before_knobs(configs: Iterable[tuple[str, Config]], spaces: dict
@@ -153,8 +162,8 @@ def tuned_before_knobs(configs: Iterable[tuple[str, Config]], spaces: dict
             continue
         if cfg in space:
             current.add(key)
-        elif completed(cfg) in space:
-            older.setdefault(key, set()).update(set(KNOB_DEFAULTS) - set(dict(cfg.knobs)))
+        elif (full := completed(cfg, space)) in space:
+            older.setdefault(key, set()).update(set(dict(full.knobs)) - set(dict(cfg.knobs)))
     return {k: v for k, v in older.items() if k not in current}
 
 
@@ -184,6 +193,11 @@ class UnionSpace:
 
     def count(self) -> int:
         return sum(s.count() for _, s in self.parts)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every knob a config of some part sets, and the key."""
+        return frozenset({self.key}).union(*(s.names for _, s in self.parts))
 
     def _tag(self, name: str, cfg: Config) -> Config:
         return Config(tuple(sorted(cfg.knobs + ((self.key, name),))))

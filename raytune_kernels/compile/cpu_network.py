@@ -503,7 +503,7 @@ def _in_todays_spaces(recs: list[Record], tasks, cpu: CpuInfo, no_kernel: dict[s
     for r in recs:
         space = spaces.get(r.task_key)
         cfg = Config.from_json(r.config) if r.ok and space is not None else None
-        if cfg is not None and cfg not in space and completed(cfg) not in space:
+        if cfg is not None and cfg not in space and completed(cfg, space) not in space:
             stale.append(r)
             continue
         kept.append(r)

@@ -11,11 +11,14 @@ With `prefetch`, the next reduction slices are loaded from global memory into re
 before the rank-1 updates of the current ones, and written to shared memory after them:
 the loads' latency hides behind the arithmetic, for the registers that hold them.
 
+Split-K (`split` > 1, cuda/split_k.py): the reduction cut into ranges of whole slices, one
+block each, for the small grids of a batch-1 network's late layers.
+
 Knobs: the block tile (bm, bn), the thread tile (tm, tn), whether a thread's rows and
 columns are contiguous or interleaved by the thread grid (`interleave`: conflict-free
 shared-memory reads and coalesced stores against wider contiguous accesses), the vector
 width of each operand's global loads (va, vb), the reduction tile bk, register prefetch
-of the next slices, and the unroll factor of the loop over bk. Threads per block follow
+of the next slices, the split, and the unroll factor of the loop over bk. Threads per block follow
 from the tiles: (bm/tm) * (bn/tn).
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import math
 
 from raytune_kernels.task import Compute
+from raytune_kernels.cuda import split_k
 from raytune_kernels.cuda.epilogue import epilogue_lines, operand_reads, uses
 from raytune_kernels.cuda.gemm_views import Ref
 from raytune_kernels.cuda.kernel import (CudaKernel, buffers_of, check_grid, kernel_name,
@@ -34,7 +38,7 @@ REG_OVERHEAD = 24  # indices, loop counters, base pointers (estimate per thread)
 MAX_REGS = 160  # estimate ceiling: well below ptxas's 255, which spills when reached
 MAX_LOAD_STEPS = 8
 MAX_SMEM_STATIC = 48 * 1024
-GEMM_KNOBS = ("bm", "bn", "tm", "tn", "interleave", "va", "vb", "bk", "prefetch")
+GEMM_KNOBS = ("bm", "bn", "tm", "tn", "interleave", "va", "vb", "bk", "prefetch", "split")
 
 
 def pow2_ceil(n: int) -> int:
@@ -84,7 +88,8 @@ def gemm_space(view) -> Space:
                             if max(sa, sb) > MAX_LOAD_STEPS or regs > MAX_REGS or \
                                     threads * regs > REGS_PER_SM:
                                 continue
-                            combos.append((bm, bn, tm, tn, inter, va, vb, bk, pre))
+                            combos += [(bm, bn, tm, tn, inter, va, vb, bk, pre, sp)
+                                       for sp in split_k.splits(view, bm, bn, bk)]
     if not combos:
         raise ValueError(f"no GEMM tiling fits M={view.m} N={view.n} K={view.k}")
     return Space(GEMM_KNOBS, tuple(combos), (("unroll", (1, 4, 8)),))
@@ -205,8 +210,14 @@ def render_gemm(compute: Compute, view, cfg: Config) -> CudaKernel:
             "const int tid = threadIdx.x;",
             f"const int tx = tid % {bn // tn}, ty = tid / {bn // tn};",
             f"const int i0 = blockIdx.y * {bm}, j0 = blockIdx.x * {bn};"]
-    prologue = view.prologue()
-    body += ["const int z = blockIdx.z;"] * uses("z", prologue) + prologue
+    split = split_k.config_split(cfg)
+    body += split_k.block_index(split, view.prologue())
+    if split == 1:
+        k_lo, k_hi = "0", str(view.k)
+    else:  # this block's range of whole slices (its last may pass K: loads guard k < K)
+        body.append(split_k.k_range(split, -(-view.k // bk)))
+        body.append(f"const int k_lo = kbeg * {bk}, k_hi = (kbeg + nk) * {bk};")
+        k_lo, k_hi = "k_lo", "k_hi"
     body += [f"float acc[{tm}][{tn}];", "#pragma unroll",
              f"for (int r = 0; r < {tm}; ++r)", "#pragma unroll",
              f"for (int c = 0; c < {tn}; ++c) acc[r][c] = 0.0f;"]
@@ -218,15 +229,15 @@ def render_gemm(compute: Compute, view, cfg: Config) -> CudaKernel:
         # fetches the next before computing, so the global loads overlap the FMAs
         body += staging_registers("As", cfg["va"], bk, bm, threads)
         body += staging_registers("Bs", cfg["vb"], bk, bn, threads)
-        body += _load_tile(*a_tile, part="fetch", k0="0")
-        body += _load_tile(*b_tile, part="fetch", k0="0")
-        body.append(f"for (int k0 = 0; k0 < {view.k}; k0 += {bk}) {{")
+        body += _load_tile(*a_tile, part="fetch", k0=k_lo)
+        body += _load_tile(*b_tile, part="fetch", k0=k_lo)
+        body.append(f"for (int k0 = {k_lo}; k0 < {k_hi}; k0 += {bk}) {{")
         body += _load_tile(*a_tile, part="store") + _load_tile(*b_tile, part="store")
-        body += ["__syncthreads();", f"if (k0 + {bk} < {view.k}) {{"]
+        body += ["__syncthreads();", f"if (k0 + {bk} < {k_hi}) {{"]
         body += _load_tile(*a_tile, part="fetch", k0=f"(k0 + {bk})")
         body += _load_tile(*b_tile, part="fetch", k0=f"(k0 + {bk})") + ["}"]
     else:
-        body.append(f"for (int k0 = 0; k0 < {view.k}; k0 += {bk}) {{")
+        body.append(f"for (int k0 = {k_lo}; k0 < {k_hi}; k0 += {bk}) {{")
         body += _load_tile(*a_tile) + _load_tile(*b_tile)
         body.append("__syncthreads();")
     body += [f"#pragma unroll {cfg['unroll']}",
@@ -238,9 +249,11 @@ def render_gemm(compute: Compute, view, cfg: Config) -> CudaKernel:
              "#pragma unroll", f"for (int r = 0; r < {tm}; ++r)", "#pragma unroll",
              f"for (int c = 0; c < {tn}; ++c) acc[r][c] = fmaf(a[r], b[c], acc[r][c]);",
              "}", "__syncthreads();", "}"]
+    if split > 1:
+        body += split_k.meet(split, bm * bn, (tm, tn))
     body += _store(compute, view, cfg, vec_out)
-    source = kernel_source(compute, threads, body)
-    grid = check_grid((math.ceil(view.n / bn), math.ceil(view.m / bm), view.batch),
+    buffers = buffers_of(compute, split_k.scratch(view, bm, bn, split))
+    source = kernel_source(compute, threads, body, buffers=buffers)
+    grid = check_grid((math.ceil(view.n / bn), math.ceil(view.m / bm), view.batch * split),
                       compute.describe())
-    return CudaKernel(kernel_name(compute), source, grid, (threads, 1, 1), 0,
-                      buffers_of(compute))
+    return CudaKernel(kernel_name(compute), source, grid, (threads, 1, 1), 0, buffers)

@@ -16,13 +16,8 @@ freely. An operand whose contiguous axis is k is stored [x][bk + 4]: the 8 rows 
 a fragment read fall in 32 distinct banks; one contiguous along x is stored [k][bx + 8],
 where 4 k x 8 columns do. Rows stay 16-byte aligned for cp.async's 16-byte copies.
 
-Split-K (`split` > 1): a batch-1 network's late layers are GEMMs of a few tiles and a
-long reduction, a grid that leaves most SMs idle. The reduction is then cut into `split`
-ranges of whole slices, one block each (grid z = batch x split); each block stores its
-partial tile to a scratch workspace, and the last block of a tile to arrive (a counter
-per tile, atomicAdd after a fence) adds the partials, its own among them, in split order,
-so the sum does not depend on which block came last, applies the epilogue, stores the tile and resets its
-counter for the next launch.
+Split-K (`split` > 1, cuda/split_k.py) cuts the reduction into ranges of whole slices,
+one block each, for the small grids of a batch-1 network's late layers.
 
 Knobs: the warp tile (wm, wn), the warps (warps_m, warps_n), the reduction slice bk, the
 pipeline depth `stages`, each operand's copy width (va, vb: 4-byte or 16-byte cp.async,
@@ -37,7 +32,8 @@ from __future__ import annotations
 
 import math
 
-from raytune_kernels.cuda.epilogue import epilogue_lines, operand_reads, uses
+from raytune_kernels.cuda import split_k
+from raytune_kernels.cuda.epilogue import epilogue_lines, operand_reads
 from raytune_kernels.cuda.gemm import MAX_SMEM_STATIC, load_steps, pow2_ceil
 from raytune_kernels.cuda.gemm_views import Ref
 from raytune_kernels.cuda.kernel import (CudaKernel, buffers_of, check_grid, kernel_name,
@@ -54,7 +50,6 @@ MAX_ACC_TILES = 16  # 16x8 tiles a warp accumulates: 64 float registers a thread
 # warp, 4-byte copies) took ptxas to 254 registers and spills on sm_90
 MAX_COPIES = 8
 MAX_GATHERED_COPIES = 4
-MAX_WORKSPACE = 1 << 22  # floats of split-K partial sums (16 MiB)
 
 PRELUDE = r"""#ifndef RK_EMULATED
 __device__ __forceinline__ unsigned rk_tf32(float x) {
@@ -148,32 +143,10 @@ def mma_space(view, precision: str) -> Space:
                             continue  # ptxas (NVRTC 13) spilled 5 in 405 zoo samples
                         if smem_bytes(view, bm, bn, bk, stages) <= MAX_SMEM_STATIC:
                             combos += [(wm, wn, warps_m, warps_n, bk, stages, va, vb, sp)
-                                       for sp in _splits(view, bm, bn, bk)]
+                                       for sp in split_k.splits(view, bm, bn, bk)]
     if not combos:
         raise ValueError(f"no tensor-core tiling fits M={view.m} N={view.n} K={view.k}")
     return Space(MMA_KNOBS, tuple(combos), (("precision", (precision,)),))
-
-
-def _tiles(view, bm: int, bn: int) -> int:
-    """Output tiles of a block tile, over the batch."""
-    return view.batch * math.ceil(view.m / bm) * math.ceil(view.n / bn)
-
-
-def _splits(view, bm: int, bn: int, bk: int) -> tuple[int, ...]:
-    """Split-K factors: each range at least two slices, the workspace within bounds."""
-    slices = math.ceil(view.k / bk)
-    return (1,) + tuple(s for s in (2, 4, 8) if slices >= 2 * s and
-                        _tiles(view, bm, bn) * s * bm * bn <= MAX_WORKSPACE)
-
-
-def scratch_buffers(view, cfg: Config) -> tuple[tuple[str, int], ...]:
-    """(name, floats) of a config's scratch buffers: split-K's partial tiles and its
-    per-tile counters; none without split-K."""
-    if cfg["split"] == 1:
-        return ()
-    bm, bn = cfg["wm"] * cfg["warps_m"], cfg["wn"] * cfg["warps_n"]
-    tiles = _tiles(view, bm, bn)
-    return (("ws", tiles * cfg["split"] * bm * bn), ("cnt", tiles))
 
 
 def _warp_tiles(view):
@@ -281,15 +254,8 @@ def render_mma(compute: Compute, view, cfg: Config) -> CudaKernel:
             "const int g = lane >> 2, t = lane & 3;",
             f"const int wr = warp / {warps_n} * {wm}, wc = warp % {warps_n} * {wn};",
             f"const int i0 = blockIdx.y * {bm}, j0 = blockIdx.x * {bn};"]
-    prologue = view.prologue()
-    tiles = -(-view.k // bk)
-    if split == 1:
-        body += ["const int z = blockIdx.z;"] * uses("z", prologue) + prologue
-        body.append(f"const int kbeg = 0, nk = {tiles};")
-    else:  # whole slices, every range non-empty (tiles >= split)
-        body += [f"const int z = blockIdx.z / {split}, sk = blockIdx.z % {split};", *prologue,
-                 f"const int kbeg = sk * {tiles} / {split}, "
-                 f"nk = (sk + 1) * {tiles} / {split} - kbeg;"]
+    body += split_k.block_index(split, view.prologue())
+    body.append(split_k.k_range(split, -(-view.k // bk)))
     body += [f"float acc[{mt}][{nt}][4];", "#pragma unroll",
              f"for (int i = 0; i < {mt}; ++i)", "#pragma unroll",
              f"for (int j = 0; j < {nt}; ++j)", "#pragma unroll",
@@ -302,36 +268,13 @@ def render_mma(compute: Compute, view, cfg: Config) -> CudaKernel:
     body += ["#pragma unroll", f"for (int ks = 0; ks < {bk}; ks += {K_STEP[precision]}) {{"]
     body += _fragments(view, precision, mt, nt) + ["}", "}"]
     if split > 1:
-        body += _reduce_split(split, bm * bn, mt, nt)
+        body += split_k.meet(split, bm * bn, (mt, nt, 4))
     body += _store(compute, view, mt, nt, bm, bn)
-    buffers = buffers_of(compute, scratch_buffers(view, cfg))
+    buffers = buffers_of(compute, split_k.scratch(view, bm, bn, split))
     source = kernel_source(compute, threads, body, PRELUDE, buffers)
     grid = check_grid((math.ceil(view.n / bn), math.ceil(view.m / bm), view.batch * split),
                       compute.describe())
     return CudaKernel(kernel_name(compute), source, grid, (threads, 1, 1), 0, buffers)
-
-
-def _reduce_split(split: int, tile: int, mt: int, nt: int) -> list[str]:
-    """Split-K's meeting point (module docstring): this block's partial tile to the
-    workspace, then only the last block of the tile goes on, with the sum of all."""
-    at = f"ws + (tile * {split} + p) * {tile} + tid * {mt * nt * 4} + (i * {nt} + j) * 4 + q"
-    loops = ["#pragma unroll", f"for (int i = 0; i < {mt}; ++i)", "#pragma unroll",
-             f"for (int j = 0; j < {nt}; ++j)", "#pragma unroll",
-             "for (int q = 0; q < 4; ++q)"]
-    return (["__shared__ unsigned last;",
-             f"const int tile = (blockIdx.z / {split} * gridDim.y + blockIdx.y) * gridDim.x "
-             "+ blockIdx.x;", "{", "const int p = sk;", *loops, "{",
-             f"*({at}) = acc[i][j][q];", "}", "}",
-             "__threadfence();", "__syncthreads();",
-             "unsigned* counter = reinterpret_cast<unsigned*>(cnt) + tile;",
-             f"if (tid == 0) last = atomicAdd(counter, 1u) == {split - 1}u;",
-             "__syncthreads();", "if (!last) return;", "if (tid == 0) *counter = 0u;",
-             "__threadfence();",
-             # every partial, its own too, read back one range at a time (a loop left
-             # rolled: the whole sum unrolled kept 8 ranges of loads live and spilled)
-             "#pragma unroll 1", f"for (int p = 0; p < {split}; ++p) {{"] + loops +
-            ["{", f"const float v = __ldcg({at});", "acc[i][j][q] = p ? acc[i][j][q] + v : v;",
-             "}", "}"])
 
 
 def _pipeline(copy: list[str], stages: int, bk: int) -> list[str]:

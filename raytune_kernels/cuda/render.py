@@ -22,14 +22,15 @@ from raytune_kernels.cuda.epilogue import CudaLoweringError, epilogue_reason, is
 from raytune_kernels.cuda.gemm import gemm_space, render_gemm
 from raytune_kernels.cuda.gemm_views import gemm_view
 from raytune_kernels.cuda.kernel import CudaKernel, buffers_of
-from raytune_kernels.cuda.mma import MMA_PRECISIONS, mma_space, render_mma, scratch_buffers
+from raytune_kernels.cuda import split_k
+from raytune_kernels.cuda.mma import MMA_PRECISIONS, mma_space, render_mma
 from raytune_kernels.precision import DEFAULT, PRECISIONS
 from raytune_kernels.cuda.row_kernels import (ROW_OPS, Rows, elementwise_space,
                                               render_elementwise, render_rows, row_reason,
                                               row_space)
 from raytune_kernels.cuda.window import (LAYOUTS, Window, is_window, render_window, window_reason,
                                          window_space)
-from raytune_kernels.space import Config, Space, UnionSpace
+from raytune_kernels.space import Config, Space, UnionSpace, completed
 
 if TYPE_CHECKING:
     import torch
@@ -191,6 +192,7 @@ def render_cuda(compute: Compute, cfg: Config) -> CudaKernel:
     """CUDA C and launch geometry of one config; a config outside the compute's space
     raises CudaLoweringError naming the knobs that are wrong."""
     space = cuda_space_for(compute, config_precision(cfg))
+    cfg = completed(cfg, space)  # a record written before a knob joined the space
     problem = union_problem(space, cfg) if isinstance(space, UnionSpace) else \
         config_problem(space, cfg)
     if problem:
@@ -259,11 +261,15 @@ def to_buffer_layout(x: torch.Tensor, layout: str, shape: tuple[int, ...]) -> to
 
 def scratch_sizes(compute: Compute, cfg: Config) -> list[int]:
     """Floats of each scratch buffer a config's kernel takes (between its operands and
-    out, zeroed once: kernel.py); none for most."""
-    if cfg.get("kernel") != "mma":
+    out, zeroed once: kernel.py): a split-K GEMM's partial sums and tile counters; none
+    for any other kernel."""
+    split = split_k.config_split(cfg)
+    if split == 1:
         return []
     view = gemm_view(compute, cfg.get("layout", "NCHW"))
-    return [size for _, size in scratch_buffers(view, cfg)]
+    bm, bn = (cfg["wm"] * cfg["warps_m"], cfg["wn"] * cfg["warps_n"]) \
+        if cfg.get("kernel") == "mma" else (cfg["bm"], cfg["bn"])
+    return [size for _, size in split_k.scratch(view, bm, bn, split)]
 
 
 def cuda_pack(compute: Compute, operands, cfg: Config) -> list[np.ndarray]:

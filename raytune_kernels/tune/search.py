@@ -81,7 +81,7 @@ class EvolutionarySearch:
         proposed again and mutates like any other."""
         for c, t in zip(cfgs, seconds):
             self.pending.discard(c)
-            full = completed(c)
+            full = completed(c, self.space)
             if full != c and c not in self.space and full in self.space:
                 c = full
             self.measured[c] = min(t, self.measured.get(c, math.inf))

@@ -247,7 +247,7 @@ def test_split_k_sums_the_partials_once_and_leaves_its_counters_at_zero():
             knobs = dict(zip(part.coupled_names,
                              rng.choice([c for c in part.coupled if c[at] == want])))
             pairs.append((name, Config.of(**knobs, kernel="mma", precision=precision)))
-    assert len(pairs) >= 5 and {cfg["split"] for _, cfg in pairs} >= {2, 4}  # the stem: 4
+    assert len(pairs) >= 5 and {cfg["split"] for _, cfg in pairs} >= {2, 4, 16}  # long k: 16
     runs, wants = [], []
     for name, cfg in pairs:
         c = CASES[name]

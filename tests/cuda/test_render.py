@@ -52,17 +52,19 @@ def test_every_zoo_task_renders_for_cuda(zoo_tasks):
     for t in zoo_tasks:
         c = t.compute
         assert cuda_unsupported_reason(c) is None, c.describe()
-        kernel = render_cuda(c, cuda_space_for(c).sample(random.Random(0)))
+        cfg = cuda_space_for(c).sample(random.Random(0))
+        kernel = render_cuda(c, cfg)
         assert kernel.source.count('extern "C" __global__') == 1
         assert f"{kernel.name}(" in kernel.source and 32 <= kernel.threads <= 1024
         n_ops = len(c.inputs) + sum(len(e.operands) for e in c.epilogue)
-        assert [b.role for b in kernel.buffers] == ["in"] * n_ops + ["out"]
+        scratch = ["scratch"] * 2 * (cfg.get("split", 1) > 1)  # split-K's partials, counters
+        assert [b.role for b in kernel.buffers] == ["in"] * n_ops + scratch + ["out"]
         assert kernel.buffers[-1].size == c.output.numel
 
 
 def _gemm_cfg(**over):
     knobs = dict(bm=32, bn=64, tm=4, tn=4, interleave=False, va=4, vb=1, bk=16, unroll=4,
-                 layout="NCHW", prefetch=False)
+                 layout="NCHW", prefetch=False, split=1)
     return Config.of(**{**knobs, **over})
 
 
@@ -310,6 +312,45 @@ def test_prefetch_stages_the_next_slices_in_registers():
     # in each round: the staged slices go to shared memory, then the next ones are fetched
     assert loop.index("As[kk + 0][xx] = As_r0.x;") < loop.index("__syncthreads();") \
         < loop.index("const int k = (k0 + 16) + kk") < loop.index("fmaf(a[r], b[c]")
+
+
+@needs_cxx
+def test_split_k_ffma_gemms_sum_their_ranges_once_on_every_launch():
+    """Every split factor of the FFMA GEMMs, with and without prefetch, on a long dense
+    reduction and on gathered convolutions whose last range is ragged, each kernel launched
+    twice on the same buffers as a network replays it (the counters must be reset)."""
+    rng, runs, meta = random.Random(6), [], []
+    for name in ("dense_long_k", "conv7x7_stem", "conv_batch2_s2_residual"):
+        c = CASES[name]
+        ops = random_operands(c, 6)
+        with torch.no_grad():
+            expected = reference(c, *ops)
+        factors = {cfg["split"] for cfg in cuda_space_for(c)} - {1}
+        for split in sorted(factors):
+            for cfg in (_sampled_with(c, 1, rng, split=split, prefetch=p)[0]
+                        for p in (False, True)):
+                kernel = render_cuda(c, cfg)
+                assert kernel.grid[2] % split == 0
+                assert [b.role for b in kernel.buffers][-3:] == ["scratch", "scratch", "out"]
+                runs.append((kernel, cuda_pack(c, ops, cfg)))
+                meta.append((name, cfg, expected))
+    assert {cfg["split"] for _, cfg, _ in meta} == {2, 4, 8, 16, 32}
+    for (name, cfg, expected), out in zip(meta, cuda_emulate.emulate_many(runs, launches=2)):
+        got = cuda_unpack(CASES[name], out, cfg)
+        assert torch.isfinite(got).all() and \
+            torch.allclose(got, expected, rtol=1e-4, atol=1e-4), (name, cfg.to_json())
+
+
+def test_a_gemm_config_from_before_split_k_renders_as_split_1():
+    """Records written before the FFMA GEMMs had the knob stay valid: the config without
+    it is the same kernel as split=1 (a resumed search reads it so: space.completed)."""
+    from raytune_kernels.space import completed
+    c = CASES["conv3x3_bias_relu"]
+    space, new = cuda_space_for(c), _gemm_cfg(bm=16, bn=32, tm=1, tn=4)
+    old = Config(tuple(kv for kv in new.knobs if kv[0] != "split"))
+    assert old not in space and new in space and completed(old, space) == new
+    assert render_cuda(c, old).source == render_cuda(c, new).source
+    assert "atomicAdd" not in render_cuda(c, old).source
 
 
 def _emulation_cost(c, kernel, cfg) -> int:

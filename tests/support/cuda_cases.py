@@ -96,6 +96,8 @@ CASES: dict[str, Compute] = {
     "adaptive_avgpool": make("adaptive_avg_pool2d", ((1, 4, 7, 7),), {"output_size": (3, 3)}),
     "dense_bias_gelu": make("dense", ((1, 24), (37, 24)), epilogue=(bias(1), unary("gelu"))),
     "dense_narrow_head": make("dense", ((1, 16), (10, 16)), epilogue=(bias(1),)),  # M=1, N=10
+    # a reduction long enough for every split-K factor (a batch-1 network's late layers)
+    "dense_long_k": make("dense", ((2, 512), (24, 512)), epilogue=(bias(1), unary("relu"))),
     "dense_3d_residual": make("dense", ((2, 5, 16), (20, 16)),
                               epilogue=(bias(2), residual())),
     "matmul_batched_div": make("matmul", ((2, 3, 8, 12), (2, 3, 12, 16)),
