@@ -145,9 +145,9 @@ def default_config(compute: Compute, precision: str = DEFAULT) -> Config:
     chosen by rule, not measured. Every point of a space obeys the space's limits
     (registers, threads, vector alignment), so any is safe; this one prefers 256 threads
     per block (128 for windows), 64x64 GEMM blocks of 4x4 per thread, K slices of 16,
-    the widest vector loads, no prefetch, an unroll of 4, and NCHW. In a precision with
-    tensor cores a GEMM takes them: 4 warps of 32x32, K slices of 32, 3 stages, 16-byte
-    copies, NCHW. Tuning replaces it."""
+    the widest vector loads, no prefetch, an unroll of 4, no split-K, and NCHW. In a
+    precision with tensor cores a GEMM takes them: 4 warps of 32x32, K slices of 32, 3
+    stages, 16-byte copies, no split-K, NCHW. Tuning replaces it."""
     space = cuda_space_for(compute, precision)
     if isinstance(space, UnionSpace) and space.key == "kernel":
         name, part = space.parts[-1]
@@ -162,6 +162,8 @@ def default_config(compute: Compute, precision: str = DEFAULT) -> Config:
 
 def _default_penalty(cfg: Config) -> float:
     d, log2 = dict(cfg.knobs), np.log2
+    if d.get("split", 1) > 1:  # split-K pays only where the grid is small: tuning decides
+        return np.inf
     if "wm" in d:  # a tensor-core GEMM
         p = abs(log2(d["wm"] / 32)) + abs(log2(d["wn"] / 32))
         p += abs(log2(d["warps_m"] * d["warps_n"] / 4)) + 0.5 * abs(log2(d["bk"] / 32))
