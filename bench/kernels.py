@@ -18,8 +18,9 @@ the cost model guiding) in the target's precision (--precision or the target's
 -precision=; fp32 by default), then ours (the best record's kernel, rebuilt and re-checked)
 and torch in the same precision (on the GPU, cudnn.benchmark on; fp32 with TF32 off, tf32
 with it on, fp16 and bf16 on operands cast to that type) are timed alike in this process:
-warm-up, CUDA events, the L2 flushed before each repeat, the median of repeats,
-interleaved round by round (raytune_kernels.cuda.torch_timing). Without a visible CUDA
+warm-up, CUDA events, each repeat's calls replayed from one CUDA graph (a kernel's time,
+not the rate at which Python launches it), the L2 flushed before each repeat, the median
+of repeats, interleaved round by round (raytune_kernels.cuda.torch_timing). Without a visible CUDA
 GPU: exit status 2. Last line of stdout: one JSON object (naming the device, the target
 and the precision).
 """
@@ -170,7 +171,7 @@ def bench_task_cuda(task, record, rounds: int, precision: str) -> dict:
         for k, fn in fns.items():
             try:
                 theirs[k].append(median(time_torch_gpu(fn, GPU_FULL.timing(), True,
-                                                       precision=precision)))
+                                                       precision=precision, graphed=True)))
             except Exception as exc:  # PyTorch without this op in this type: the row says so
                 return {**row, "error": f"torch {k}: {type(exc).__name__}: {exc}"[:300]}
     ours_s = median(ours)

@@ -85,7 +85,12 @@ class Device(Protocol):
         """A call that enqueues the step's launch (its arguments bound once)."""
 
     def timer(self, run: Callable[[], None]) -> Callable[[int], float]:
-        """run(number) -> seconds for `number` calls of run, by the device's clock."""
+        """run(number) -> seconds for `number` calls of run, by the device's clock (for a
+        whole network's replay)."""
+
+    def graph_timer(self, run: Callable[[], None]) -> Callable[[int], float]:
+        """The same, the calls replayed from one captured graph, as a step runs inside the
+        network's graph."""
 
     def capture(self, run: Callable[[], None]) -> Callable[[], None]:
         """A call that replays everything run() enqueues, as one graph of launches."""
@@ -113,12 +118,14 @@ class CupyDevice:
     @staticmethod
     def transform_seconds(shape: tuple[int, ...], src: str, dst: str) -> float:
         x = torch.randn(physical_shape(shape, src), device="cuda")
-        return median(time_torch_gpu(lambda: to_layout(x, src, dst), GPU_TIMING, True))
+        return median(time_torch_gpu(lambda: to_layout(x, src, dst), GPU_TIMING, True,
+                                     graphed=True))
 
     @staticmethod
     def torch_seconds(compute) -> float:
         ops = [x.cuda() for x in random_operands(compute)]
-        return median(time_torch_gpu(lambda: reference(compute, *ops), GPU_TIMING, True))
+        return median(time_torch_gpu(lambda: reference(compute, *ops), GPU_TIMING, True,
+                                     graphed=True))
 
     def tensor(self, buf: GBuf) -> torch.Tensor:
         return self.arena[buf.offset: buf.offset + buf.size]
@@ -137,8 +144,15 @@ class CupyDevice:
         return lambda: fn(k.grid, k.block, args, shared_mem=k.smem_bytes)
 
     def timer(self, run: Callable[[], None]) -> Callable[[int], float]:
-
         return device.event_timer(run, device.cupy())
+
+    def graph_timer(self, run: Callable[[], None]) -> Callable[[int], float]:
+        def capture(number: int) -> Callable[[], None]:
+            def calls() -> None:
+                for _ in range(number):
+                    run()
+            return self.capture(calls)
+        return device.graph_timer(capture, device.cupy())
 
     def capture(self, run: Callable[[], None]) -> Callable[[], None]:
         """run()'s launches (cupy's kernels and torch's steps) as one CUDA graph, replayed
@@ -275,8 +289,9 @@ class GpuNetwork(Reporting):
     def profile(self, png: str | None = None, print_table: bool = True,
                 opts: TimingOptions = TimingOptions(warmup=3, min_repeat_ms=10, repeats=5),
                 with_torch: bool = True, end_to_end: float | None = None) -> Profile:
-        """Per-step table: each step timed alone by the device's clock (launches are
-        asynchronous, so a step is not clocked apart inside a run: ours = alone here),
+        """Per-step table: each step timed alone by the device's clock, its calls replayed
+        from one graph as the network replays it (launches are asynchronous, so a step is
+        not clocked apart inside a run: ours = alone here),
         next to PyTorch's kernel for the same task on the same device, and the
         record's time; end to end from benchmark(). Prints it, optionally saves a chart."""
         if end_to_end is None:
@@ -299,7 +314,7 @@ class GpuNetwork(Reporting):
     def _time(self, fn: Callable[[], object], opts: TimingOptions) -> float:
         for _ in range(opts.warmup):
             fn()
-        return median(time_runs(self.device.timer(fn), opts))
+        return median(time_runs(self.device.graph_timer(fn), opts))
 
     def _torch_time(self, s: GpuStep, opts: TimingOptions) -> float:
         """PyTorch's kernel for the step's task, on random operands in torch's layouts (the

@@ -8,6 +8,7 @@ import contextlib
 import importlib.util
 import os
 import tempfile
+from typing import Callable
 
 import torch
 
@@ -92,7 +93,9 @@ class Launch:
 
 
 def event_timer(launch, cp):
-    """run(number): seconds for `number` back-to-back launches, by CUDA events."""
+    """run(number): seconds for `number` back-to-back calls from Python, by CUDA events:
+    for work that is itself one graph's replay, and for what users run as launched
+    (eager PyTorch). A kernel of ours is timed replayed from a graph (graph_timer)."""
     start, end = cp.cuda.Event(), cp.cuda.Event()
 
     def run(number: int) -> float:
@@ -103,6 +106,47 @@ def event_timer(launch, cp):
         end.synchronize()
         return cp.cuda.get_elapsed_time(start, end) / 1e3
     return run
+
+
+def graph_timer(capture: Callable[[int], Callable[[], object]], cp):
+    """run(number): seconds for `number` calls replayed from one CUDA graph, by CUDA events
+    on the current stream. `capture(number)` records the calls once and returns a replay
+    (launch_graph for cupy kernels, torch_timing.graphed_capture for torch work); each
+    number asked gets its own graph, kept for the timer's life. A compiled network replays
+    its steps from one graph (compile/cuda_network.py), with no host work between kernels;
+    timed in a loop of launches from Python instead, a kernel shorter than the host's time
+    to issue a launch (several microseconds) would measure that rate, not itself."""
+    graphs: dict[int, Callable[[], object]] = {}
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+
+    def run(number: int) -> float:
+        if number not in graphs:
+            graphs[number] = capture(number)
+        replay = graphs[number]
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) / 1e3
+    return run
+
+
+def launch_graph(launch: Callable[[], None], cp) -> Callable[[int], Callable[[], object]]:
+    """capture(number) for graph_timer: `number` calls of `launch` (cupy kernel launches
+    on the current stream) recorded on a capture stream of their own, replayed on the
+    current stream. Launch once before: a module's first launch loads it, which a capture
+    cannot hold."""
+    def capture(number: int) -> Callable[[], object]:
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            try:
+                for _ in range(number):
+                    launch()
+            finally:
+                graph = stream.end_capture()
+        return graph.launch
+    return capture
 
 
 def l2_flusher(cp):

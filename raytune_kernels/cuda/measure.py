@@ -6,7 +6,10 @@ writes fails the check, the output is compared with reference() (on the GPU thro
 when torch has CUDA, with TF32 off so the reference is true float32; on the CPU otherwise)
 before any time counts; then warm-up, `number` grown until one repeat lasts
 min_repeat_ms, several repeats timed with CUDA events, and with flush_cache the L2 is
-flushed before each repeat by writing a buffer twice its size.
+flushed before each repeat by writing a buffer twice its size. A repeat replays its
+`number` launches from one CUDA graph, as a compiled network replays its kernels
+(cuda/device.graph_timer): a kernel shorter than the host's time to issue a launch is
+timed as it runs there, not at the launch rate of a loop in Python.
 
 A kernel that faults (illegal address, misaligned access, ...) leaves the CUDA context
 unusable for the rest of the process: that comes back as CRASHED with `poisoned` in the
@@ -84,7 +87,8 @@ def measure_built_gpu(compute: Compute, cfg: Config, binary: bytes, opts: Measur
             for _ in range(opts.warmup):
                 launch()
             flush = cuda_device.l2_flusher(cp) if opts.flush_cache else None
-            times = time_runs(cuda_device.event_timer(launch, cp), opts.timing(), flush)
+            timer = cuda_device.graph_timer(cuda_device.launch_graph(launch, cp), cp)
+            times = time_runs(timer, opts.timing(), flush)
     except Exception as exc:
         return failed(exc)
     return MeasureResult(tuple(times), None, "", build_s, time.perf_counter() - start)

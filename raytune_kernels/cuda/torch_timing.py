@@ -92,18 +92,33 @@ def precision_mode(precision: str = DEFAULT):
 
 
 def time_torch_gpu(fn: Callable[[], object], opts: TimingOptions,
-                   flush_cache: bool = False, cp=None, precision: str = DEFAULT
-                   ) -> list[float]:
+                   flush_cache: bool = False, cp=None, precision: str = DEFAULT,
+                   graphed: bool = False) -> list[float]:
     """Seconds per call of `fn` (torch work on the GPU), one per repeat: inside
     precision_mode(precision) and no_grad, `opts.warmup` calls (cuDNN's autotuning
     happens there), then cuda/measure.py's protocol by CUDA events, the L2 flushed before
-    each repeat with `flush_cache`. `cp` is cupy (tests pass a fake)."""
+    each repeat with `flush_cache`. Called from Python one after another as PyTorch runs
+    them eagerly; with `graphed`, replayed from one CUDA graph, as the torch steps inside a
+    compiled network run (graphed_capture). `cp` is cupy (tests pass a fake)."""
     cp = cp if cp is not None else device.cupy()
     with torch.no_grad(), precision_mode(precision):
         for _ in range(opts.warmup):
             fn()
         flush = device.l2_flusher(cp) if flush_cache else None
-        return time_runs(device.event_timer(fn, cp), opts, flush)
+        timer = device.graph_timer(graphed_capture(fn), cp) if graphed else \
+            device.event_timer(fn, cp)
+        return time_runs(timer, opts, flush)
+
+
+def graphed_capture(fn: Callable[[], object]) -> Callable[[int], Callable[[], object]]:
+    """capture(number) for device.graph_timer: `number` calls of `fn`'s torch GPU work in
+    one CUDA graph (cuda_graphed)."""
+    def capture(number: int) -> Callable[[], object]:
+        def calls() -> None:
+            for _ in range(number):
+                fn()
+        return cuda_graphed(calls, warmup=1)
+    return capture
 
 
 def on_gpu(model: torch.nn.Module, inputs: Sequence[torch.Tensor],

@@ -126,7 +126,9 @@ def test_weights_are_packed_once_and_buffers_never_overlap_while_live(net):
 
 def test_profile_and_fidelity_run_every_step(net, capsys):
     once = TimingOptions(warmup=0, min_repeat_ms=0, repeats=1)  # the emulator is slow
+    before = net.device.captures
     prof = net.profile(opts=once)
+    assert net.device.captures - before == 3  # each step timed replayed from a graph
     assert [r.name for r in prof.rows] == ["0", "2", "4"]
     assert all(r.ours_s > 0 and r.torch_s > 0 and r.estimate_s == pytest.approx(1.05e-5)
                for r in prof.rows)

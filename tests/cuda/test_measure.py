@@ -100,7 +100,8 @@ class _FakeCupy:
     asnumpy, zeros, add = staticmethod(np.asarray), staticmethod(np.zeros), staticmethod(np.add)
 
     def __init__(self):
-        self.launches = 0
+        self.launches = self.captures = self.replays = 0
+        self.stream = None
         fake = self
 
         class Device:
@@ -120,14 +121,43 @@ class _FakeCupy:
                 pass
 
         class Event:
-            def record(self):
+            def record(self, stream=None):
                 self.t = time.perf_counter()
 
             def synchronize(self):
                 pass
 
+        class Graph:  # what a stream captured, replayed launch by launch
+            def __init__(self, launches):
+                self.launches = launches
+
+            def launch(self, stream=None):
+                fake.replays += 1
+                for launch in self.launches:
+                    launch()
+
+        class Stream:  # launches inside `with stream` after begin_capture are recorded
+            def __init__(self, non_blocking=False):
+                self.recorded = None
+
+            def __enter__(self):
+                fake.stream = self
+                return self
+
+            def __exit__(self, *exc):
+                fake.stream = None
+                return False
+
+            def begin_capture(self, mode=None):
+                self.recorded = []
+
+            def end_capture(self):
+                fake.captures += 1
+                graph, self.recorded = Graph(self.recorded), None
+                return graph
+
         self.cuda = types.SimpleNamespace(
-            Device=Device, Event=Event,
+            Device=Device, Event=Event, Stream=Stream,
             runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
             get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3)
 
@@ -137,8 +167,11 @@ class _FakeCupy:
                     self.source = f.read().decode()
 
             def get_function(self, name):
-                return lambda grid, block, args, shared_mem=0: fake.launch(
-                    self.source, name, grid, block, args)
+                def fn(grid, block, args, shared_mem=0):
+                    run = lambda: fake.launch(self.source, name, grid, block, args)  # noqa: E731
+                    capturing = fake.stream is not None and fake.stream.recorded is not None
+                    fake.stream.recorded.append(run) if capturing else run()
+                return fn
         self.RawModule = RawModule
 
     @staticmethod
@@ -181,6 +214,8 @@ def test_measurement_flow_on_the_emulated_device(monkeypatch):
         assert result.error_kind == kind, result.error_msg
         if kind is None:
             assert len(result.times) == 3 and len(flushes) == 3 and fake.launches > 6
+            # every timed repeat replayed a captured graph: no launch from a Python loop
+            assert fake.captures >= 1 and fake.replays >= 3 + fake.captures
         else:
             assert result.times == () and fake.launches == 1
     assert device.POISONED in result.error_msg and device.device_arch() == "sm_90"
@@ -272,6 +307,31 @@ def test_l2_is_flushed_before_each_repeat(gpu, monkeypatch):
     c = _dense()
     result = _measure(c, cuda_space_for(c).sample(random.Random(4)), gpu)
     assert result.ok and len(flushes) == QUICK.repeats
+
+
+def test_a_short_kernel_is_timed_as_a_graph_replays_it(gpu):
+    """A small dense's kernel takes far less than a launch from Python: replayed from a
+    graph, as a network runs it, it times faster than a Python loop can launch it, and the
+    replays compute what one launch does."""
+    from raytune_kernels.cuda.render import cuda_pack, cuda_unpack, default_config
+    from raytune_kernels.frontend.reference import reference
+    from raytune_kernels.measure import random_operands
+    from raytune_kernels.timing import median
+    c = _dense()
+    cfg = default_config(c)
+    kernel, built = render_cuda(c, cfg), build_cuda(c, cfg, gpu)
+    ops = random_operands(c)
+    launch = device.Launch(kernel, device.LoadedCudaKernel(built.cubin, kernel.name),
+                           cuda_pack(c, ops, cfg))
+    launch()
+    cp = device.cupy()
+    opts = TimingOptions(warmup=0, min_repeat_ms=5, repeats=5)
+    looped = median(time_runs(device.event_timer(launch, cp), opts))
+    graphed = median(time_runs(device.graph_timer(device.launch_graph(launch, cp), cp), opts))
+    assert graphed < looped, (graphed, looped)
+    with torch.no_grad():
+        want = reference(c, *ops)
+    assert torch.allclose(cuda_unpack(c, launch.output(), cfg), want, rtol=1e-4, atol=1e-4)
 
 
 def test_an_illegal_address_is_crashed_and_poisons_only_its_process(gpu):
