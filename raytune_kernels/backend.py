@@ -33,7 +33,8 @@ from raytune_kernels.cuda.build import nvrtc_unavailable
 from raytune_kernels.cuda.features import featurize_cuda
 from raytune_kernels.cuda.gpu import GpuInfo, arch_has_mma, gpu_info
 from raytune_kernels.cuda.render import (cuda_layouts, cuda_pack, cuda_space_for, cuda_unpack,
-                                         cuda_unsupported_reason, default_config)
+                                         cuda_unsupported_reason, default_config,
+                                         split_seed)
 from raytune_kernels.errors import UnknownTargetError
 from raytune_kernels.layout.costs import layouts_of
 from raytune_kernels.precision import DEFAULT
@@ -94,7 +95,7 @@ def cuda_backend(gpu: GpuInfo, precision: str = DEFAULT) -> Backend:
                    functools.partial(cuda_space_for, precision=precision), _cuda_layouts,
                    functools.partial(featurize_cuda, gpu=gpu),
                    functools.partial(_cuda_analyze, gpu=gpu), False, _cuda_pack, _cuda_unpack,
-                   functools.partial(_cuda_seeds, precision=precision))
+                   functools.partial(_cuda_seeds, precision=precision, gpu=gpu))
 
 
 def backend_for(target: str | Target, device: CpuInfo | GpuInfo | None = None) -> Backend:
@@ -205,8 +206,10 @@ def _cuda_analyze(compute: Compute, cfgs: list[Config], features: bool = True,
                       dtype=np.float32).reshape(len(cfgs), -1), None
 
 
-def _cuda_seeds(compute: Compute, precision: str) -> list[Config]:
-    return [default_config(compute, precision)]
+def _cuda_seeds(compute: Compute, precision: str, gpu: GpuInfo) -> list[Config]:
+    """What an untuned task runs, and that with split-K where its grid is small."""
+    split = split_seed(compute, precision, gpu.sms)
+    return [default_config(compute, precision)] + ([split] if split is not None else [])
 
 
 def _cuda_pack(compute: Compute, cfg: Config, operands) -> list[np.ndarray]:

@@ -160,6 +160,26 @@ def default_config(compute: Compute, precision: str = DEFAULT) -> Config:
     return min(space, key=_default_penalty)
 
 
+def split_seed(compute: Compute, precision: str, sms: int) -> Config | None:
+    """The untuned default GEMM with its reduction split so that its grid covers `sms`
+    SMs (or split as far as the space allows), where the default's own grid leaves more
+    than half of them idle; None otherwise, and for anything but a GEMM. A rule, not a
+    measurement: a search measures it beside the default (Backend.seeds), so that a task
+    given one or two trials already gets split-K where a batch-1 layer needs it."""
+    cfg = default_config(compute, precision)
+    if cfg.get("split") is None:
+        return None
+    view = gemm_view(compute, cfg.get("layout", "NCHW"))
+    bm, bn = (cfg["wm"] * cfg["warps_m"], cfg["wn"] * cfg["warps_n"]) \
+        if cfg.get("kernel") == "mma" else (cfg["bm"], cfg["bn"])
+    tiles = split_k.tiles(view, bm, bn)
+    factors = [f for f in split_k.splits(view, bm, bn, cfg["bk"]) if f > 1]
+    if 2 * tiles > sms or not factors:
+        return None
+    split = next((f for f in factors if tiles * f >= sms), factors[-1])
+    return Config(tuple(sorted({**dict(cfg.knobs), "split": split}.items())))
+
+
 def _default_penalty(cfg: Config) -> float:
     d, log2 = dict(cfg.knobs), np.log2
     if d.get("split", 1) > 1:  # split-K pays only where the grid is small: tuning decides

@@ -353,6 +353,36 @@ def test_a_gemm_config_from_before_split_k_renders_as_split_1():
     assert "atomicAdd" not in render_cuda(c, old).source
 
 
+def test_small_grids_are_seeded_with_the_default_split_to_cover_the_gpu():
+    """A GEMM whose default grid leaves most SMs idle gets a second seed, the default with
+    the smallest split that covers them (or the largest the space has); one whose grid
+    already covers half of them, and any other kernel, gets the default alone."""
+    from raytune_kernels.backend import _cuda_seeds
+    from raytune_kernels.cuda.gpu import gpu_info
+    from raytune_kernels.cuda.render import default_config, split_seed
+    c = CASES["dense_long_k"]  # K = 512: 2 x 24 outputs, a grid of one or two blocks
+    h100 = gpu_info("sm_90")
+    for precision in ("fp32", "tf32", "fp16"):
+        default = default_config(c, precision)
+        seeds = _cuda_seeds(c, precision, h100)
+        assert seeds[0] == default and len(seeds) == 2
+        seed = seeds[1]
+        assert seed in cuda_space_for(c, precision) and seed["split"] > 1
+        assert {k: v for k, v in seed.knobs if k != "split"} == \
+            {k: v for k, v in default.knobs if k != "split"}
+        blocks = math.prod(render_cuda(c, default).grid)
+        factors = sorted({cfg["split"] for cfg in cuda_space_for(c, precision)
+                          if Config(tuple(kv for kv in cfg.knobs if kv[0] != "split")) ==
+                          Config(tuple(kv for kv in default.knobs if kv[0] != "split"))})
+        covering = [f for f in factors if f > 1 and blocks * f >= h100.sms]
+        assert seed["split"] == (covering[0] if covering else factors[-1])
+        assert math.prod(render_cuda(c, seed).grid) == blocks * seed["split"]
+        assert split_seed(c, precision, sms=blocks) is None  # the grid already covers them
+    assert split_seed(CASES["maxpool3x3_s2"], "fp32", 132) is None
+    assert _cuda_seeds(CASES["maxpool3x3_s2"], "tf32", h100) == \
+        [default_config(CASES["maxpool3x3_s2"], "tf32")]
+
+
 def _emulation_cost(c, kernel, cfg) -> int:
     """Thread-steps the emulator runs: threads launched, times the k loop's barriers."""
     steps = math.ceil(gemm_view(c).k / cfg["bk"]) if "bk" in dict(cfg.knobs) else 1
