@@ -88,6 +88,13 @@ class MeasureResult:
                    tuple((str(name), float(s)) for name, s in d.get("phases", ())))
 
 
+def rotating_copies(nbytes: int, cover_bytes: int) -> int:
+    """Copies of a buffer of `nbytes` that together cover `cover_bytes` (twice a cache), at
+    most 256, at least 2: a kernel cycling through them finds each out of that cache when
+    its turn comes."""
+    return max(2, min(256, -(-cover_bytes // max(nbytes, 1))))
+
+
 def random_operands(compute: Compute, seed: int = 0) -> list[torch.Tensor]:
     """Random operands in reference order, weights scaled by 1/sqrt(fan-in) as trained
     weights are, so outputs stay of unit size and tolerances mean the same everywhere."""

@@ -19,7 +19,7 @@ from raytune_kernels.cpu.build import host_fault
 from raytune_kernels.cpu.kernel import prepare
 from raytune_kernels.cpu.schedules import lower, unpack
 from raytune_kernels.measure import (HOST_ERROR, RUNTIME_ERROR, MeasureOptions, MeasureResult,
-                                     check_output, operands_and_reference)
+                                     check_output, operands_and_reference, rotating_copies)
 from raytune_kernels.space import Config
 from raytune_kernels.task import Compute
 from raytune_kernels.timing import time_fn
@@ -95,10 +95,9 @@ def measure_built(compute: Compute, cfg: Config, library: bytes, opts: MeasureOp
 
 
 def cold_copies(nbytes: int, cache_bytes: int | None = None) -> int:
-    """Copies of a buffer of `nbytes` that together cover twice the last-level cache, at
-    most 256 (tiny buffers then come from L3, not L1 or L2), at least 2: cycling through
-    them keeps each out of cache when its turn comes."""
-    return max(2, min(256, -(-(cache_bytes or _llc_bytes()) // max(nbytes, 1))))
+    """rotating_copies of a buffer of `nbytes` over twice the last-level cache (tiny
+    buffers then come from L3, not L1 or L2)."""
+    return rotating_copies(nbytes, cache_bytes or _llc_bytes())
 
 
 def weight_copies(compute: Compute, prep, cache_bytes: int | None = None) -> int:

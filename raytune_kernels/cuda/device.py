@@ -91,6 +91,21 @@ class Launch:
     def output(self):
         return cupy().asnumpy(self.buffers[-1])
 
+    def rotating(self, index: int, copies: int) -> Callable[[], None]:
+        """A call that launches this kernel on each of `copies` copies of buffer `index`
+        in turn (the first: the buffer itself): a graph of such calls reads that buffer
+        from memory, not from the L2 the previous launch left it in."""
+        k, calls = self.kernel, [self]
+        for _ in range(copies - 1):
+            args = tuple(b.copy() if i == index else b for i, b in enumerate(self.buffers))
+            calls.append(lambda a=args: self.fn(k.grid, k.block, a, shared_mem=k.smem_bytes))
+        turn = [0]
+
+        def call() -> None:
+            calls[turn[0] % len(calls)]()
+            turn[0] += 1
+        return call
+
 
 def event_timer(launch, cp):
     """run(number): seconds for `number` back-to-back calls from Python, by CUDA events:
@@ -149,9 +164,14 @@ def launch_graph(launch: Callable[[], None], cp) -> Callable[[int], Callable[[],
     return capture
 
 
+def l2_bytes(cp) -> int:
+    """The current device's L2 cache, in bytes."""
+    return int(cp.cuda.Device().attributes.get("L2CacheSize", 50 << 20))
+
+
 def l2_flusher(cp):
     """Writes a buffer twice the L2's size: the next repeat starts with a cold L2."""
-    size = int(cp.cuda.Device().attributes.get("L2CacheSize", 50 << 20)) * 2
+    size = l2_bytes(cp) * 2
     buf = cp.zeros(max(size // 4, 1 << 20), dtype=cp.float32)
 
     def flush() -> None:

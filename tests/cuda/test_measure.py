@@ -20,8 +20,8 @@ from tests.support import cuda_emulate
 from raytune_kernels.cuda.build import build_cuda, compile_cuda
 from raytune_kernels.cuda.kernel import CudaBuffer, CudaKernel
 from raytune_kernels.cuda.render import cuda_space_for, render_cuda
-from raytune_kernels.measure import (CRASHED, RUNTIME_ERROR, WRONG_OUTPUT, MeasureOptions,
-                                     MeasureResult)
+from raytune_kernels.measure import (CRASHED, MeasureOptions, MeasureResult, RUNTIME_ERROR,
+                                     WRONG_OUTPUT, rotating_copies)
 from raytune_kernels.timing import TimingOptions, time_runs
 
 QUICK = MeasureOptions(warmup=2, min_repeat_ms=2, repeats=3, flush_cache=True)
@@ -101,7 +101,7 @@ class _FakeCupy:
 
     def __init__(self):
         self.launches = self.captures = self.replays = 0
-        self.stream = None
+        self.stream, self.weights = None, set()
         fake = self
 
         class Device:
@@ -180,6 +180,7 @@ class _FakeCupy:
 
     def launch(self, source, name, grid, block, args):
         self.launches += 1
+        self.weights.add(id(args[1]))
         if not hasattr(self, "out"):
             bufs = tuple(CudaBuffer(f"b{i}", a.size, "in") for i, a in enumerate(args))
             kernel = CudaKernel(name, source, grid, block, 0, bufs)
@@ -216,9 +217,17 @@ def test_measurement_flow_on_the_emulated_device(monkeypatch):
             assert len(result.times) == 3 and len(flushes) == 3 and fake.launches > 6
             # every timed repeat replayed a captured graph: no launch from a Python loop
             assert fake.captures >= 1 and fake.replays >= 3 + fake.captures
+            assert len(fake.weights) == 1  # warm weights: the one buffer
         else:
             assert result.times == () and fake.launches == 1
     assert device.POISONED in result.error_msg and device.device_arch() == "sm_90"
+    # cold weights: the dense's launches cycle through copies covering twice the L2
+    fake = _FakeCupy()
+    monkeypatch.setattr(device, "cupy", lambda: fake)
+    cold = MeasureOptions(warmup=2, min_repeat_ms=0.5, repeats=3, cold_weights=True)
+    assert measure_gpu.measure_built_gpu(c, cfg, source.encode(), cold).ok
+    copies = rotating_copies(c.inputs[1].numel * 4, 2 * fake.cuda.Device.attributes["L2CacheSize"])
+    assert copies > 2 and len(fake.weights) == copies
 
 
 def _measure(compute, cfg, arch, opts=QUICK) -> MeasureResult:
