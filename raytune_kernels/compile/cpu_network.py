@@ -51,7 +51,6 @@ from raytune_kernels.frontend.capture import capture
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
 from raytune_kernels.layout.costs import layouts_of, measure_transforms
 from raytune_kernels.layout.graph import NCHW, Candidate
-from raytune_kernels.cpu.measure import cold_copies
 from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition,
                                                  run_glue, run_steps)
@@ -258,15 +257,16 @@ class CompiledNetwork(Reporting):
 
     def _alone(self, i: int, cold_weights: bool) -> Callable[[], None]:
         """Step i as a zero-argument call, its border fills included; with `cold_weights`,
-        a conv's or dense's weights (its largest constant) come from rotating copies that
-        together cover twice the last-level cache, as cpu/measure.py times records."""
+        a conv's or dense's packed weights come from rotating copies that together cover
+        twice the last-level cache, as cpu/measure.py times records. (Not its largest
+        constant: a Winograd conv's workspaces are larger than its weights, and rotated,
+        they made every such step look twice as slow alone as its record.)"""
         fn, args = self._calls[i]
         s = self.steps[i]
-        consts = [(k, o) for k, o in enumerate(s.operands) if not isinstance(o, Buf)]
-        if not (cold_weights and consts and s.kernel is not None and s.key is not None
-                and self.part.task(s.key).compute.op in ("conv2d", "dense")):
+        k = s.weights
+        if not cold_weights or k is None or isinstance(s.operands[k], Buf):
             return lambda: fn(*args)
-        k, weights = max(consts, key=lambda c: c[1].nbytes)
+        weights = s.operands[k]
         copies = [weights.copy() for _ in range(cold_copies(weights.nbytes))]
         kernel, kargs = self._bound[i]
         turns = itertools.cycle([kargs[:k] + (ctypes.c_void_p(c.ctypes.data),) + kargs[k + 1:]

@@ -65,6 +65,7 @@ class Step:
     key: str | None = None  # task key of a task step
     kernel: LoadedKernel | None = None
     operands: list = field(default_factory=list)  # Buf or constant np.ndarray, in order
+    weights: int | None = None  # a conv's or dense's packed weights: their operand index
     fn: Callable | None = None  # torch steps: plain tensors in -> tensor out
     into: Callable | None = None  # or: into(out, *ins) writes the result into out itself
 
@@ -184,8 +185,11 @@ class Planner:
                     self._scratch(b) if b.role == "scratch" else
                     aligned(packed[b.name], fault_small=True)
                     for b in nest.buffers]
+        weights = next((i for i, b in enumerate(nest.buffers) if b.name == "b"), None) \
+            if compute.op in ("conv2d", "dense") else None
         self.steps.append(Step(step.layer, "kernel", (step.layer,), reads, [out],
-                               cand.seconds, step.key, kernel, operands=operands))
+                               cand.seconds, step.key, kernel, operands=operands,
+                               weights=weights))
         self._scratch_uses += [(self.steps[-1], i) for i, b in enumerate(nest.buffers)
                                if b.role == "scratch" and b.name not in bound]
         if internal:  # dense with N padded to the vector block: keep the first N columns

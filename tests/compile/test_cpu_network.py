@@ -314,8 +314,8 @@ def test_a_step_alone_reads_its_weights_cold_as_records_are_timed(net):
 
     net(*net._random_inputs())  # every buffer written
     i = next(i for i, s in enumerate(net.steps) if s.name == "conv2")
-    weights = max((o for o in net.steps[i].operands if isinstance(o, np.ndarray)),
-                  key=lambda o: o.nbytes)
+    weights = net.steps[i].operands[net.steps[i].weights]
+    assert weights.size == net.part.task(net.steps[i].key).compute.inputs[1].numel
     out = net._arrays[id(net.steps[i].writes[0])]
     warm = net._alone(i, False)
     assert not hasattr(warm, "copies")
@@ -440,6 +440,15 @@ def test_winograd_steps_share_one_workspace():
         assert arrays[0] is arrays[1] and arrays[0].size == max(sizes)
         if name == "m":  # the second conv needs more: the first step was re-pointed
             assert sizes[1] > sizes[0]
+    # alone, cold: the packed weights rotate, never a workspace, even a larger one
+    assert any(s.operands[s.weights].size < max(o.size for o in s.operands
+                                                if isinstance(o, np.ndarray))
+               for s in kernels)
+    for s in kernels:
+        names = [b.name for b in nests[s.key].buffers]
+        assert s.weights == names.index("b")
+        cold = net._alone(net.steps.index(s), True)
+        assert all(np.array_equal(c, s.operands[s.weights]) for c in cold.copies)
 
 
 def test_the_check_is_relative_to_each_values_scale():
