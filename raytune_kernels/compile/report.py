@@ -143,6 +143,13 @@ class Profile:
 class Reporting:
     """The fidelity report of a network that has `estimated_s` and `profile()`."""
 
+    @property
+    def planned_s(self) -> float | None:
+        """What the layout plan expected of this network (None without a plan)."""
+        plan = getattr(self, "plan", None)
+        plan = getattr(plan, "layout_plan", plan)  # a GPU plan holds its layout plan
+        return getattr(plan, "cost", None)
+
     def fidelity(self, measured_s: float, profile: Profile | None = None,
                  estimated_s: float | None = None) -> str:
         """The tuner's estimate next to the measured latency. Over a 10% gap, where it
@@ -153,6 +160,11 @@ class Reporting:
         gap = measured_s / est - 1 if est > 0 else math.inf
         lines = [f"estimated {est * 1e3:.3f} ms (sum of weight x best record), measured "
                  f"{measured_s * 1e3:.3f} ms end to end: {gap:+.1%}"]
+        planned = self.planned_s
+        if planned:
+            lines.append(f"the layout plan expected {planned * 1e3:.3f} ms (the records of "
+                         f"the kernels it chose, the transforms it priced): "
+                         f"{measured_s / planned - 1:+.1%}")
         if abs(gap) <= 0.10:
             return "\n".join(lines)
         prof = profile or self.profile(print_table=False, with_torch=False,  # ours only

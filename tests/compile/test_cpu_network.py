@@ -302,6 +302,7 @@ def test_profile_table_chart_and_fidelity(net, tmp_path, capsys):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     text = net.fidelity(prof.end_to_end_s, prof)
     assert text.startswith("estimated") and "measured" in text
+    assert f"the layout plan expected {net.plan.cost * 1e3:.3f} ms" in text
     far = net.fidelity(net.estimated_s * 2, prof)
     assert "steps timed alone" in far
 
