@@ -205,6 +205,30 @@ def test_a_split_k_kernel_gets_its_scratch_buffers_from_the_plan():
         assert output_error(net(*inputs), model(*inputs)) <= tolerance("fp16").network
 
 
+def test_a_step_alone_reads_its_weights_from_rotating_copies(net):
+    """profile()'s conv and dense steps: each launch reads the next copy of its weights
+    (copies covering twice the device's L2, as the records were timed) and computes what
+    the network's own launch does; the pool has no weights and is launched as it is."""
+    from raytune_kernels.measure import rotating_copies
+    net(*net.random_inputs())
+    for s, call in zip(net.steps, net._calls):
+        cold = net._cold(s)
+        if s.key is None or net.part.task(s.key).compute.op not in ("conv2d", "dense"):
+            assert cold is None
+            continue
+        weights = net.device.constant(s.operands[1])
+        copies = rotating_copies(weights.numel() * 4, 2 * net.device.cache_bytes())
+        assert copies >= 2
+        call()
+        want = net.device.tensor(s.out).clone()
+        net.device.weight_copies_read.clear()
+        for _ in range(copies):
+            net.device.tensor(s.out).fill_(float("nan"))
+            cold()
+            assert torch.equal(net.device.tensor(s.out), want)
+        assert len(net.device.weight_copies_read) == copies - 1  # and the weights themselves
+
+
 def test_graph_off_launches_step_by_step(case):
     model, inputs, records = case
     net = compile_network_cuda(model, inputs, records, TARGET, device=EmulatorDevice,

@@ -4,6 +4,7 @@ launch order, torch steps) is checked for real without a GPU. Verification only:
 compiles a C++ program per launch and is far too slow to run a network for a user."""
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Callable
 
@@ -36,6 +37,7 @@ class EmulatorDevice:
         self.consts = [torch.from_numpy(c.copy()) for c in plan.consts]
         self.launches = 0
         self.captures = 0
+        self.weight_copies_read: set[int] = set()
 
     def tensor(self, buf: GBuf) -> torch.Tensor:
         return self.arena[buf.offset: buf.offset + buf.size]
@@ -43,11 +45,26 @@ class EmulatorDevice:
     def constant(self, const: Const) -> torch.Tensor:
         return self.consts[const.index]
 
-    def kernel_call(self, step: GpuStep) -> Callable[[], None]:
+    # the cache a profile's cold weights are read past, made up: a few copies of a test's
+    # small weights cover twice it
+    l2 = 1 << 14
+
+    @classmethod
+    def cache_bytes(cls) -> int:
+        return cls.l2
+
+    def kernel_call(self, step: GpuStep, weights_copies: int = 1) -> Callable[[], None]:
         out = self.tensor(step.out)
+        weights = [None] + [self._flat(step.operands[1]).copy()
+                            for _ in range(weights_copies - 1)]
+        turn = itertools.count()
 
         def call() -> None:
             arrays = [self._flat(o) for o in step.operands]
+            w = weights[next(turn) % len(weights)]
+            if w is not None:  # this launch's copy of the weights
+                arrays[1] = w
+                self.weight_copies_read.add(id(w))
             arrays.append(np.empty(step.out.size, np.float32))
             out.copy_(torch.from_numpy(emulate(step.kernel, arrays).copy()))
             self.launches += 1
