@@ -18,8 +18,8 @@ Knobs: the block tile (bm, bn), the thread tile (tm, tn), whether a thread's row
 columns are contiguous or interleaved by the thread grid (`interleave`: conflict-free
 shared-memory reads and coalesced stores against wider contiguous accesses), the vector
 width of each operand's global loads (va, vb), the reduction tile bk, register prefetch
-of the next slices, the split, and the unroll factor of the loop over bk. Threads per block follow
-from the tiles: (bm/tm) * (bn/tn).
+of the next slices, the split, and the unroll factor of the loop over bk. Threads per
+block follow from the tiles: (bm/tm) * (bn/tn).
 """
 from __future__ import annotations
 
