@@ -170,8 +170,7 @@ def split_seed(compute: Compute, precision: str, sms: int) -> Config | None:
     if cfg.get("split") is None:
         return None
     view = gemm_view(compute, cfg.get("layout", "NCHW"))
-    bm, bn = (cfg["wm"] * cfg["warps_m"], cfg["wn"] * cfg["warps_n"]) \
-        if cfg.get("kernel") == "mma" else (cfg["bm"], cfg["bn"])
+    bm, bn = block_tile(cfg)
     tiles = split_k.tiles(view, bm, bn)
     factors = [f for f in split_k.splits(view, bm, bn, cfg["bk"]) if f > 1]
     if 2 * tiles > sms or not factors:
@@ -289,9 +288,14 @@ def scratch_sizes(compute: Compute, cfg: Config) -> list[int]:
     if split == 1:
         return []
     view = gemm_view(compute, cfg.get("layout", "NCHW"))
-    bm, bn = (cfg["wm"] * cfg["warps_m"], cfg["wn"] * cfg["warps_n"]) \
-        if cfg.get("kernel") == "mma" else (cfg["bm"], cfg["bn"])
-    return [size for _, size in split_k.scratch(view, bm, bn, split)]
+    return [size for _, size in split_k.scratch(view, *block_tile(cfg), split)]
+
+
+def block_tile(cfg: Config) -> tuple[int, int]:
+    """(bm, bn): the output tile of one block of a GEMM config, FFMA or tensor-core."""
+    if cfg.get("kernel") == "mma":
+        return cfg["wm"] * cfg["warps_m"], cfg["wn"] * cfg["warps_n"]
+    return cfg["bm"], cfg["bn"]
 
 
 def cuda_pack(compute: Compute, operands, cfg: Config) -> list[np.ndarray]:
