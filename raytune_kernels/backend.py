@@ -208,8 +208,9 @@ def _cuda_analyze(compute: Compute, cfgs: list[Config], features: bool = True,
 
 def _cuda_seeds(compute: Compute, precision: str, gpu: GpuInfo) -> list[Config]:
     """What an untuned task runs, and that with split-K where its grid is small."""
-    split = split_seed(compute, precision, gpu.sms)
-    return [default_config(compute, precision)] + ([split] if split is not None else [])
+    default = default_config(compute, precision)
+    split = split_seed(compute, default, gpu.sms)
+    return [default] + ([split] if split is not None else [])
 
 
 def _cuda_pack(compute: Compute, cfg: Config, operands) -> list[np.ndarray]:

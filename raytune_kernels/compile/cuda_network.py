@@ -27,7 +27,6 @@ The plan is made in compile/cuda_plan.py; this module runs it.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import warnings
 from typing import Callable, Iterable, Protocol, Sequence
 
@@ -148,13 +147,9 @@ class CupyDevice:
         args = tuple(self._consts_cp[o.index] if isinstance(o, Const) else
                      self._arena_cp[o.offset: o.offset + o.size]
                      for o in step.operands + [step.out])
-        turns = [args] + [args[:1] + (args[1].copy(),) + args[2:]
-                          for _ in range(weights_copies - 1)]
-        turn = itertools.count()
-        if len(turns) == 1:
-            return lambda: fn(k.grid, k.block, args, shared_mem=k.smem_bytes)
-        return lambda: fn(k.grid, k.block, turns[next(turn) % len(turns)],
-                          shared_mem=k.smem_bytes)
+        if weights_copies > 1:
+            return device.rotating_call(fn, k, args, 1, weights_copies)
+        return lambda: fn(k.grid, k.block, args, shared_mem=k.smem_bytes)
 
     @staticmethod
     def cache_bytes() -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import os
 import tempfile
 from typing import Callable
@@ -92,19 +93,21 @@ class Launch:
         return cupy().asnumpy(self.buffers[-1])
 
     def rotating(self, index: int, copies: int) -> Callable[[], None]:
-        """A call that launches this kernel on each of `copies` copies of buffer `index`
-        in turn (the first: the buffer itself): a graph of such calls reads that buffer
-        from memory, not from the L2 the previous launch left it in."""
-        k, calls = self.kernel, [self]
-        for _ in range(copies - 1):
-            args = tuple(b.copy() if i == index else b for i, b in enumerate(self.buffers))
-            calls.append(lambda a=args: self.fn(k.grid, k.block, a, shared_mem=k.smem_bytes))
-        turn = [0]
+        """rotating_call over this launch's buffers."""
+        return rotating_call(self.fn, self.kernel, tuple(self.buffers), index, copies)
 
-        def call() -> None:
-            calls[turn[0] % len(calls)]()
-            turn[0] += 1
-        return call
+
+def rotating_call(fn, kernel: CudaKernel, args: tuple, index: int, copies: int
+                  ) -> Callable[[], None]:
+    """A call that launches `kernel` (through its loaded `fn`) on `args`, argument `index`
+    replaced in turn by each of `copies` copies of it (the first: the argument itself): a
+    graph of such calls reads that buffer from memory, not from the L2 the previous
+    launch left it in."""
+    turns = [args] + [args[:index] + (args[index].copy(),) + args[index + 1:]
+                      for _ in range(copies - 1)]
+    turn = itertools.count()
+    return lambda: fn(kernel.grid, kernel.block, turns[next(turn) % len(turns)],
+                      shared_mem=kernel.smem_bytes)
 
 
 def event_timer(launch, cp):

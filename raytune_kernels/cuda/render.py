@@ -160,13 +160,12 @@ def default_config(compute: Compute, precision: str = DEFAULT) -> Config:
     return min(space, key=_default_penalty)
 
 
-def split_seed(compute: Compute, precision: str, sms: int) -> Config | None:
-    """The untuned default GEMM with its reduction split so that its grid covers `sms`
-    SMs (or split as far as the space allows), where the default's own grid leaves more
-    than half of them idle; None otherwise, and for anything but a GEMM. A rule, not a
-    measurement: a search measures it beside the default (Backend.seeds), so that a task
+def split_seed(compute: Compute, cfg: Config, sms: int) -> Config | None:
+    """An unsplit GEMM config (the untuned default) with its reduction split so that its
+    grid covers `sms` SMs (or split as far as the space allows), where its own grid leaves
+    more than half of them idle; None otherwise, and for anything but a GEMM. A rule, not
+    a measurement: a search measures it beside the default (Backend.seeds), so that a task
     given one or two trials already gets split-K where a batch-1 layer needs it."""
-    cfg = default_config(compute, precision)
     if cfg.get("split") is None:
         return None
     view = gemm_view(compute, cfg.get("layout", "NCHW"))

@@ -377,8 +377,9 @@ def test_small_grids_are_seeded_with_the_default_split_to_cover_the_gpu():
         covering = [f for f in factors if f > 1 and blocks * f >= h100.sms]
         assert seed["split"] == (covering[0] if covering else factors[-1])
         assert math.prod(render_cuda(c, seed).grid) == blocks * seed["split"]
-        assert split_seed(c, precision, sms=blocks) is None  # the grid already covers them
-    assert split_seed(CASES["maxpool3x3_s2"], "fp32", 132) is None
+        assert split_seed(c, default, sms=blocks) is None  # the grid already covers them
+    pool = CASES["maxpool3x3_s2"]
+    assert split_seed(pool, default_config(pool), 132) is None
     assert _cuda_seeds(CASES["maxpool3x3_s2"], "tf32", h100) == \
         [default_config(CASES["maxpool3x3_s2"], "tf32")]
 
