@@ -19,7 +19,13 @@ magnitude against F(2x2)'s 2e-7 to 5e-7 and the direct conv's 6e-7 to 1.4e-6.
   tile rows): Y = A^T M A for each tile, written in the direct conv's output layouts,
   into its reader's bordered buffer where the plan asks (out_pad, as the direct conv).
 V and M are workspaces (kernel buffers "v", "m", shared by every step of a compiled
-network). Needs an output whose sides m divides (every tile whole). The tests hold built
+network). Where m does not divide a side of the output (ResNet's 7x7 maps), the last tile
+row or column is ragged: the transforms run over up to four rectangles of tiles (whole
+tiles, the last column, the last row, the corner): the input windows' rows and columns
+past the padded input are zeros, not loads (the conv of a zero-extended input, equal to
+the conv itself within its edge), and the outputs past the edge are not stored. It
+applies where the tiles cover at most half again as many outputs as the conv has. The
+tests hold built
 kernels of both to the reference within 1e-4, as for the direct conv, and the measurer
 checks every candidate the same way.
 """
@@ -83,9 +89,18 @@ def variant(cfg) -> Variant:
     return VARIANTS[cfg.get("algorithm", "winograd")]
 
 
+RAGGED_WASTE = 1.5  # most outputs the tiles may cover, per output the conv has
+
+
+def tile_grid(oh: int, ow: int, m: int) -> tuple[int, int]:
+    """Rows and columns of m x m tiles covering an oh x ow output (the last ones ragged
+    where m does not divide a side)."""
+    return -(-oh // m), -(-ow // m)
+
+
 def applicable(c: Compute, v: Variant = F2) -> bool:
     """3x3, stride 1, no dilation, one group, batch 1, channel counts that fill vectors,
-    and an output whose sides the tile divides (whole m x m tiles)."""
+    and tiles covering at most RAGGED_WASTE times the output's area."""
     if c.op != "conv2d" or c.attr("groups") != 1 or c.inputs[0].shape[0] != 1:
         return False
     _, ch, _, _ = c.inputs[0].shape
@@ -93,12 +108,12 @@ def applicable(c: Compute, v: Variant = F2) -> bool:
     _, _, oh, ow = c.output.shape
     return ((kh, kw) == (3, 3) and tuple(c.attr("stride")) == (1, 1)
             and tuple(c.attr("dilation")) == (1, 1) and ch % 8 == 0 and k % 8 == 0
-            and oh % v.m == 0 and ow % v.m == 0)
+            and math.prod(tile_grid(oh, ow, v.m)) * v.m * v.m <= RAGGED_WASTE * oh * ow)
 
 
 def winograd_space(c: Compute, cpu: CpuInfo, v: Variant = F2) -> Space:
     con = Conv2dContraction.from_compute(c)
-    combos = gemm_combos(con, (con.oh // v.m) * (con.ow // v.m), cpu, whole_c=True)
+    combos = gemm_combos(con, math.prod(tile_grid(con.oh, con.ow, v.m)), cpu, whole_c=True)
     independent = (("out_layout", con.out_layouts),
                    ("spatial_order", tuple(itertools.permutations(("xi", "ko", "pt")))),
                    ("parallel", (1, 2)))
@@ -106,8 +121,12 @@ def winograd_space(c: Compute, cpu: CpuInfo, v: Variant = F2) -> Space:
 
 
 def _weighted_sum(terms: list[tuple[float, object]]):
-    """sum(coef * x): adds and subtracts of x or |coef| * x (a positive term first)."""
-    terms = sorted(terms, key=lambda t: -t[0])
+    """sum(coef * x): adds and subtracts of x or |coef| * x (a positive term first); an
+    x of None is a zero (a window position past the input's edge), and a sum of zeros
+    is None."""
+    terms = sorted(((c, x) for c, x in terms if x is not None), key=lambda t: -t[0])
+    if not terms:
+        return None
 
     def scaled(coef, x):
         return x if abs(coef) == 1 else Bin("mul", Num(float(abs(coef))), x)
@@ -126,7 +145,7 @@ def lower_winograd(c: Compute, cfg) -> LoopNest:
     if cb % lanes or con.c % cb or ob % lanes or con.k % ob:
         raise ValueError(f"winograd: cb={cb} and ob={ob} must divide C={con.c} and "
                          f"K={con.k} and be multiples of lanes={lanes}")
-    tiles = (con.oh // v.m) * (con.ow // v.m)
+    tiles = math.prod(tile_grid(con.oh, con.ow, v.m))
     kinds = operand_kinds(c)
     sizes = con.buffer_sizes(cfg)
     bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", v.xi * con.c * con.k, "in")]
@@ -136,8 +155,8 @@ def lower_winograd(c: Compute, cfg) -> LoopNest:
              Buffer("v", v.xi * tiles * con.c, "scratch"),
              Buffer("m", v.xi * tiles * con.k, "scratch")]
     tile_list: list[Tile] = []
-    body = [_input_stage(con, cfg, tiles, v)] + _gemm_stage(con, cfg, tiles, tile_list, v)
-    body.append(_output_stage(c, con, cfg, tiles, kinds, v))
+    body = [*_input_stage(con, cfg, tiles, v), *_gemm_stage(con, cfg, tiles, tile_list, v),
+            *_output_stage(c, con, cfg, tiles, kinds, v)]
     suffix = "winograd" if v.m == 2 else f"winograd{v.m}"
     return LoopNest(f"k_{c.key()}_{suffix}", tuple(bufs), tuple(tile_list), tuple(body),
                     lanes)
@@ -157,23 +176,57 @@ def _input_stage(con: Conv2dContraction, cfg, tiles: int, v: Variant):
 def _input_stage_of(con: Conv2dContraction, lanes: int, cb: int, tiles: int, v: Variant):
     m, a = v.m, v.a
     hp, wp = con.padded()
-    twid = con.ow // m
+    cols = tile_grid(con.oh, con.ow, m)[1]
+    stages = []
+    for (r0, nr), (c0, nc) in _regions(con, m):
+        last_row, last_col = (r0 + nr - 1) * m, (c0 + nc - 1) * m
 
-    def d(i: int, j: int) -> Ld:
-        return Ld(Access("a", Affine((("cq", hp * wp * cb), ("ty", m * wp * cb),
-                                      ("tx", m * cb), ("cv", lanes)), i * wp * cb + j * cb)))
-    t = [[_weighted_sum([(v.bt[ksi][i], d(i, j)) for i in range(a) if v.bt[ksi][i]])
-          for j in range(a)] for ksi in range(a)]
-    outs = []
-    for xi in range(v.xi):
-        ksi, nu = divmod(xi, a)
-        out = Affine((("cq", cb), ("ty", twid * con.c), ("tx", con.c), ("cv", lanes)),
-                     xi * tiles * con.c)
-        value = _weighted_sum([(v.bt[nu][j], t[ksi][j]) for j in range(a) if v.bt[nu][j]])
-        outs.append((Access("v", out), value))
-    extents = (con.c // cb, con.oh // m)
-    inner = For("tx", twid, SERIAL, (MapGroup(tuple(outs), "cv", cb // lanes),))
-    return For("q", math.prod(extents), PARALLEL, (Split("q", ("cq", "ty"), extents), inner))
+        def d(i: int, j: int) -> Ld | None:
+            if last_row + i >= hp or last_col + j >= wp:
+                return None  # past the padded input: a zero, never loaded
+            return Ld(Access("a", _terms((("cq", hp * wp * cb), ("ty", m * wp * cb, nr),
+                                          ("tx", m * cb, nc), ("cv", lanes)),
+                                         (i + r0 * m) * wp * cb + (j + c0 * m) * cb)))
+        t = [[_weighted_sum([(v.bt[ksi][i], d(i, j)) for i in range(a) if v.bt[ksi][i]])
+              for j in range(a)] for ksi in range(a)]
+        outs = []
+        for xi in range(v.xi):
+            ksi, nu = divmod(xi, a)
+            out = _terms((("cq", cb), ("ty", cols * con.c, nr), ("tx", con.c, nc),
+                          ("cv", lanes)), xi * tiles * con.c + (r0 * cols + c0) * con.c)
+            value = _weighted_sum([(v.bt[nu][j], t[ksi][j]) for j in range(a)
+                                   if v.bt[nu][j]])
+            outs.append((Access("v", out), Num(0.0) if value is None else value))
+        stages.append(_tile_loops((("cq", con.c // cb), ("ty", nr)), ("tx", nc),
+                                  MapGroup(tuple(outs), "cv", cb // lanes)))
+    return tuple(stages)
+
+
+def _regions(con: Conv2dContraction, m: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """((first tile row, tile rows), (first tile column, tile columns)) of the rectangles
+    of tiles the transforms run over: the whole tiles, then the ragged last column, last
+    row and corner where m does not divide a side."""
+    def runs(n: int) -> list[tuple[int, int]]:
+        whole = n // m
+        return ([(0, whole)] if whole else []) + ([(whole, 1)] if n % m else [])
+    return [(r, c) for r in runs(con.oh) for c in runs(con.ow)]
+
+
+def _terms(terms: tuple, const: int) -> Affine:
+    """An Affine of (variable, stride[, extent]) terms: a variable whose loop has one
+    iteration is left out (its loop is not emitted)."""
+    return Affine(tuple(t[:2] for t in terms if len(t) == 2 or t[2] > 1), const)
+
+
+def _tile_loops(parallel: tuple, inner: tuple[str, int], body) -> For:
+    """The parallel loop over the `parallel` (variable, extent) pairs fused (the channel
+    block first, then the tile rows unless they are one, as _terms leaves them), around a
+    serial loop over `inner` (unless it is one), around body."""
+    var, extent = inner
+    stmts = (For(var, extent, SERIAL, (body,)),) if extent > 1 else (body,)
+    fused = parallel[:1] + tuple((n, e) for n, e in parallel[1:] if e > 1)
+    names, extents = zip(*fused)
+    return For("q", math.prod(extents), PARALLEL, (Split("q", names, extents),) + stmts)
 
 
 def _gemm_stage(con: Conv2dContraction, cfg, tiles: int, tile_list: list, v: Variant
@@ -210,23 +263,29 @@ def _output_stage_of(c: Compute, con: Conv2dContraction, lanes: int, ob: int,
                      steps: tuple[int, int, int], start: int, tiles: int, kinds: tuple,
                      v: Variant):
     k, m, a = con.k, v.m, v.a
-    twid = con.ow // m
+    cols = tile_grid(con.oh, con.ow, m)[1]
     s_block, s_row, s_col = steps
-
-    def mv(xi: int) -> Ld:
-        return Ld(Access("m", Affine((("ty", twid * k), ("tx", k), ("ko", ob), ("kv", lanes)),
-                                     xi * tiles * k)))
-    rows = [[_weighted_sum([(v.at[i][ksi], mv(ksi * a + nu)) for ksi in range(a)
-                            if v.at[i][ksi]]) for nu in range(a)] for i in range(m)]
-    outs = []
-    for i, j in itertools.product(range(m), range(m)):
-        value = _weighted_sum([(v.at[j][nu], rows[i][nu]) for nu in range(a) if v.at[j][nu]])
-        o = Affine((("ko", s_block), ("ty", m * s_row), ("tx", m * s_col), ("kv", lanes)),
-                   i * s_row + j * s_col + start)
-        outs.append((Access("out", o), _epilogue(c, value, kinds, o, ob, lanes)))
-    extents = (k // ob, con.oh // m)
-    inner = For("tx", twid, SERIAL, (MapGroup(tuple(outs), "kv", ob // lanes),))
-    return For("q", math.prod(extents), PARALLEL, (Split("q", ("ko", "ty"), extents), inner))
+    stages = []
+    for (r0, nr), (c0, nc) in _regions(con, m):
+        def mv(xi: int) -> Ld:
+            return Ld(Access("m", _terms((("ty", cols * k, nr), ("tx", k, nc), ("ko", ob),
+                                          ("kv", lanes)),
+                                         xi * tiles * k + (r0 * cols + c0) * k)))
+        rows = [[_weighted_sum([(v.at[i][ksi], mv(ksi * a + nu)) for ksi in range(a)
+                                if v.at[i][ksi]]) for nu in range(a)] for i in range(m)]
+        outs = []
+        for i, j in itertools.product(range(m), range(m)):
+            if (r0 + nr - 1) * m + i >= con.oh or (c0 + nc - 1) * m + j >= con.ow:
+                continue  # past the output's edge: not stored
+            value = _weighted_sum([(v.at[j][nu], rows[i][nu]) for nu in range(a)
+                                   if v.at[j][nu]])
+            o = _terms((("ko", s_block), ("ty", m * s_row, nr), ("tx", m * s_col, nc),
+                        ("kv", lanes)),
+                       (i + r0 * m) * s_row + (j + c0 * m) * s_col + start)
+            outs.append((Access("out", o), _epilogue(c, value, kinds, o, ob, lanes)))
+        stages.append(_tile_loops((("ko", k // ob), ("ty", nr)), ("tx", nc),
+                                  MapGroup(tuple(outs), "kv", ob // lanes)))
+    return tuple(stages)
 
 
 def _epilogue(c: Compute, value, kinds, o: Affine, ob: int, lanes: int):
@@ -259,7 +318,7 @@ def pack_winograd(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
     u = transformed_weights(operands[1].detach(), v)  # [a^2][C][K] -> [a^2][K/OB][C][OB]
     u = u.reshape(v.xi, con.c, con.k // ob, ob).permute(0, 2, 1, 3)
     bufs["b"] = np.ascontiguousarray(u.numpy(), np.float32).ravel()
-    tiles = (con.oh // v.m) * (con.ow // v.m)
+    tiles = math.prod(tile_grid(con.oh, con.ow, v.m))
     bufs["v"] = np.zeros(v.xi * tiles * con.c, np.float32)
     bufs["m"] = np.zeros(v.xi * tiles * con.k, np.float32)
     return bufs
