@@ -59,7 +59,11 @@ def featurize_nest(compute: Compute, cfg: Config, nest: LoopNest, cpu: CpuInfo) 
     accs = rows * cols * vecs
     f += [nest.lanes, vecs, rows, cols, accs, accs / cpu.regs,
           float(accs >= cpu.chains(nest.lanes))]
-    loops = _loops(nest.body)
+    # the loops around the tile updates first (a Winograd or im2col kernel's GEMM, whose
+    # order decides its speed), then its transforms' or copies' (up to four rectangles of
+    # tiles each where the output is ragged): the same features for the same GEMM
+    loops = _loops([s for s in nest.body if _updates([s])] +
+                   [s for s in nest.body if not _updates([s])])
     ext = [(_log(l.extent), float(l.kind == UNROLL), float(l.kind == PARALLEL))
            for _, l in loops[:MAX_LOOPS]]
     ext += [(0.0, 0.0, 0.0)] * (MAX_LOOPS - len(ext))

@@ -139,3 +139,17 @@ def test_it_reads_and_writes_the_direct_convs_layouts(algorithm):
                               ("cb", "ob", "out_layout")})
         assert layouts_of(task, cfg) == layouts_of(task, direct)
     assert layouts_of(task, _winograd_cfgs(c, 1, 0, cb=32)[0])[0] == "NHWC/p1x1"
+
+
+def test_its_features_lead_with_the_gemms_loops_ragged_or_not():
+    """The cost model reads loops by nesting level: a Winograd kernel's GEMM (whose order
+    decides its speed) comes first whether its transforms run over one rectangle of tiles
+    or four, so one config's GEMM features match across whole and ragged outputs."""
+    from raytune_kernels.cpu.features import MAX_LOOPS, featurize
+
+    cpu = cpu_info()
+    whole, ragged = conv((1, 32, 8, 8), 32, 3, 1, 1), conv((1, 32, 7, 7), 32, 3, 1, 1)
+    cfg = _winograd_cfgs(whole, 1, seed=4, tile_h=4, out_layout="blocked")[0]
+    loops = slice(11 + 7, 11 + 7 + 3 * 3)  # op and algorithm flags, tile, first 3 loops
+    assert MAX_LOOPS >= 3
+    assert featurize(whole, cfg, cpu)[loops] == featurize(ragged, cfg, cpu)[loops]
