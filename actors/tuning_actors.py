@@ -246,7 +246,8 @@ class TaskSchedulerActor:
         # measurers (a cuda target's backend needs the measuring GPU's arch first)
         searchers = search_actors(request.search_actors, len(tasks))
         spread = searchers > 1
-        pool = None if on_gpu else RaySearchPool(tasks, backend_for(target, request.cpu),
+        pool = None if on_gpu else RaySearchPool(tasks, backend_for(target, request.cpu,
+                                                             opts.threads),
                                                  opts.seed, opts.search, searchers, spread)
         if on_gpu:
             self.pipeline, target, device, info = _gpu_pipeline(target, measure_opts)

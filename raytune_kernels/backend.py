@@ -73,13 +73,15 @@ class Backend:
     seeds: Callable[[Compute], list[Config]] = no_seeds
 
 
-def cpu_backend(cpu: CpuInfo) -> Backend:
+def cpu_backend(cpu: CpuInfo, threads: int = 1) -> Backend:
     """Loop nests rendered to LLVM IR for `cpu` (its vector widths, registers and
-    measured machine model)."""
+    measured machine model); the estimate prices configs at the `threads` the tuner
+    measures them with."""
     return Backend("llvm", cpu, functools.partial(no_kernel_reason, cpu=cpu),
                    functools.partial(_cpu_space, cpu=cpu),
                    layouts_of, functools.partial(featurize, cpu=cpu),
-                   functools.partial(_cpu_analyze, cpu=cpu), True, pack, unpack)
+                   functools.partial(_cpu_analyze, cpu=cpu, threads=threads), True, pack,
+                   unpack)
 
 
 def cuda_backend(gpu: GpuInfo, precision: str = DEFAULT) -> Backend:
@@ -98,13 +100,15 @@ def cuda_backend(gpu: GpuInfo, precision: str = DEFAULT) -> Backend:
                    functools.partial(_cuda_seeds, precision=precision, gpu=gpu))
 
 
-def backend_for(target: str | Target, device: CpuInfo | GpuInfo | None = None) -> Backend:
+def backend_for(target: str | Target, device: CpuInfo | GpuInfo | None = None,
+                threads: int = 1) -> Backend:
     """The backend of a target string. An "llvm" target is sized for the host CPU (or its
-    -mcpu); a "cuda" target for its -arch, or for `device` (the measuring GPU's figures)
-    when the target names no arch."""
+    -mcpu), its estimate at `threads`; a "cuda" target for its -arch, or for `device`
+    (the measuring GPU's figures) when the target names no arch."""
     tgt = parse_target(target)
     if tgt.kind == "llvm":
-        return cpu_backend(device if isinstance(device, CpuInfo) else cpu_info(tgt.mcpu))
+        return cpu_backend(device if isinstance(device, CpuInfo) else cpu_info(tgt.mcpu),
+                           threads)
     if tgt.kind == "cuda":
         if isinstance(device, GpuInfo):
             return cuda_backend(device, tgt.precision)
@@ -187,11 +191,11 @@ def _cpu_space(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
 
 
 def _cpu_analyze(compute: Compute, cfgs: list[Config], features: bool = True,
-                 cpu: CpuInfo | None = None) -> Analysis:
+                 cpu: CpuInfo | None = None, threads: int = 1) -> Analysis:
     nests = [lower(compute, c) for c in cfgs]
     x = np.asarray([featurize_nest(compute, c, n, cpu) for c, n in zip(cfgs, nests)],
                    dtype=np.float32).reshape(len(cfgs), -1) if features else None
-    return x, np.asarray([cycles(n, cpu.machine) for n in nests], dtype=np.float64)
+    return x, np.asarray([cycles(n, cpu.machine, threads) for n in nests], dtype=np.float64)
 
 
 def _cuda_layouts(task: Task, cfg: Config) -> tuple[str, str]:

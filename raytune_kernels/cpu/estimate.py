@@ -40,7 +40,17 @@ and weights cold; docs/measurement.md names the machine):
   of it as the loops inside touch; where that exceeds what L2 keeps (three quarters of it,
   the rest for the other operands), each pass streams it from L3 or memory at
   RESTREAM_BYTES_PER_CYCLE: row tiles outside output blocks re-read every weight once per
-  row tile (dense 128x768 -> 768: 316 us with output blocks outside, 383 us inside).
+  row tile (dense 128x768 -> 768: 316 us with output blocks outside, 383 us inside);
+- the weights come from memory (the tuner times them out of cache, as a network reads
+  them), once per thread that needs all of them: a thread's share of a parallel loop that
+  does not index them (tile rows, Winograd's tiles) reads every weight. Memory is shared
+  by the threads, so the kernel takes at least those bytes over DRAM_BYTES_PER_CYCLE,
+  whatever its compute (a roofline). It decides between schedules whose compute bounds
+  are equal: ResNet-18's 7x7x512 Winograd kernels stream 17 MB of transformed weights,
+  and measured 380-1000 us by loop order where the compute bounds gave ~1089k cycles for
+  all. Against 2-thread cold-weight records of ResNet-18's conv tasks (its tuner's), the
+  mean rank correlation went from 0.51 to 0.62, from 0.16-0.35 to 0.51-0.68 on the 7x7
+  tasks, and fell on none.
 
 With `threads`, a parallel loop's iterations are shared out statically (the busiest
 thread's share counts) and opening the parallel region costs FORK_CYCLES, so a small row
@@ -66,6 +76,9 @@ L2_BYTES_PER_CYCLE = 32.0  # sustained L2 -> L1 bandwidth of one core
 # bytes per cycle a core re-reads an operand from L3 or memory, partly overlapped with its
 # FMAs (fitted to the dense gaps above: 64 over-prices them by up to 1.6x, never under)
 RESTREAM_BYTES_PER_CYCLE = 64.0
+# bytes per cycle of the core clock that memory delivers to all threads together (fitted:
+# 6-10 rank the records above alike, 14 and up lose most of the gain; not probed)
+DRAM_BYTES_PER_CYCLE = 8.0
 TRANSCENDENTAL_OPS = 12  # vector ops of an inlined exp, tanh or sqrt polynomial
 CHEAP_OPS = ("relu", "relu6", "hardswish", "hardsigmoid")  # a few selects and multiplies
 
@@ -77,9 +90,32 @@ def cycles(nest: LoopNest, machine: MachineModel, threads: int = 1) -> float:
     ways = max(1, machine.caches[0] // SET_PERIOD) if machine.caches[0] else 8
     restream = _restreamed(nest.body, (), tiles, nest.lanes, threads)
     keeps = 0.75 * (machine.caches[1] or 1 << 20)
-    return _cycles(nest.body, tiles, machine.unit(nest.lanes), (threads, ways)) + \
+    compute = _cycles(nest.body, tiles, machine.unit(nest.lanes), (threads, ways)) + \
         sum(max(0.0, passes - 1) * size for passes, size in restream if size > keeps) \
         / RESTREAM_BYTES_PER_CYCLE
+    return max(compute, _weight_bytes(nest, threads) / DRAM_BYTES_PER_CYCLE)
+
+
+def _weight_bytes(nest: LoopNest, threads: int) -> float:
+    """Bytes of the weights (the B operand of outer-product updates) read from memory:
+    once, or once per thread where the parallel loop around an update shares out a
+    variable their index does not use."""
+    sizes = {b.name: 4 * b.size for b in nest.buffers}
+    most = 0.0
+
+    def walk(body, shared: str | None) -> None:
+        nonlocal most
+        for s in body:
+            if isinstance(s, For):
+                split = s.body[0] if s.body and isinstance(s.body[0], Split) else None
+                first = split.names[0] if split is not None else s.var
+                walk(s.body, first if s.kind == PARALLEL else shared)
+            elif isinstance(s, UpdateTile) and s.mode == BCAST_FMA and s.b is not None:
+                indexed = {v for v, c in s.b.index.terms if c}
+                copies = 1 if shared is None or shared in indexed else threads
+                most = max(most, sizes.get(s.b.buffer, 0) * copies)
+    walk(nest.body, None)
+    return most
 
 
 def _restreamed(body, path: tuple, tiles: dict, lanes: int, threads: int) -> list:

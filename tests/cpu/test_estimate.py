@@ -178,3 +178,31 @@ def test_an_uneven_parallel_split_costs_the_busiest_thread():
                     spatial_order=("ko", "oh"), tile_h=9, tile_w=1)
     one, two = (cycles(lower(task.compute, cfg), CPU.machine, t) for t in (1, 2))
     assert two == pytest.approx(2 / 3 * one, rel=0.05)
+
+
+def test_weights_read_by_every_thread_are_priced_from_memory(zoo_models):
+    """A Winograd GEMM whose parallel loop shares out its tiles (which the transformed
+    weights do not depend on) reads all 17 MB of them in each thread; one that shares out
+    the transformed positions reads each once. Compute is alike, memory is not."""
+    from raytune_kernels.backend import backend_for
+    from raytune_kernels.cpu.estimate import DRAM_BYTES_PER_CYCLE, cycles
+    from raytune_kernels.cpu.machine import cpu_info
+    from raytune_kernels.cpu.schedules import lower
+    from raytune_kernels.space import Config
+
+    model, inputs = zoo_models["resnet18"]
+    task = next(t for t in rk.extract_tasks(model, inputs) if t.compute.describe().startswith(
+        "conv2d 1x512x7x7 -> 512ch k3x3 s1"))
+    machine = cpu_info().machine
+    base = dict(algorithm="winograd", lanes=8, ob=32, tile_h=8, cb=64, out_layout="blocked",
+                parallel=1)
+    by_position = lower(task.compute, Config.of(**base, spatial_order=("xi", "ko", "pt")))
+    by_tile = lower(task.compute, Config.of(**base, spatial_order=("pt", "ko", "xi")))
+    u_bytes = 16 * 512 * 512 * 4
+    assert cycles(by_position, machine, 2) >= u_bytes / DRAM_BYTES_PER_CYCLE
+    assert cycles(by_tile, machine, 2) >= 2 * u_bytes / DRAM_BYTES_PER_CYCLE
+    assert cycles(by_tile, machine, 2) > 1.5 * cycles(by_position, machine, 2)
+    # the search's estimate prices at the tuner's thread count
+    x, cost = backend_for("llvm", threads=2).analyze(task.compute, [Config.of(
+        **base, spatial_order=("pt", "ko", "xi"))])
+    assert cost[0] == cycles(by_tile, cpu_info().machine, 2)
