@@ -184,8 +184,10 @@ def describe_tuned_before(tasks, older: dict[str, set[str]]) -> str | None:
 class UnionSpace:
     """Alternatives (algorithms) with a space each; a Config names its part under `key`.
 
-    Sampling is uniform over all points, so each algorithm gets trials in proportion to
-    its size; mutation stays inside the part, and now and then jumps to the other."""
+    Sampling picks an algorithm uniformly, then a point of it: weighted by size, a small
+    part (Winograd's few thousand points beside a direct conv's hundreds of thousands)
+    would seldom be sampled, and a search would seldom learn where it wins. Mutation stays
+    inside the part, and now and then jumps to another."""
 
     key: str
     parts: tuple[tuple[str, Space], ...]
@@ -213,7 +215,7 @@ class UnionSpace:
                 yield self._tag(name, cfg)
 
     def sample(self, rng: random.Random) -> Config:
-        name, space = rng.choices(self.parts, weights=[s.count() for _, s in self.parts])[0]
+        name, space = rng.choice(self.parts)
         return self._tag(name, space.sample(rng))
 
     def prepare(self) -> None:

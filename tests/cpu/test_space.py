@@ -1,3 +1,4 @@
+import collections
 import json
 import random
 from dataclasses import replace
@@ -95,3 +96,20 @@ def test_union_space_names_the_algorithm(zoo_models):
         seen.add(cfg["algorithm"])
     assert seen == {"direct", "im2col"}
     assert Config.of(algorithm="winograd") not in space
+
+
+def test_a_union_space_samples_each_algorithm_alike(zoo_models):
+    """The direct part holds far more points than im2col's or Winograd's: sampled by
+    size, a search would rarely try the small ones."""
+    from raytune_kernels.cpu.machine import cpu_info
+    from raytune_kernels.cpu.schedules import space_for
+    model, inputs = zoo_models["resnet18"]
+    task = next(t for t in rk.extract_tasks(model, inputs) if t.compute.describe().startswith(
+        "conv2d 1x512x7x7 -> 512ch k3x3 s1"))
+    space = space_for(task.compute, cpu_info())
+    sizes = {name: part.count() for name, part in space.parts}
+    assert set(sizes) == {"direct", "im2col", "winograd", "winograd4"}
+    assert sizes["direct"] > 10 * sizes["winograd"]
+    rng = random.Random(3)
+    counts = collections.Counter(space.sample(rng)["algorithm"] for _ in range(800))
+    assert all(150 <= counts[name] <= 250 for name in sizes), counts
