@@ -304,6 +304,21 @@ def steps_row(run: Run) -> dict[str, str]:
             "steps alone, warm (ms)": each("alone_warm_ms"), "file": run.path}
 
 
+def records_ab_row(run: Run) -> dict[str, str]:
+    d = run.data
+
+    def algos(side: dict) -> str:
+        names = list(side["conv_algorithms"].values())
+        return ", ".join(f"{a} {names.count(a)}" for a in sorted(set(names)))
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": shlex.join(["bench/records_ab.py", d["model"], "--a", d["a"]["records"],
+                                   "--b", d["b"]["records"], "--threads", str(d["threads"]),
+                                   "--rounds", str(d["rounds"])]),
+            "a (ms)": ms(d["a"]["ms"]), "b (ms)": ms(d["b"]["ms"]),
+            "a / b": spread(d["a_over_b"]), "a's convs": algos(d["a"]),
+            "b's convs": algos(d["b"]), "file": run.path}
+
+
 def spread(ratio: dict) -> str:
     return f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})"
 
@@ -355,6 +370,11 @@ SHAPES = (
           "(conv and dense weights out of cache), median (range) of per-round ratios; warm, "
           "repeated in place; models without records run untuned.",
           lambda d: d.get("bench") == "steps", steps_row),
+    Shape("Two record sets (bench/records_ab.py)",
+          "one model compiled from records a and from records b, timed interleaved in one "
+          "process: median end to end, and a over b as the median (range) of per-round "
+          "ratios (above 1, b is faster); the conv steps by the algorithm each runs.",
+          lambda d: d.get("bench") == "records_ab", records_ab_row),
     Shape("Runner dispatch (bench/dispatch.py)",
           "what a native step pays to open and join its OpenMP parallel region inside the "
           "runner (kernels that do nothing else), median over repeats.",
