@@ -44,13 +44,19 @@ and weights cold; docs/measurement.md names the machine):
 - the weights come from memory (the tuner times them out of cache, as a network reads
   them), once per thread that needs all of them: a thread's share of a parallel loop that
   does not index them (tile rows, Winograd's tiles) reads every weight. Memory is shared
-  by the threads, so the kernel takes at least those bytes over DRAM_BYTES_PER_CYCLE,
-  whatever its compute (a roofline). It decides between schedules whose compute bounds
-  are equal: ResNet-18's 7x7x512 Winograd kernels stream 17 MB of transformed weights,
-  and measured 380-1000 us by loop order where the compute bounds gave ~1089k cycles for
-  all. Against 2-thread cold-weight records of ResNet-18's conv tasks (its tuner's), the
-  mean rank correlation went from 0.51 to 0.62, from 0.16-0.35 to 0.51-0.68 on the 7x7
-  tasks, and fell on none.
+  by the threads: those bytes over DRAM_BYTES_PER_CYCLE are added to the compute, not
+  overlapped with it (a roofline's max ties every config of a memory-bound kernel and
+  loses the compute's ranking: ResNet-18's dense fell to a rank correlation of 0). It
+  decides between schedules whose compute bounds are equal: ResNet-18's 7x7x512 Winograd
+  kernels stream 17 MB of transformed weights, and measured 380-1000 us by loop order
+  where the compute bounds gave ~1089k cycles for all. On bench/estimate.py's random
+  configs (1 thread, weights cold) the mean rank correlation went from 0.753 to 0.766 and
+  the first 8 picks hit within 5% of the best on 14 tasks of 19 against 13. Against the
+  tuners' own 2-thread records (ranked at 2 threads) it went from 0.50 to 0.52 on
+  ResNet-18's conv tasks (0.61 to 0.73 on one 7x7 task; 0.51 to 0.62 on the 2300 records
+  of a longer run), 0.53 to 0.54 on ResNet-50's and 0.33 to 0.37 on MobileNetV2's; those
+  records crowd near each task's best, and there the first 8 picks hit within 5% less
+  often (ResNet-18 4 tasks of 15 against 8, MobileNetV2 12 of 29 against 15).
 
 With `threads`, a parallel loop's iterations are shared out statically (the busiest
 thread's share counts) and opening the parallel region costs FORK_CYCLES, so a small row
@@ -77,7 +83,7 @@ L2_BYTES_PER_CYCLE = 32.0  # sustained L2 -> L1 bandwidth of one core
 # FMAs (fitted to the dense gaps above: 64 over-prices them by up to 1.6x, never under)
 RESTREAM_BYTES_PER_CYCLE = 64.0
 # bytes per cycle of the core clock that memory delivers to all threads together (fitted:
-# 6-10 rank the records above alike, 14 and up lose most of the gain; not probed)
+# 8-16 rank the configs above alike, 24 and up lose part of the gain; not probed)
 DRAM_BYTES_PER_CYCLE = 8.0
 TRANSCENDENTAL_OPS = 12  # vector ops of an inlined exp, tanh or sqrt polynomial
 CHEAP_OPS = ("relu", "relu6", "hardswish", "hardsigmoid")  # a few selects and multiplies
@@ -93,7 +99,7 @@ def cycles(nest: LoopNest, machine: MachineModel, threads: int = 1) -> float:
     compute = _cycles(nest.body, tiles, machine.unit(nest.lanes), (threads, ways)) + \
         sum(max(0.0, passes - 1) * size for passes, size in restream if size > keeps) \
         / RESTREAM_BYTES_PER_CYCLE
-    return max(compute, _weight_bytes(nest, threads) / DRAM_BYTES_PER_CYCLE)
+    return compute + _weight_bytes(nest, threads) / DRAM_BYTES_PER_CYCLE
 
 
 def _weight_bytes(nest: LoopNest, threads: int) -> float:

@@ -1,6 +1,7 @@
 """The analytic cycle estimate: bounded by the machine's peak, latency-bound tiles cost
 more, it follows the machine model it is given, and (a timing test, run with -m timing)
 its order agrees with real measurements of random configs on this host."""
+import math
 import random
 from dataclasses import replace
 
@@ -151,9 +152,15 @@ def test_rows_beyond_the_prefetched_streams_and_short_wide_tiles_cost_more():
     assert per_flop(768, dense_cfg(64, 2)) > 1.3 * good
 
 
-def test_weights_reread_per_row_tile_cost_their_traffic_once_they_outgrow_l2():
+def test_weights_reread_per_row_tile_cost_their_traffic_once_they_outgrow_l2(monkeypatch):
     """Row tiles outside output blocks read all of a 2.25 MiB weight once per row tile;
-    output blocks outside read each block's panel once. A 0.75 MiB weight stays in L2."""
+    output blocks outside read each block's panel once. A 0.75 MiB weight stays in L2.
+    (The first read from memory, which a thread's share of the rows makes twice, is priced
+    apart: test_weights_read_by_every_thread_are_priced_from_memory.)"""
+    from raytune_kernels.cpu import estimate
+
+    monkeypatch.setattr(estimate, "DRAM_BYTES_PER_CYCLE", math.inf)
+
     def gap(n: int) -> float:
         inside = per_flop(768, dense_cfg(32, 8, order=("oh", "ko")), n, threads=2)
         return inside / per_flop(768, dense_cfg(32, 8, order=("ko", "oh")), n, threads=2)
@@ -172,7 +179,11 @@ def test_threads_share_a_parallel_loop_and_pay_for_opening_it():
     assert cost(small, True, 2) > cost(small, False, 2)
 
 
-def test_an_uneven_parallel_split_costs_the_busiest_thread():
+def test_an_uneven_parallel_split_costs_the_busiest_thread(monkeypatch):
+    """Compute only: the weights' bytes from memory are the same at either thread count."""
+    from raytune_kernels.cpu import estimate
+
+    monkeypatch.setattr(estimate, "DRAM_BYTES_PER_CYCLE", math.inf)
     task = dense_task(512, n=48 * 3)  # three 48-wide blocks over two threads
     cfg = Config.of(cb=16, lanes=16, ob=48, parallel=1, reduce_order=("co",),
                     spatial_order=("ko", "oh"), tile_h=9, tile_w=1)
@@ -201,7 +212,8 @@ def test_weights_read_by_every_thread_are_priced_from_memory(zoo_models):
     u_bytes = 16 * 512 * 512 * 4
     assert cycles(by_position, machine, 2) >= u_bytes / DRAM_BYTES_PER_CYCLE
     assert cycles(by_tile, machine, 2) >= 2 * u_bytes / DRAM_BYTES_PER_CYCLE
-    assert cycles(by_tile, machine, 2) > 1.5 * cycles(by_position, machine, 2)
+    assert cycles(by_tile, machine, 2) - cycles(by_position, machine, 2) >= \
+        0.9 * u_bytes / DRAM_BYTES_PER_CYCLE  # the second thread's copy, and little else
     # the search's estimate prices at the tuner's thread count
     x, cost = backend_for("llvm", threads=2).analyze(task.compute, [Config.of(
         **base, spatial_order=("pt", "ko", "xi"))])
