@@ -70,6 +70,19 @@ def test_a_deployment_run_names_its_load_time_and_the_backend_ratio():
     assert row["backend / ours"].startswith("1.117 (")
 
 
+def test_a_record_set_comparison_names_both_sides_and_their_algorithms():
+    name = "znver5/records_ab_resnet18_2threads_800_vs_1400.json"
+    row = _rows(RESULTS, {name: "2026-11-26"})[name]
+    assert row["command"] == (
+        "bench/records_ab.py resnet18 --a 306fcc5:bench/results/znver5/network_resnet18_"
+        "2threads.jsonl --b bench/results/znver5/network_resnet18_2threads.jsonl --threads 2 "
+        "--rounds 15")
+    assert (row["a (ms)"], row["b (ms)"], row["a / b"]) == ("6.398", "6.064",
+                                                          "1.053 (0.996-1.080)")
+    assert (row["a's convs"], row["b's convs"]) == ("direct 10, winograd 3, winograd4 7",
+                                                    "direct 7, winograd 6, winograd4 7")
+
+
 def test_a_json_file_without_json_is_counted_and_its_log_read_instead():
     runs, unreadable = tables.read_runs(RESULTS, {})
     assert "znver3/network_resnet18_2threads_800_stop31.json" in unreadable
