@@ -53,8 +53,8 @@ and weights cold; docs/measurement.md names the machine):
   configs (1 thread, weights cold) the mean rank correlation went from 0.753 to 0.766 and
   the first 8 picks hit within 5% of the best on 14 tasks of 19 against 13. Against the
   tuners' own 2-thread records (ranked at 2 threads) it went from 0.50 to 0.52 on
-  ResNet-18's conv tasks (0.61 to 0.73 on one 7x7 task; 0.51 to 0.62 on the 2300 records
-  of a longer run), 0.53 to 0.54 on ResNet-50's and 0.33 to 0.37 on MobileNetV2's; those
+  ResNet-18's conv tasks (0.61 to 0.73 on one 7x7 task), 0.53 to 0.54 on ResNet-50's
+  and 0.33 to 0.37 on MobileNetV2's (bench/results/znver5/network_*_2threads.jsonl); those
   records crowd near each task's best, and there the first 8 picks hit within 5% less
   often (ResNet-18 4 tasks of 15 against 8, MobileNetV2 12 of 29 against 15).
 
