@@ -37,9 +37,14 @@ def git(*args: str) -> bytes:
                           cwd=os.path.dirname(HERE)).stdout
 
 
+def in_git(spec: str) -> bool:
+    """Whether a record set names a git revision's file (REV:PATH), not a path."""
+    return not os.path.exists(spec) and ":" in spec
+
+
 def pinned(spec: str) -> str:
     """REV:PATH with REV as its commit's short hash (HEAD moves; the hash does not)."""
-    if os.path.exists(spec) or ":" not in spec:
+    if not in_git(spec):
         return spec
     rev, path = spec.split(":", 1)
     return f"{git('rev-parse', '--short', rev).decode().strip()}:{path}"
@@ -47,7 +52,7 @@ def pinned(spec: str) -> str:
 
 def records_file(spec: str, workdir: str) -> str:
     """A path as it is; REV:PATH (a git revision's copy of a records file) written out."""
-    if os.path.exists(spec) or ":" not in spec:
+    if not in_git(spec):
         return spec
     out = os.path.join(workdir, f"{len(os.listdir(workdir))}.jsonl")
     with open(out, "wb") as f:

@@ -62,8 +62,8 @@ def featurize_nest(compute: Compute, cfg: Config, nest: LoopNest, cpu: CpuInfo) 
     # the loops around the tile updates first (a Winograd or im2col kernel's GEMM, whose
     # order decides its speed), then its transforms' or copies' (up to four rectangles of
     # tiles each where the output is ragged): the same features for the same GEMM
-    loops = _loops([s for s in nest.body if _updates([s])] +
-                   [s for s in nest.body if not _updates([s])])
+    around = {id(s) for s in nest.body if _updates([s])}
+    loops = _loops(sorted(nest.body, key=lambda s: id(s) not in around))  # stable
     ext = [(_log(l.extent), float(l.kind == UNROLL), float(l.kind == PARALLEL))
            for _, l in loops[:MAX_LOOPS]]
     ext += [(0.0, 0.0, 0.0)] * (MAX_LOOPS - len(ext))

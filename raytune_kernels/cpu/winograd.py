@@ -98,6 +98,11 @@ def tile_grid(oh: int, ow: int, m: int) -> tuple[int, int]:
     return -(-oh // m), -(-ow // m)
 
 
+def tile_count(con: Conv2dContraction, v: Variant) -> int:
+    """The m x m tiles covering the conv's output: the GEMMs' rows, V's and M's tiles."""
+    return math.prod(tile_grid(con.oh, con.ow, v.m))
+
+
 def applicable(c: Compute, v: Variant = F2) -> bool:
     """3x3, stride 1, no dilation, one group, batch 1, channel counts that fill vectors,
     and tiles covering at most RAGGED_WASTE times the output's area."""
@@ -113,7 +118,7 @@ def applicable(c: Compute, v: Variant = F2) -> bool:
 
 def winograd_space(c: Compute, cpu: CpuInfo, v: Variant = F2) -> Space:
     con = Conv2dContraction.from_compute(c)
-    combos = gemm_combos(con, math.prod(tile_grid(con.oh, con.ow, v.m)), cpu, whole_c=True)
+    combos = gemm_combos(con, tile_count(con, v), cpu, whole_c=True)
     independent = (("out_layout", con.out_layouts),
                    ("spatial_order", tuple(itertools.permutations(("xi", "ko", "pt")))),
                    ("parallel", (1, 2)))
@@ -145,7 +150,7 @@ def lower_winograd(c: Compute, cfg) -> LoopNest:
     if cb % lanes or con.c % cb or ob % lanes or con.k % ob:
         raise ValueError(f"winograd: cb={cb} and ob={ob} must divide C={con.c} and "
                          f"K={con.k} and be multiples of lanes={lanes}")
-    tiles = math.prod(tile_grid(con.oh, con.ow, v.m))
+    tiles = tile_count(con, v)
     kinds = operand_kinds(c)
     sizes = con.buffer_sizes(cfg)
     bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", v.xi * con.c * con.k, "in")]
@@ -318,7 +323,7 @@ def pack_winograd(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
     u = transformed_weights(operands[1].detach(), v)  # [a^2][C][K] -> [a^2][K/OB][C][OB]
     u = u.reshape(v.xi, con.c, con.k // ob, ob).permute(0, 2, 1, 3)
     bufs["b"] = np.ascontiguousarray(u.numpy(), np.float32).ravel()
-    tiles = math.prod(tile_grid(con.oh, con.ow, v.m))
+    tiles = tile_count(con, v)
     bufs["v"] = np.zeros(v.xi * tiles * con.c, np.float32)
     bufs["m"] = np.zeros(v.xi * tiles * con.k, np.float32)
     return bufs
