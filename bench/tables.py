@@ -203,12 +203,25 @@ def scale_row(run: Run) -> dict[str, str]:
 def search_row(run: Run) -> dict[str, str]:
     d = run.data
     args = ["bench/search.py", "--trials", str(d["trials_per_task"]), "--seeds", str(d["seeds"])]
+    if d.get("threads", 1) != 1:
+        args += ["--threads", str(d["threads"])]
+    if d.get("tasks"):
+        args += ["--model", d.get("model", "resnet18"), "--tasks", *d["tasks"]]
+    strategies = d.get("strategies", ["model", "random"])
+    if strategies != ["model", "random"]:
+        args += ["--strategies", ",".join(strategies)]
     args += ["--shared-model"] if d.get("shared_model") else []
+    args += ["--cold"] if d.get("cold") else []
+    args += ["--history", d["history"]] if d.get("history") else []
     to95 = d["trials_to_95"]
+    at = d.get("geomean_us_at_trials", {})  # its last checkpoint holds the end of the run
     return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d.get("threads", "")),
             "command": d.get("command") or shlex.join(args),
-            "trials to 95% (guided / random)": f"{to95['model']} / {to95['random']}",
-            "final ratio": f"{d['final_ratio']:.2f}x", "file": run.path}
+            "trials to 95%": "; ".join(f"{s} {to95[s]}" for s in strategies),
+            "best at the end (us, geomean)": "; ".join(
+                f"{s} {at[s][max(at[s], key=int)]:.0f}" for s in strategies if at.get(s)),
+            "final ratio": f"{d['final_ratio']:.2f}x" if "final_ratio" in d else "",
+            "file": run.path}
 
 
 def chaos_row(run: Run) -> dict[str, str]:
@@ -344,7 +357,9 @@ SHAPES = (
           lambda d: isinstance(d.get("trials_per_s"), dict) and "idle_fraction" in d,
           scaling_row),
     Shape("Search (bench/search.py)",
-          "trials to reach 95% of the best latency found, guided search against random; "
+          "trials to reach 95% of the best latency any strategy found (model: the tuner's "
+          "search; random: random sampling; model_one_pick: the search without its "
+          "per-algorithm picks); best at the end: geometric mean over tasks and seeds; "
           "final ratio: random search's best over the guided search's.",
           lambda d: "trials_to_95" in d, search_row),
     Shape("Faults (bench/chaos.py)", "trials recorded despite the injected faults.",

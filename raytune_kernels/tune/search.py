@@ -16,11 +16,21 @@ has learnt their good configs rather than this task's. A fraction epsilon of eve
 is random, so neither guide blinds the search. A config already measured for the task
 (errors included), or proposed and not yet observed, is never proposed again.
 
+A space of several algorithms (a UnionSpace: direct, Winograd F(2x2), F(4x4)) is searched
+per algorithm as well. The model learns mostly from the algorithm that led early, ranks
+the others' candidates by what it learnt there, and evolution breeds from the best
+measured, so an algorithm whose first random trials lost is left with the random fraction
+of later batches, though its good configs (few, where its space is mostly slow) may beat
+the leader's. So every algorithm still in contention (fewer than `part_trials`
+measurements, or a best within `contend` of the task's best) gets its own best-ranked
+candidate into every batch and its own best measured and ranked configs among the parents.
+
 The search knows no backend's internals: the backend's `analyze` (features and estimate
 of a batch of configs, see backend.py) and the cost model are its plug-ins.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -47,6 +57,11 @@ class SearchOptions:
     keep: int = 1024  # analysed candidates kept between proposals
     # own measurements at which the model and the estimate weigh equally; 0: no estimate
     estimate_trials: int = 16
+    # union spaces: each algorithm in contention gets a pick per batch and its own parents
+    part_picks: bool = True
+    part_trials: int = 4  # an algorithm with fewer measurements than this contends
+    contend: float = 1.3  # as does one whose best is within this factor of the task's best
+    part_parents: int = 4  # of each contending algorithm: best measured, and best ranked
 
 
 class EvolutionarySearch:
@@ -126,7 +141,7 @@ class EvolutionarySearch:
         else:
             self._grow(model)
             order = self._order(model)
-            best = order[: n - n_random]
+            best = self._picks(order, n - n_random)
             chosen = [self.pool.configs[i] for i in best]
             self.features = dict(zip(chosen, self.pool.x[best]))
             chosen += self._random(n - len(chosen), set(chosen))
@@ -169,10 +184,11 @@ class EvolutionarySearch:
         generations, children = ((self.opts.first_generations, self.opts.first_children)
                                  if first else (self.opts.generations, self.opts.children))
         for _ in range(generations):
-            ranked = [self.pool.configs[i] for i in self._order(model)[: self.opts.population]]
-            elite = sorted((c for c, t in self.measured.items() if math.isfinite(t)),
-                           key=self.measured.get)[: self.opts.elite]
-            parents = elite + ranked
+            order = self._order(model)
+            ranked = [self.pool.configs[i] for i in order[: self.opts.population]]
+            done = sorted((c for c, t in self.measured.items() if math.isfinite(t)),
+                          key=self.measured.get)
+            parents = done[: self.opts.elite] + ranked + self._part_parents(order, done)
             if parents:
                 self._add(self._children(parents, children), model)
 
@@ -207,6 +223,55 @@ class EvolutionarySearch:
             w = (own + 4) / (own + 4 + self.opts.estimate_trials)
             key = w * key + (1 - w) * _fractional_ranks(self.pool.estimates)
         return np.argsort(-key, kind="stable")
+
+    def _contending(self) -> list[str]:
+        """The algorithms of a union space still in contention (module docstring), the
+        best measured first; none for a space of one algorithm."""
+        key = getattr(self.space, "key", None)
+        if key is None or not self.opts.part_picks or len(self.space.parts) < 2:
+            return []
+        count: dict[str, int] = {}
+        best: dict[str, float] = {}
+        for c, t in self.measured.items():
+            part = c.get(key)
+            count[part] = count.get(part, 0) + 1
+            best[part] = min(t, best.get(part, math.inf))
+        lead = min(best.values(), default=math.inf)
+        names = [name for name, _ in self.space.parts
+                 if count.get(name, 0) < self.opts.part_trials
+                 or best.get(name, math.inf) <= self.opts.contend * lead]
+        return sorted(names, key=lambda name: best.get(name, math.inf))
+
+    def _picks(self, order: np.ndarray, n: int) -> np.ndarray:
+        """The n best of `order`, after the best-ranked candidate of each contending
+        algorithm (at most half of n, the best measured algorithms first)."""
+        parts = self._contending()
+        if not parts or n < 2:
+            return order[:n]
+        key, first = self.space.key, {}
+        for i in order:
+            part = self.pool.configs[i].get(key)
+            if part in parts and part not in first:
+                first[part] = i
+                if len(first) == len(parts):
+                    break
+        forced = [first[p] for p in parts if p in first][: max(1, n // 2)]
+        taken = set(forced)
+        rest = [i for i in order[: n + len(forced)] if i not in taken]
+        return np.array(forced + rest, dtype=order.dtype)[:n]
+
+    def _part_parents(self, order: np.ndarray, done: list[Config]) -> list[Config]:
+        """Parents for each contending algorithm: its best measured and best ranked
+        configs (`part_parents` of each), so that its part of the pool evolves too."""
+        parts, k = self._contending(), self.opts.part_parents
+        if not parts:
+            return []
+        key, out = self.space.key, []
+        for part in parts:
+            out += [c for c in done if c.get(key) == part][:k]
+            ranked = (self.pool.configs[i] for i in order)
+            out += itertools.islice((c for c in ranked if c.get(key) == part), k)
+        return out
 
     def _child(self, pop: list[Config]) -> Config:
         a = self.rng.choice(pop)

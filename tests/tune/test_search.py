@@ -212,3 +212,43 @@ def test_a_cuda_task_measures_its_untuned_default_first(conv):
         assert first[0] == default_config(conv.compute, precision)
         assert (dict(first[0].knobs).get("kernel") == "mma") == (precision != "fp32")
     assert BACKEND.seeds(conv.compute) == []  # the CPU's estimate guides its first picks
+
+
+def test_each_algorithm_in_contention_gets_a_pick_and_parents(zoo_models):
+    """A union space's algorithms do not compete for a batch by rank alone: each one still
+    in contention gets its best-ranked candidate in, and its own parents; one that is
+    measured and far behind does not."""
+    model, inputs = zoo_models["resnet18"]
+    task = next(t for t in rk.extract_tasks(model, inputs)
+                if t.compute.describe() == "conv2d 1x256x14x14 -> 256ch k3x3 s1 +bias+relu")
+    space = BACKEND.space(task.compute)
+    parts = [name for name, _ in space.parts]
+    assert len(parts) >= 4  # direct, im2col, F(2x2), F(4x4)
+    rng, by_part = random.Random(5), {p: [] for p in parts}
+    while min(map(len, by_part.values())) < 12:
+        c = space.sample(rng)
+        by_part[c["algorithm"]].append(c)
+    search = EvolutionarySearch(task, space, BACKEND, seed=0)
+    lead, second, third, *behind = parts
+    cfgs = [c for p in parts for c in by_part[p][4:12]]
+    search.pool.add(cfgs, np.zeros((len(cfgs), 1), np.float32), np.zeros(len(cfgs)),
+                    CostModel())
+    order = np.arange(len(cfgs))  # ranked: every `lead` candidate first, then `second`'s...
+
+    def picked(n):
+        return [search.pool.configs[i]["algorithm"] for i in search._picks(order, n)]
+
+    # none measured: all contend, and take at most half the batch (in the space's order)
+    assert sorted(picked(7)) == sorted([lead] * 5 + [second, third])
+    assert picked(1) == [lead]
+    search.observe(by_part[lead][:4], [1.0] * 4)
+    search.observe(by_part[second][:4], [1.2, 1.25, 2.0, 3.0])  # within 1.3x of the best
+    for p in [third, *behind]:
+        search.observe(by_part[p][:4], [1.5, 1.6, 1.7, 1.8])  # measured enough, and behind
+    assert search._contending() == [lead, second]
+    assert sorted(picked(7)) == sorted([lead] * 6 + [second])
+    parents = search._part_parents(order, sorted(search.measured, key=search.measured.get))
+    assert [c["algorithm"] for c in parents].count(second) == 2 * SearchOptions().part_parents
+    one = EvolutionarySearch(task, space, BACKEND, seed=0, opts=SearchOptions(part_picks=False))
+    one.pool = search.pool
+    assert [one.pool.configs[i]["algorithm"] for i in one._picks(order, 7)] == [lead] * 7
