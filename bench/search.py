@@ -17,7 +17,8 @@ time per strategy, with the algorithm of each best (best_algorithm), and
 model_best_geomean_us their geometric mean for the model; geomean_us_at_trials: per
 strategy, the geometric mean over tasks and seeds of the best time after 8, 16, 32, 64
 and 128 trials. --cold times the weights out of cache, as tune_network does. --history
-resumes from a model's records (tune_network's file, at these threads and --cold): each
+resumes from a model's records (tune_network's file, or REV:PATH for a git revision's
+copy, at these threads and --cold): each
 search starts from its task's records, with the cost model trained on every task's, as
 when tuning the network goes on; the curves then count the new trials alone, and
 history_best_us gives each task's best before them.
@@ -31,6 +32,7 @@ import json
 import math
 import statistics
 import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
@@ -45,6 +47,7 @@ from raytune_kernels.tune.records import load_records
 from raytune_kernels.tune.search import SearchOptions
 from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
 from raytune_kernels.backend import cpu_backend
+from records_ab import pinned, records_file
 
 STRATEGIES = ("model", "random", "model_one_pick")
 TASKS = ("conv2d 1x64x56x56 -> 64ch k3x3 s1 +bias+relu",
@@ -149,9 +152,14 @@ def main() -> None:
     if args.history:
         if args.shared_model:
             sys.exit("--history and --shared-model exclude each other")
-        history = [r for r in load_records(args.history).records
+        with tempfile.TemporaryDirectory() as tmp:
+            loaded = load_records(records_file(args.history, tmp)).records
+        history = [r for r in loaded
                    if r.target == "llvm" and r.threads == args.threads
                    and r.cold_weights == args.cold]
+        if not history:
+            sys.exit(f"{args.history} holds no llvm records at {args.threads} threads "
+                     f"with{'' if args.cold else 'out'} --cold")
         for t in tasks:
             times = [r.median for r in history if r.task_key == t.key]
             history_best[t.compute.describe()] = {
@@ -202,7 +210,8 @@ def main() -> None:
                 "strategies": strategies, "model": args.model, "tasks": args.tasks,
                 "trials_per_task": args.trials, "seeds": args.seeds,
                 "threads": args.threads, "shared_model": args.shared_model,
-                "cold": args.cold, "history": args.history, "history_best": history_best,
+                "cold": args.cold, "history": args.history and pinned(args.history),
+                "history_best": history_best,
                 "cpu": cpu_info().name})
     print(json.dumps(out))
 

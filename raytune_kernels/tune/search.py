@@ -21,9 +21,10 @@ per algorithm as well. The model learns mostly from the algorithm that led early
 the others' candidates by what it learnt there, and evolution breeds from the best
 measured, so an algorithm whose first random trials lost is left with the random fraction
 of later batches, though its good configs (few, where its space is mostly slow) may beat
-the leader's. So every algorithm still in contention (fewer than `part_trials`
-measurements, or a best within `contend` of the task's best) gets its own best-ranked
-candidate into every batch and its own best measured and ranked configs among the parents.
+the leader's. So the algorithms still in contention (fewer than `part_trials`
+measurements, or a best within `contend` of the task's best) share each batch's guided
+picks round-robin, each its own best-ranked candidates, and each has its own best measured
+and ranked configs among the parents; the others get the random share alone.
 
 The search knows no backend's internals: the backend's `analyze` (features and estimate
 of a batch of configs, see backend.py) and the cost model are its plug-ins.
@@ -57,7 +58,7 @@ class SearchOptions:
     keep: int = 1024  # analysed candidates kept between proposals
     # own measurements at which the model and the estimate weigh equally; 0: no estimate
     estimate_trials: int = 16
-    # union spaces: each algorithm in contention gets a pick per batch and its own parents
+    # union spaces: the algorithms in contention share the picks and have their own parents
     part_picks: bool = True
     part_trials: int = 4  # an algorithm with fewer measurements than this contends
     contend: float = 1.3  # as does one whose best is within this factor of the task's best
@@ -243,22 +244,26 @@ class EvolutionarySearch:
         return sorted(names, key=lambda name: best.get(name, math.inf))
 
     def _picks(self, order: np.ndarray, n: int) -> np.ndarray:
-        """The n best of `order`, after the best-ranked candidate of each contending
-        algorithm (at most half of n, the best measured algorithms first)."""
+        """The n best of `order`; in a union space, shared round-robin among the
+        contending algorithms (the best measured first), each taking its own best-ranked
+        candidates. An algorithm out of contention gets only the batch's random share."""
         parts = self._contending()
         if not parts or n < 2:
             return order[:n]
-        key, first = self.space.key, {}
-        for i in order:
-            part = self.pool.configs[i].get(key)
-            if part in parts and part not in first:
-                first[part] = i
-                if len(first) == len(parts):
-                    break
-        forced = [first[p] for p in parts if p in first][: max(1, n // 2)]
-        taken = set(forced)
-        rest = [i for i in order[: n + len(forced)] if i not in taken]
-        return np.array(forced + rest, dtype=order.dtype)[:n]
+        key, out = self.space.key, []
+
+        def ranked(part):
+            return (i for i in order if self.pool.configs[i].get(key) == part)
+
+        queues = {part: ranked(part) for part in parts}
+        while len(out) < n and queues:
+            for part in list(queues):
+                i = next(queues[part], None)
+                if i is None:
+                    del queues[part]
+                elif len(out) < n:
+                    out.append(i)
+        return np.array(out, dtype=order.dtype)
 
     def _part_parents(self, order: np.ndarray, done: list[Config]) -> list[Config]:
         """Parents for each contending algorithm: its best measured and best ranked
