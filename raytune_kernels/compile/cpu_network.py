@@ -24,6 +24,7 @@ import time
 import warnings
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 
 from raytune_kernels.compile.artifact import cpu_machine, graph_without_weights, save
@@ -40,7 +41,7 @@ from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.row_kernels import ROW_OPS
 from raytune_kernels.cpu.border import border_runs, fill_ir, fill_kernel
 from raytune_kernels.cpu.build import build, keep
-from raytune_kernels.cpu.runner import Runner, make_runner
+from raytune_kernels.cpu.runner import Runner, cycles_per_second, make_runner
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info
 from raytune_kernels.cpu.measure import cold_copies
@@ -81,6 +82,7 @@ class CompiledNetwork(Reporting):
         self._bound = [self._bind(s) for s in steps]
         # one per step, its border fills included: profile() clocks them
         self._calls = [self._with_fills(i, call) for i, call in enumerate(self._bound)]
+        self._owners: list[list[int]] = []  # per segment, the step of each of its calls
         self._segments = self._native_runs()  # what _run() calls
 
     def view(self, b: Buf) -> torch.Tensor:
@@ -140,6 +142,7 @@ class CompiledNetwork(Reporting):
         (and lone native calls) as bound."""
         out: list[tuple[Callable, tuple]] = []
         run: list[tuple[Callable, list[int]]] = []
+        owners: list[int] = []
 
         def flush() -> None:
             if len(run) > 1:
@@ -148,14 +151,21 @@ class CompiledNetwork(Reporting):
                 fn, ptrs = run[0]
                 out.append((fn, tuple(ctypes.c_void_p(p) for p in ptrs)
                              + (ctypes.c_int32(self.threads),)))
+            if run:
+                self._owners.append(list(owners))
             run.clear()
+            owners.clear()
         for i, s in enumerate(self.steps):
-            run.extend(self._fills.get(i, ()))
+            fills = self._fills.get(i, ())
+            run.extend(fills)
+            owners.extend([i] * len(fills))
             if s.kernel is not None:
                 run.append((s.kernel.fn, self._pointers(s)))
+                owners.append(i)
                 continue
             flush()
             out.append(self._bound[i])
+            self._owners.append([i])
         flush()
         return out
 
@@ -282,6 +292,35 @@ class CompiledNetwork(Reporting):
         return cold
 
     def _clock_steps(self, xs, runs: int) -> list[float]:
+        """Each step's seconds inside the running network, median of `runs` runs: the
+        network's own segments run in order, a native runner's kernels clocked by the
+        cycle counter inside it (cpu/runner.py), any other segment by perf_counter around
+        it; a step's border fills count as its own. Without such a counter, each step is
+        called and clocked from here in turn (_clock_calls)."""
+        per_second = cycles_per_second()
+        if per_second is None:
+            return self._clock_calls(xs, runs)
+        clocked = [fn.clocked() if isinstance(fn, Runner) else None for fn, _ in self._segments]
+        laps: list[list[float]] = [[] for _ in self.steps]
+        for r in range(runs + 3):
+            for x, view in zip(xs, self._in_views):
+                view.copy_(x)
+            took = [0.0] * len(self.steps)
+            for (fn, args), run, owners in zip(self._segments, clocked, self._owners):
+                if run is not None:
+                    laps_s = np.diff(run().astype(np.int64)) / per_second
+                    for i, t in zip(owners, laps_s):
+                        took[i] += t
+                else:
+                    t = time.perf_counter()
+                    fn(*args)
+                    took[owners[0]] += time.perf_counter() - t
+            if r >= 3:  # the first runs warm up
+                for lap, t in zip(laps, took):
+                    lap.append(t)
+        return [median(lap) for lap in laps]
+
+    def _clock_calls(self, xs, runs: int) -> list[float]:
         clock = time.perf_counter
         laps: list[list[float]] = [[] for _ in self._calls]
         for r in range(runs + 3):

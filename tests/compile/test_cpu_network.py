@@ -294,6 +294,10 @@ def test_profile_table_chart_and_fidelity(net, tmp_path, capsys):
     png = str(tmp_path / "profile.png")
     prof = net.profile(png=png)
     assert len(prof.rows) == len(net.steps) and all(r.ours_s > 0 for r in prof.rows)
+    # every step is clocked as its segment of the network runs it, in order
+    assert [i for owners in net._owners for i in owners] == sorted(
+        i for owners in net._owners for i in owners)
+    assert {i for owners in net._owners for i in owners} == set(range(len(net.steps)))
     kernels = [r for r in prof.rows if r.kind == "kernel"]
     assert all(r.torch_s and r.torch_s > 0 for r in kernels)
     out = capsys.readouterr().out

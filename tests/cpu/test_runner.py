@@ -51,3 +51,24 @@ def test_a_runner_runs_real_kernels_in_order_with_the_thread_count():
     again = make_runner([(addto, [px, py])], 1)
     again()
     assert y[0] == 47.0 and y[1] == 1.0
+
+
+def test_a_clocked_runner_runs_the_same_calls_and_stamps_each_one():
+    from raytune_kernels.cpu.runner import cycles_per_second
+
+    text = runner_ir([1, 3], clocked=True)
+    # declared, then read before the first call and after each
+    assert text.count("readcyclecounter()") == 1 + 3
+    built = build(KERNELS)
+    double = LoadedKernel(built.library, "double", 1).fn
+    addto = LoadedKernel(built.library, "addto", 2).fn
+    x, y = aligned(np.array([3.0], np.float32)), aligned(np.array([10.0, 0.0], np.float32))
+    px, py = x.ctypes.data, y.ctypes.data
+    runner = make_runner([(double, [px]), (addto, [px, py]), (double, [px])], 2)
+    clocked = runner.clocked()
+    stamps = clocked()
+    assert x[0] == 15.0 and y[0] == 17.0 and y[1] == 2.0  # as the plain runner would
+    assert len(stamps) == 4 and all(np.diff(stamps.astype(np.int64)) >= 0) and stamps[0] > 0
+    per_second = cycles_per_second()
+    if per_second is not None:  # a constant-rate counter: between 100 MHz and 100 GHz
+        assert 1e8 < per_second < 1e11
