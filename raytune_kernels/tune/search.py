@@ -16,15 +16,17 @@ has learnt their good configs rather than this task's. A fraction epsilon of eve
 is random, so neither guide blinds the search. A config already measured for the task
 (errors included), or proposed and not yet observed, is never proposed again.
 
-A space of several algorithms (a UnionSpace: direct, Winograd F(2x2), F(4x4)) is searched
-per algorithm as well. The model learns mostly from the algorithm that led early, ranks
-the others' candidates by what it learnt there, and evolution breeds from the best
-measured, so an algorithm whose first random trials lost is left with the random fraction
-of later batches, though its good configs (few, where its space is mostly slow) may beat
-the leader's. So the algorithms still in contention (fewer than `part_trials`
-measurements, or a best within `contend` of the task's best) share each batch's guided
-picks round-robin, each its own best-ranked candidates, and each has its own best measured
-and ranked configs among the parents; the others get the random share alone.
+A space of several kernel families (a UnionSpace's algorithms: direct, Winograd F(2x2),
+F(4x4); within one, vector widths: 8 lanes, or 16 ending in a masked vector) is searched
+per family as well. The model learns mostly from the family that led early (or that a
+resumed history holds, from before a family joined the space), ranks the others'
+candidates by what it learnt there, and evolution breeds from the best measured, so a
+family whose first random trials lost is left with the random fraction of later batches,
+though its good configs (few, where its space is mostly slow) may beat the leader's. So
+the families still in contention (fewer than `part_trials` measurements, or a best within
+`contend` of the task's best) share each batch's guided picks round-robin, each its own
+best-ranked candidates, and each has its own best measured and ranked configs among the
+parents; the others get the random share alone.
 
 The search knows no backend's internals: the backend's `analyze` (features and estimate
 of a batch of configs, see backend.py) and the cost model are its plug-ins.
@@ -58,11 +60,13 @@ class SearchOptions:
     keep: int = 1024  # analysed candidates kept between proposals
     # own measurements at which the model and the estimate weigh equally; 0: no estimate
     estimate_trials: int = 16
-    # union spaces: the algorithms in contention share the picks and have their own parents
+    # kernel families (algorithm, and these knobs' values) in contention share the picks
+    # and have their own parents
     part_picks: bool = True
-    part_trials: int = 4  # an algorithm with fewer measurements than this contends
+    family_knobs: tuple[str, ...] = ("lanes",)
+    part_trials: int = 4  # a family with fewer measurements than this contends
     contend: float = 1.3  # as does one whose best is within this factor of the task's best
-    part_parents: int = 4  # of each contending algorithm: best measured, and best ranked
+    part_parents: int = 4  # of each contending family: best measured, and best ranked
 
 
 class EvolutionarySearch:
@@ -225,35 +229,43 @@ class EvolutionarySearch:
             key = w * key + (1 - w) * _fractional_ranks(self.pool.estimates)
         return np.argsort(-key, kind="stable")
 
-    def _contending(self) -> list[str]:
-        """The algorithms of a union space still in contention (module docstring), the
-        best measured first; none for a space of one algorithm."""
+    def _family(self, cfg: Config) -> tuple:
+        """The kernel family of a config: its algorithm in a union space, and its values of
+        `family_knobs` (the vector width)."""
         key = getattr(self.space, "key", None)
-        if key is None or not self.opts.part_picks or len(self.space.parts) < 2:
+        return (cfg.get(key) if key else None,) + tuple(cfg.get(k)
+                                                      for k in self.opts.family_knobs)
+
+    def _contending(self) -> list[tuple]:
+        """The kernel families still in contention (module docstring), among those
+        measured or in the pool, the best measured first; none where there is one."""
+        if not self.opts.part_picks:
             return []
-        count: dict[str, int] = {}
-        best: dict[str, float] = {}
+        count: dict[tuple, int] = {}
+        best: dict[tuple, float] = {}
         for c, t in self.measured.items():
-            part = c.get(key)
-            count[part] = count.get(part, 0) + 1
-            best[part] = min(t, best.get(part, math.inf))
+            f = self._family(c)
+            count[f] = count.get(f, 0) + 1
+            best[f] = min(t, best.get(f, math.inf))
+        known = set(count) | {self._family(c) for c in self.pool.configs}
+        if len(known) < 2:
+            return []
         lead = min(best.values(), default=math.inf)
-        names = [name for name, _ in self.space.parts
-                 if count.get(name, 0) < self.opts.part_trials
-                 or best.get(name, math.inf) <= self.opts.contend * lead]
-        return sorted(names, key=lambda name: best.get(name, math.inf))
+        names = [f for f in known if count.get(f, 0) < self.opts.part_trials
+                 or best.get(f, math.inf) <= self.opts.contend * lead]
+        return sorted(names, key=lambda f: (best.get(f, math.inf), repr(f)))
 
     def _picks(self, order: np.ndarray, n: int) -> np.ndarray:
-        """The n best of `order`; in a union space, shared round-robin among the
-        contending algorithms (the best measured first), each taking its own best-ranked
-        candidates. An algorithm out of contention gets only the batch's random share."""
+        """The n best of `order`, shared round-robin among the contending kernel families
+        (the best measured first), each taking its own best-ranked candidates. A family
+        out of contention gets only the batch's random share."""
         parts = self._contending()
         if not parts or n < 2:
             return order[:n]
-        key, out = self.space.key, []
+        out = []
 
         def ranked(part):
-            return (i for i in order if self.pool.configs[i].get(key) == part)
+            return (i for i in order if self._family(self.pool.configs[i]) == part)
 
         queues = {part: ranked(part) for part in parts}
         while len(out) < n and queues:
@@ -266,16 +278,16 @@ class EvolutionarySearch:
         return np.array(out, dtype=order.dtype)
 
     def _part_parents(self, order: np.ndarray, done: list[Config]) -> list[Config]:
-        """Parents for each contending algorithm: its best measured and best ranked
-        configs (`part_parents` of each), so that its part of the pool evolves too."""
+        """Parents for each contending family: its best measured and best ranked configs
+        (`part_parents` of each), so that its part of the pool evolves too."""
         parts, k = self._contending(), self.opts.part_parents
         if not parts:
             return []
-        key, out = self.space.key, []
+        out = []
         for part in parts:
-            out += [c for c in done if c.get(key) == part][:k]
+            out += [c for c in done if self._family(c) == part][:k]
             ranked = (self.pool.configs[i] for i in order)
-            out += itertools.islice((c for c in ranked if c.get(key) == part), k)
+            out += itertools.islice((c for c in ranked if self._family(c) == part), k)
         return out
 
     def _child(self, pop: list[Config]) -> Config:

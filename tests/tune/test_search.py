@@ -214,42 +214,44 @@ def test_a_cuda_task_measures_its_untuned_default_first(conv):
     assert BACKEND.seeds(conv.compute) == []  # the CPU's estimate guides its first picks
 
 
-def test_each_algorithm_in_contention_gets_a_pick_and_parents(zoo_models):
-    """A union space's algorithms do not compete for a batch by rank alone: those still in
-    contention share it round-robin, each its own best-ranked candidates, and have their own
-    parents; one measured enough and far behind gets no guided pick."""
+def test_each_kernel_family_in_contention_gets_picks_and_parents(zoo_models):
+    """A space's kernel families (algorithm and vector width) do not compete for a batch by
+    rank alone: those still in contention share it round-robin, each its own best-ranked
+    candidates, and have their own parents; one measured enough and far behind gets no
+    guided pick."""
     model, inputs = zoo_models["resnet18"]
     task = next(t for t in rk.extract_tasks(model, inputs)
                 if t.compute.describe() == "conv2d 1x256x14x14 -> 256ch k3x3 s1 +bias+relu")
     space = BACKEND.space(task.compute)
-    parts = [name for name, _ in space.parts]
-    assert len(parts) >= 4  # direct, im2col, F(2x2), F(4x4)
-    rng, by_part = random.Random(5), {p: [] for p in parts}
-    while min(map(len, by_part.values())) < 12:
-        c = space.sample(rng)
-        by_part[c["algorithm"]].append(c)
     search = EvolutionarySearch(task, space, BACKEND, seed=0)
-    lead, second, third, *behind = parts
-    cfgs = [c for p in parts for c in by_part[p][4:12]]
+    rng, by_family = random.Random(5), {}
+    for _ in range(20000):
+        c = space.sample(rng)
+        by_family.setdefault(search._family(c), []).append(c)
+    families = sorted((f for f, cs in by_family.items() if len(cs) >= 12), key=repr)[:4]
+    assert len(families) == 4 and len({f[0] for f in by_family}) >= 4  # direct, im2col, F2, F4
+    assert len({f[1] for f in by_family}) == 2  # 8 and 16 lanes
+    lead, second, third, behind = families
+    cfgs = [c for f in families for c in by_family[f][4:12]]
     search.pool.add(cfgs, np.zeros((len(cfgs), 1), np.float32), np.zeros(len(cfgs)),
                     CostModel())
     order = np.arange(len(cfgs))  # ranked: every `lead` candidate first, then `second`'s...
 
     def picked(n):
-        return [search.pool.configs[i]["algorithm"] for i in search._picks(order, n)]
+        return [search._family(search.pool.configs[i]) for i in search._picks(order, n)]
 
-    # none measured: all contend, in the space's order
-    assert picked(7) == [lead, second, third, behind[0], lead, second, third]
+    assert picked(7) == [lead, second, third, behind, lead, second, third]  # none measured
     assert picked(1) == [lead]
-    search.observe(by_part[lead][:4], [1.0] * 4)
-    search.observe(by_part[second][:4], [1.2, 1.25, 2.0, 3.0])  # within 1.3x of the best
-    for p in [third, *behind]:
-        search.observe(by_part[p][:4], [1.5, 1.6, 1.7, 1.8])  # measured enough, and behind
+    search.observe(by_family[lead][:4], [1.0] * 4)
+    search.observe(by_family[second][:4], [1.2, 1.25, 2.0, 3.0])  # within 1.3x of the best
+    for f in (third, behind):
+        search.observe(by_family[f][:4], [1.5, 1.6, 1.7, 1.8])  # measured enough, and behind
     assert search._contending() == [lead, second]
     assert picked(7) == [lead, second] * 3 + [lead]
     assert all(search._picks(order, 7) < 16)  # each its best ranked
     parents = search._part_parents(order, sorted(search.measured, key=search.measured.get))
-    assert [c["algorithm"] for c in parents].count(second) == 2 * SearchOptions().part_parents
+    assert [search._family(c) for c in parents].count(second) == \
+        2 * SearchOptions().part_parents
     one = EvolutionarySearch(task, space, BACKEND, seed=0, opts=SearchOptions(part_picks=False))
     one.pool = search.pool
-    assert [one.pool.configs[i]["algorithm"] for i in one._picks(order, 7)] == [lead] * 7
+    assert [search._family(one.pool.configs[i]) for i in one._picks(order, 7)] == [lead] * 7
