@@ -84,6 +84,8 @@ class EvolutionarySearch:
         self.pool = CandidatePool()
         self.features: dict[Config, np.ndarray] = {}  # of the latest proposal's picks
         self._evolved = False  # whether a proposal has evolved the pool yet
+        self._contenders: tuple = (None, [])  # (state it was computed in, _contending())
+        self._observed = 0  # observe() calls
 
     @property
     def exhausted(self) -> bool:
@@ -99,6 +101,7 @@ class EvolutionarySearch:
         """Measured configs and their times. A resumed config written before a knob
         joined the space is the point it was (space.completed), so that it is never
         proposed again and mutates like any other."""
+        self._observed += 1
         for c, t in zip(cfgs, seconds):
             self.pending.discard(c)
             full = completed(c, self.space)
@@ -212,7 +215,7 @@ class EvolutionarySearch:
             return
         x, cost = self.analyze(self.task.compute, cfgs)  # one lowering serves both
         estimates = -cost if self._estimating else np.zeros(len(cfgs))
-        self.pool.add(cfgs, x, estimates, model)
+        self.pool.add(cfgs, x, estimates, model, [self._family(c) for c in cfgs])
 
     def _order(self, model: CostModel) -> np.ndarray:
         """The pool's indices, best first, by the model's rank blended with the
@@ -241,19 +244,22 @@ class EvolutionarySearch:
         measured or in the pool, the best measured first; none where there is one."""
         if not self.opts.part_picks:
             return []
+        state = (self._observed, len(self.pool), self.pool.version)
+        if self._contenders[0] == state:  # nothing measured or pooled since
+            return self._contenders[1]
         count: dict[tuple, int] = {}
         best: dict[tuple, float] = {}
         for c, t in self.measured.items():
             f = self._family(c)
             count[f] = count.get(f, 0) + 1
             best[f] = min(t, best.get(f, math.inf))
-        known = set(count) | {self._family(c) for c in self.pool.configs}
-        if len(known) < 2:
-            return []
+        known = set(count) | set(self.pool.families)
         lead = min(best.values(), default=math.inf)
         names = [f for f in known if count.get(f, 0) < self.opts.part_trials
-                 or best.get(f, math.inf) <= self.opts.contend * lead]
-        return sorted(names, key=lambda f: (best.get(f, math.inf), repr(f)))
+                 or best.get(f, math.inf) <= self.opts.contend * lead] if len(known) > 1 else []
+        names.sort(key=lambda f: (best.get(f, math.inf), repr(f)))
+        self._contenders = (state, names)
+        return names
 
     def _picks(self, order: np.ndarray, n: int) -> np.ndarray:
         """The n best of `order`, shared round-robin among the contending kernel families
@@ -264,8 +270,10 @@ class EvolutionarySearch:
             return order[:n]
         out = []
 
+        families = self.pool.families
+
         def ranked(part):
-            return (i for i in order if self._family(self.pool.configs[i]) == part)
+            return (i for i in order if families[i] == part)
 
         queues = {part: ranked(part) for part in parts}
         while len(out) < n and queues:
@@ -283,11 +291,11 @@ class EvolutionarySearch:
         parts, k = self._contending(), self.opts.part_parents
         if not parts:
             return []
-        out = []
+        out, families, configs = [], self.pool.families, self.pool.configs
+        done_families = [self._family(c) for c in done]
         for part in parts:
-            out += [c for c in done if self._family(c) == part][:k]
-            ranked = (self.pool.configs[i] for i in order)
-            out += itertools.islice((c for c in ranked if self._family(c) == part), k)
+            out += itertools.islice((c for c, f in zip(done, done_families) if f == part), k)
+            out += itertools.islice((configs[i] for i in order if families[i] == part), k)
         return out
 
     def _child(self, pop: list[Config]) -> Config:
@@ -304,6 +312,8 @@ class CandidatePool:
 
     def __init__(self):
         self.configs: list[Config] = []
+        self.families: list[tuple] = []  # each candidate's kernel family
+        self.version = 0  # counts keep()s, which may drop a family
         self.index: dict[Config, int] = {}
         self.x: np.ndarray = np.zeros((0, 0), np.float32)
         self.estimates = np.zeros(0)
@@ -314,11 +324,12 @@ class CandidatePool:
         return len(self.configs)
 
     def add(self, cfgs: list[Config], x: np.ndarray, estimates: np.ndarray,
-            model: CostModel) -> None:
-        """Append analysed configs (none of them in the pool yet)."""
+            model: CostModel, families: list[tuple]) -> None:
+        """Append analysed configs (none of them in the pool yet) and their families."""
         for c in cfgs:
             self.index[c] = len(self.configs)
             self.configs.append(c)
+        self.families += families
         self.x = x if not len(self.x) else np.concatenate([self.x, x])
         self.estimates = np.concatenate([self.estimates, estimates])
         if self._scored_by == model.identity:
@@ -339,6 +350,8 @@ class CandidatePool:
         else:
             self._scored_by = None
         self.configs = [self.configs[i] for i in rows]
+        self.families = [self.families[i] for i in rows]
+        self.version += 1
         self.index = {c: i for i, c in enumerate(self.configs)}
         self.x, self.estimates = self.x[rows], self.estimates[rows]
 

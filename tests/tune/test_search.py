@@ -234,7 +234,7 @@ def test_each_kernel_family_in_contention_gets_picks_and_parents(zoo_models):
     lead, second, third, behind = families
     cfgs = [c for f in families for c in by_family[f][4:12]]
     search.pool.add(cfgs, np.zeros((len(cfgs), 1), np.float32), np.zeros(len(cfgs)),
-                    CostModel())
+                    CostModel(), [search._family(c) for c in cfgs])
     order = np.arange(len(cfgs))  # ranked: every `lead` candidate first, then `second`'s...
 
     def picked(n):
