@@ -142,4 +142,3 @@ def cycles_per_second() -> float | None:
         pass
     c1, t1 = read(), time.perf_counter()
     return (c1 - c0) / (t1 - t0) if c1 > c0 else None
-

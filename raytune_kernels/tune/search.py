@@ -241,7 +241,8 @@ class EvolutionarySearch:
 
     def _contending(self) -> list[tuple]:
         """The kernel families still in contention (module docstring), among those
-        measured or in the pool, the best measured first; none where there is one."""
+        measured or in the pool, the best measured first; none for a task whose
+        candidates are all of one family."""
         if not self.opts.part_picks:
             return []
         state = (self._observed, len(self.pool), self.pool.version)
@@ -268,9 +269,7 @@ class EvolutionarySearch:
         parts = self._contending()
         if not parts or n < 2:
             return order[:n]
-        out = []
-
-        families = self.pool.families
+        out, families = [], self.pool.families
 
         def ranked(part):
             return (i for i in order if families[i] == part)
