@@ -216,14 +216,14 @@ def test_a_cuda_task_measures_its_untuned_default_first(conv):
 
 def test_each_kernel_family_in_contention_gets_picks_and_parents(zoo_models):
     """A space's kernel families (algorithm and vector width) do not compete for a batch by
-    rank alone: those still in contention share it round-robin, each its own best-ranked
-    candidates, and have their own parents; one measured enough and far behind gets no
-    guided pick."""
+    rank alone: the measured ones within 1.3x of the best share it round-robin, each its
+    own best-ranked candidates, and have their own parents; before two are measured, the
+    ranking alone picks."""
     model, inputs = zoo_models["resnet18"]
     task = next(t for t in rk.extract_tasks(model, inputs)
                 if t.compute.describe() == "conv2d 1x256x14x14 -> 256ch k3x3 s1 +bias+relu")
     space = BACKEND.space(task.compute)
-    search = EvolutionarySearch(task, space, BACKEND, seed=0)
+    search = EvolutionarySearch(task, space, BACKEND, seed=0, opts=SearchOptions(share_after=8))
     rng, by_family = random.Random(5), {}
     for _ in range(20000):
         c = space.sample(rng)
@@ -240,13 +240,15 @@ def test_each_kernel_family_in_contention_gets_picks_and_parents(zoo_models):
     def picked(n):
         return [search._family(search.pool.configs[i]) for i in search._picks(order, n)]
 
-    assert picked(7) == [lead, second, third, behind, lead, second, third]  # none measured
-    assert picked(1) == [lead]
+    assert picked(7) == [lead] * 7  # none measured: the ranking alone
     search.observe(by_family[lead][:4], [1.0] * 4)
-    search.observe(by_family[second][:4], [1.2, 1.25, 2.0, 3.0])  # within 1.3x of the best
-    for f in (third, behind):
-        search.observe(by_family[f][:4], [1.5, 1.6, 1.7, 1.8])  # measured enough, and behind
+    search.observe(by_family[third][:1], [1.5])  # behind
+    search.observe(by_family[second][:2], [1.2, 1.25])  # within 1.3x, but 7 measured of 8
+    assert search._contending() == [] and picked(7) == [lead] * 7
+    search.observe(by_family[second][2:4], [2.0, 3.0])
+    search.observe(by_family[behind][:4], [1.5, 1.6, 1.7, 1.8])
     assert search._contending() == [lead, second]
+    assert picked(1) == [lead]
     assert picked(7) == [lead, second] * 3 + [lead]
     assert all(search._picks(order, 7) < 16)  # each its best ranked
     parents = search._part_parents(order, sorted(search.measured, key=search.measured.get))
