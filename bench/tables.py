@@ -224,6 +224,23 @@ def search_row(run: Run) -> dict[str, str]:
             "file": run.path}
 
 
+def search_network_row(run: Run) -> dict[str, str]:
+    d = run.data
+    args = ["bench/search_network.py", d["model"], "--trials", str(d["trials"]), "--seeds",
+            str(d["seeds"]), "--threads", str(d["threads"]), "--strategies",
+            ",".join(d["strategies"])]
+    first = d["strategies"][0]
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": d.get("command") or shlex.join(args),
+            "estimated (ms) by seed": "; ".join(
+                f"{s} {', '.join(f'{v:.3f}' for v in vs)}"
+                for s, vs in d["estimated_ms"].items()),
+            "over the first, median (by seed)": "; ".join(
+                f"{s} {d['over_first_median'][s]:.3f} ({', '.join(map(str, v))})"
+                for s, v in d["over_first"].items()),
+            "file": run.path}
+
+
 def chaos_row(run: Run) -> dict[str, str]:
     d = run.data
     args = ["bench/chaos.py", "--model", d["model"], "--tasks", str(d["tasks"]),
@@ -362,6 +379,11 @@ SHAPES = (
           "per-algorithm picks); best at the end: geometric mean over tasks and seeds; "
           "final ratio: random search's best over the guided search's.",
           lambda d: "trials_to_95" in d, search_row),
+    Shape("Search at a network's budget (bench/search_network.py)",
+          "a whole network tuned from nothing once per search strategy, seeds paired: the "
+          "estimated latency of each run, and each strategy's over the first (model: the "
+          "tuner's search; model_one_pick: without its per-family shares).",
+          lambda d: d.get("bench") == "search_network", search_network_row),
     Shape("Faults (bench/chaos.py)", "trials recorded despite the injected faults.",
           lambda d: "faults_injected" in d, chaos_row),
     Shape("Deployment (bench/deploy.py)",
