@@ -683,3 +683,14 @@ def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys, 
     assert out["error_reference"] == "fp64 eager on the CPU" and out["quick"] is True
     assert len(out["rounds_ms"]["ours"]) == 3
     assert out["steps_alone_ms"] == 1.0 and out["ours_over_steps"] == 1.2
+
+
+def test_search_benches_refuse_bad_strategies_and_a_history_without_records(tmp_path):
+    for script, lead in (("bench/search.py", []), ("bench/search_network.py", ["resnet18"])):
+        proc = _run(script, *lead, "--strategies", "model,nope")
+        assert proc.returncode != 0 and "unknown strategies ['nope']" in proc.stderr
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    proc = _run("bench/search.py", "--history", str(empty), "--cold", "--threads", "2")
+    assert proc.returncode != 0
+    assert "holds no llvm records at 2 threads with --cold" in proc.stderr
