@@ -8,8 +8,8 @@ For each task (default: 3 ResNet-18 conv tasks) and each seed, the task is tuned
 once per strategy, `trials` measurements each (built in 2 processes, measured here on
 `threads` threads): model, the tuner's search (evolutionary, ranked by the XGBoost cost
 model blended with the analytic cycle estimate); random, random sampling of the same space;
-model_one_pick, the tuner's search without its per-algorithm picks and parents
-(SearchOptions.part_picks off: algorithms compete for picks by rank alone).
+model_one_pick, the tuner's search without its per-family shares of a batch
+(SearchOptions.part_picks off: kernel families compete for picks by rank alone).
 trials_to_95: trials until a strategy's best reaches 95% of the best throughput any
 strategy found for that task and seed (mean over tasks and seeds); final_ratio: mean of
 random best time / model best time (where both ran); best_us: each task's and seed's best
@@ -18,10 +18,9 @@ model_best_geomean_us their geometric mean for the model; geomean_us_at_trials: 
 strategy, the geometric mean over tasks and seeds of the best time after 8, 16, 32, 64
 and 128 trials. --cold times the weights out of cache, as tune_network does. --history
 resumes from a model's records (tune_network's file, or REV:PATH for a git revision's
-copy, at these threads and --cold): each
-search starts from its task's records, with the cost model trained on every task's, as
-when tuning the network goes on; the curves then count the new trials alone, and
-history_best_us gives each task's best before them.
+copy, at these threads and --cold): each search starts from its task's records, with the
+cost model trained on every task's, as when tuning the network goes on; the curves then
+count the new trials alone, and history_best gives each task's trials and best before.
 No PyTorch baseline: this compares search strategies.
 Last line of stdout: one JSON object.
 """
