@@ -48,6 +48,8 @@ from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
 from raytune_kernels.backend import cpu_backend
 from records_ab import pinned, records_file
 
+# the guided strategies' search options; "random" samples the space unguided
+SEARCH_OPTIONS = {"model": SearchOptions(), "model_one_pick": SearchOptions(part_picks=False)}
 STRATEGIES = ("model", "random", "model_one_pick")
 TASKS = ("conv2d 1x64x56x56 -> 64ch k3x3 s1 +bias+relu",
          "conv2d 1x256x14x14 -> 256ch k3x3 s1 +bias+relu",
@@ -101,10 +103,10 @@ def run(task, strategy: str, trials: int, seed: int, pool, args, shared=None,
     resumes from its own records."""
     backend = cpu_backend(cpu_info(), args.threads)
     tasks = list(model_tasks) if history else [task]
-    if strategy == "model":
-        search = shared or LocalSearchPool(tasks, backend, seed)
-    elif strategy == "model_one_pick":
-        search = LocalSearchPool(tasks, backend, seed, SearchOptions(part_picks=False))
+    if strategy == "model" and shared:
+        search = shared
+    elif strategy in SEARCH_OPTIONS:
+        search = LocalSearchPool(tasks, backend, seed, SEARCH_OPTIONS[strategy])
     else:
         search = RandomPool(tasks, backend, seed)
     mine = [r for r in history if r.task_key == task.key]
@@ -116,6 +118,14 @@ def run(task, strategy: str, trials: int, seed: int, pool, args, shared=None,
                                                   cold_weights=args.cold))
     tuner.run()
     return curve(tuner, len(mine))
+
+
+def strategies_from(text: str, known) -> list[str]:
+    """The comma-separated strategies of `text`; exits naming any not in `known`."""
+    strategies = text.split(",")
+    if unknown := set(strategies) - set(known):
+        sys.exit(f"unknown strategies {sorted(unknown)}: choose from {tuple(known)}")
+    return strategies
 
 
 def trials_to(curve_: list[float], target: float) -> int:
@@ -138,9 +148,7 @@ def main() -> None:
                    help="tune the tasks one after another with one cost model, as "
                         "tune_network does (tasks teach each other)")
     args = p.parse_args()
-    strategies = args.strategies.split(",")
-    if unknown := set(strategies) - set(STRATEGIES):
-        sys.exit(f"unknown strategies {sorted(unknown)}: choose from {STRATEGIES}")
+    strategies = strategies_from(args.strategies, STRATEGIES)
     torch.set_num_threads(args.threads)
     model, inputs = getattr(zoo, args.model)()
     all_tasks = rk.extract_tasks(model, inputs)

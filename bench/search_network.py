@@ -26,11 +26,8 @@ import raytune_kernels as rk
 from raytune_kernels import zoo
 from raytune_kernels.backend import cpu_backend
 from raytune_kernels.cpu.machine import cpu_info
-from raytune_kernels.tune.search import SearchOptions
 from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
-from search import measure_fn
-
-OPTIONS = {"model": SearchOptions(), "model_one_pick": SearchOptions(part_picks=False)}
+from search import SEARCH_OPTIONS, measure_fn, strategies_from
 
 
 def main() -> None:
@@ -40,11 +37,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--strategies", default="model,model_one_pick",
-                   help=f"comma-separated, of {', '.join(OPTIONS)}")
+                   help=f"comma-separated, of {', '.join(SEARCH_OPTIONS)}")
     args = p.parse_args()
-    strategies = args.strategies.split(",")
-    if unknown := set(strategies) - set(OPTIONS):
-        sys.exit(f"unknown strategies {sorted(unknown)}: choose from {tuple(OPTIONS)}")
+    strategies = strategies_from(args.strategies, SEARCH_OPTIONS)
     torch.set_num_threads(args.threads)
     model, inputs = getattr(zoo, args.model)()
     tasks = rk.extract_tasks(model, inputs)
@@ -54,7 +49,7 @@ def main() -> None:
     with ProcessPoolExecutor(2) as pool:
         for seed in range(args.seeds):
             for s in strategies:
-                search = LocalSearchPool(tasks, backend, seed, OPTIONS[s])
+                search = LocalSearchPool(tasks, backend, seed, SEARCH_OPTIONS[s])
                 tuner = Tuner(tasks, "llvm", cpu.name, measure_fn(pool, args.threads, True),
                               search, None, [], TuneOptions(trials=args.trials, batch=8,
                                                             seed=seed, threads=args.threads))
