@@ -2,14 +2,16 @@
 
     python bench/search.py [--trials 128] [--seeds 3] [--threads 1]
         [--model resnet18 --tasks "conv2d 1x512x7x7 -> 512ch k3x3 s1 +bias+relu" ...]
-        [--strategies model,random,model_one_pick] [--cold] [--history RECORDS]
+        [--strategies model,random,model_one_pick,model_no_probe] [--cold] [--history RECORDS]
 
 For each task (default: 3 ResNet-18 conv tasks) and each seed, the task is tuned alone
 once per strategy, `trials` measurements each (built in 2 processes, measured here on
 `threads` threads): model, the tuner's search (evolutionary, ranked by the XGBoost cost
 model blended with the analytic cycle estimate); random, random sampling of the same space;
 model_one_pick, the tuner's search without its per-family shares of a batch
-(SearchOptions.part_picks off: kernel families compete for picks by rank alone).
+(SearchOptions.part_picks off: kernel families compete for picks by rank alone);
+model_no_probe, without probing the families a resumed task has no records of
+(SearchOptions.probe = 0).
 trials_to_95: trials until a strategy's best reaches 95% of the best throughput any
 strategy found for that task and seed (mean over tasks and seeds); final_ratio: mean of
 random best time / model best time (where both ran); best_us: each task's and seed's best
@@ -49,8 +51,9 @@ from raytune_kernels.backend import cpu_backend
 from records_ab import pinned, records_file
 
 # the guided strategies' search options; "random" samples the space unguided
-SEARCH_OPTIONS = {"model": SearchOptions(), "model_one_pick": SearchOptions(part_picks=False)}
-STRATEGIES = ("model", "random", "model_one_pick")
+SEARCH_OPTIONS = {"model": SearchOptions(), "model_one_pick": SearchOptions(part_picks=False),
+                  "model_no_probe": SearchOptions(probe=0)}
+STRATEGIES = ("model", "random", "model_one_pick", "model_no_probe")
 TASKS = ("conv2d 1x64x56x56 -> 64ch k3x3 s1 +bias+relu",
          "conv2d 1x256x14x14 -> 256ch k3x3 s1 +bias+relu",
          "conv2d 1x128x28x28 -> 256ch k3x3 s2 +bias+relu")

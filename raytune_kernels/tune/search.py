@@ -28,8 +28,11 @@ share each batch's guided picks round-robin, each its own best-ranked candidates
 has its own best measured and ranked configs among the parents; the others get the
 ranking's and the random share. Only once the task has `share_after` measurements of its
 own: before that, the ranking and the estimate choose better (at 200 trials for all of
-ResNet-18, sharing from the first batch cost 4-11% of the estimated latency), and a family
-not measured yet never contends.
+ResNet-18, sharing from the first batch cost 4-11% of the estimated latency). A family
+not measured yet never contends; once the task has those measurements, each family of the
+pool that none of them is from (one that joined the space after a resumed task's records
+were made, or that the random share missed) has its best-ranked candidate measured in the
+next batch (`probe`), so that it can enter contention on its own merit.
 
 The search knows no backend's internals: the backend's `analyze` (features and estimate
 of a batch of configs, see backend.py) and the cost model are its plug-ins.
@@ -70,6 +73,7 @@ class SearchOptions:
     contend: float = 1.3  # a measured family within this factor of the task's best
     share_after: int = 32  # the task's own measurements before families share the picks
     part_parents: int = 4  # of each contending family: best measured, and best ranked
+    probe: int = 1  # best-ranked candidates measured of each family the task has none of
 
 
 class EvolutionarySearch:
@@ -87,7 +91,8 @@ class EvolutionarySearch:
         self.pool = CandidatePool()
         self.features: dict[Config, np.ndarray] = {}  # of the latest proposal's picks
         self._evolved = False  # whether a proposal has evolved the pool yet
-        self._contenders: tuple = (None, [])  # (observe() count then, _contending())
+        # (observe() count then, _contending(), the families measured)
+        self._contenders: tuple = (None, [], frozenset())
         self._observed = 0  # observe() calls
 
     @property
@@ -247,8 +252,13 @@ class EvolutionarySearch:
         first; none while fewer than two are."""
         if not self.opts.part_picks or len(self.measured) < self.opts.share_after:
             return []
+        return self._measured_families()[0]
+
+    def _measured_families(self) -> tuple[list[tuple], frozenset]:
+        """(the families in contention, every family measured), recomputed only after
+        new measurements."""
         if self._contenders[0] == self._observed:  # nothing measured since
-            return self._contenders[1]
+            return self._contenders[1:]
         best: dict[tuple, float] = {}
         for c, t in self.measured.items():
             f = self._family(c)
@@ -256,13 +266,43 @@ class EvolutionarySearch:
         lead = min(best.values(), default=math.inf)
         names = sorted((f for f, t in best.items() if t <= self.opts.contend * lead),
                        key=lambda f: (best[f], repr(f))) if math.isfinite(lead) else []
-        self._contenders = (self._observed, names if len(names) > 1 else [])
-        return self._contenders[1]
+        self._contenders = (self._observed, names if len(names) > 1 else [], frozenset(best))
+        return self._contenders[1:]
+
+    def _probes(self, order: np.ndarray) -> list[int]:
+        """The `probe` best-ranked candidates of each family in the pool that the task has
+        no measurement of, nor one pending (module docstring)."""
+        if not self.opts.part_picks or self.opts.probe < 1 or \
+                len(self.measured) < self.opts.share_after:
+            return []
+        families = self.pool.families
+        seen = self._measured_families()[1] | {self._family(c) for c in self.pending}
+        left = {f: self.opts.probe for f in set(families) - seen}
+        out = []
+        for i in order:
+            if not left:
+                break
+            f = families[i]
+            if f in left:
+                out.append(int(i))
+                left[f] -= 1
+                if not left[f]:
+                    del left[f]
+        return out
 
     def _picks(self, order: np.ndarray, n: int) -> np.ndarray:
-        """The n best of `order`, shared round-robin among the contending kernel families
+        """The n best of `order`: first the probes of families not measured yet (at most
+        half of n), then the rest shared round-robin among the contending kernel families
         (the best measured first), each taking its own best-ranked candidates. A family
         out of contention gets only the batch's random share."""
+        probes = self._probes(order)[: n // 2]
+        if probes:
+            order = order[~np.isin(order, probes)]
+        rest = self._shared(order, n - len(probes))
+        return np.concatenate([np.array(probes, dtype=order.dtype), rest]) if probes \
+            else rest
+
+    def _shared(self, order: np.ndarray, n: int) -> np.ndarray:
         parts = self._contending()
         if not parts or n < 2:
             return order[:n]

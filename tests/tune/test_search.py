@@ -214,16 +214,15 @@ def test_a_cuda_task_measures_its_untuned_default_first(conv):
     assert BACKEND.seeds(conv.compute) == []  # the CPU's estimate guides its first picks
 
 
-def test_each_kernel_family_in_contention_gets_picks_and_parents(zoo_models):
-    """A space's kernel families (algorithm and vector width) do not compete for a batch by
-    rank alone: the measured ones within 1.3x of the best share it round-robin, each its
-    own best-ranked candidates, and have their own parents; before two are measured, the
-    ranking alone picks."""
+def _four_families(zoo_models, opts: SearchOptions):
+    """A search of ResNet-18's 14x14 3x3 conv whose pool holds 8 candidates of each of
+    four kernel families, ranked family by family: (search, the families, each family's
+    sampled configs, the ranking)."""
     model, inputs = zoo_models["resnet18"]
     task = next(t for t in rk.extract_tasks(model, inputs)
                 if t.compute.describe() == "conv2d 1x256x14x14 -> 256ch k3x3 s1 +bias+relu")
     space = BACKEND.space(task.compute)
-    search = EvolutionarySearch(task, space, BACKEND, seed=0, opts=SearchOptions(share_after=8))
+    search = EvolutionarySearch(task, space, BACKEND, seed=0, opts=opts)
     rng, by_family = random.Random(5), {}
     for _ in range(20000):
         c = space.sample(rng)
@@ -231,11 +230,21 @@ def test_each_kernel_family_in_contention_gets_picks_and_parents(zoo_models):
     families = sorted((f for f, cs in by_family.items() if len(cs) >= 12), key=repr)[:4]
     assert len(families) == 4 and len({f[0] for f in by_family}) >= 4  # direct, im2col, F2, F4
     assert len({f[1] for f in by_family}) == 2  # 8 and 16 lanes
-    lead, second, third, behind = families
     cfgs = [c for f in families for c in by_family[f][4:12]]
     search.pool.add(cfgs, np.zeros((len(cfgs), 1), np.float32), np.zeros(len(cfgs)),
                     CostModel(), [search._family(c) for c in cfgs])
-    order = np.arange(len(cfgs))  # ranked: every `lead` candidate first, then `second`'s...
+    return search, families, by_family, np.arange(len(cfgs))
+
+
+def test_each_kernel_family_in_contention_gets_picks_and_parents(zoo_models):
+    """A space's kernel families (algorithm and vector width) do not compete for a batch by
+    rank alone: the measured ones within 1.3x of the best share it round-robin, each its
+    own best-ranked candidates, and have their own parents; before two are measured, the
+    ranking alone picks."""
+    search, families, by_family, order = _four_families(
+        zoo_models, SearchOptions(share_after=8, probe=0))
+    lead, second, third, behind = families
+    # ranked: every `lead` candidate first, then `second`'s...
 
     def picked(n):
         return [search._family(search.pool.configs[i]) for i in search._picks(order, n)]
@@ -254,6 +263,37 @@ def test_each_kernel_family_in_contention_gets_picks_and_parents(zoo_models):
     parents = search._part_parents(order, sorted(search.measured, key=search.measured.get))
     assert [search._family(c) for c in parents].count(second) == \
         2 * SearchOptions().part_parents
-    one = EvolutionarySearch(task, space, BACKEND, seed=0, opts=SearchOptions(part_picks=False))
+    one = EvolutionarySearch(search.task, search.space, BACKEND, seed=0,
+                             opts=SearchOptions(part_picks=False))
     one.pool = search.pool
     assert [search._family(one.pool.configs[i]) for i in one._picks(order, 7)] == [lead] * 7
+
+
+def test_a_family_the_task_has_no_measurement_of_is_probed_once(zoo_models):
+    """Once a task has share_after measurements (a resumed task's records, say), each
+    family of the pool none of them is from gets its best-ranked candidate in the next
+    batch, at most half of it; measured or pending, it is not probed again."""
+    search, families, by_family, order = _four_families(zoo_models, SearchOptions(share_after=8))
+    lead, second, third, behind = families
+
+    def picked(n):
+        return [search._family(search.pool.configs[i]) for i in search._picks(order, n)]
+
+    search.observe(by_family[lead][:4], [1.0] * 4)
+    search.observe(by_family[second][:3], [2.0, 2.1, 2.2])
+    assert picked(7) == [lead] * 7  # 7 measured of 8: no probe yet
+    search.observe(by_family[second][3:4], [2.3])
+    picks = search._picks(order, 7)
+    assert list(picks[:2]) == [16, 24]  # the best ranked of `third`, then of `behind`
+    assert picked(7) == [third, behind] + [lead] * 5
+    assert picked(3) == [third] + [lead] * 2  # probes take at most half a batch
+    search.pending.add(search.pool.configs[16])  # proposed, not observed yet
+    assert picked(7) == [behind] + [lead] * 6
+    search.pending.clear()
+    search.observe(by_family[third][:1] + by_family[behind][:1], [9.0, float("inf")])
+    assert picked(7) == [lead] * 7  # measured, if only an error: probed no more
+    none = EvolutionarySearch(search.task, search.space, BACKEND, seed=0,
+                              opts=SearchOptions(share_after=8, probe=0))
+    none.pool = search.pool
+    none.observe(by_family[lead][:4] + by_family[second][:4], [1.0] * 4 + [2.0] * 4)
+    assert [search._family(none.pool.configs[i]) for i in none._picks(order, 7)] == [lead] * 7
