@@ -18,8 +18,8 @@ magnitude against F(2x2)'s 2e-7 to 5e-7 and the direct conv's 6e-7 to 1.4e-6.
 - Stage 3 (output transform and the fused epilogue, parallel over output-channel blocks x
   tile rows): Y = A^T M A for each tile, written in the direct conv's output layouts,
   into its reader's bordered buffer where the plan asks (out_pad, as the direct conv).
-V and M are workspaces (kernel buffers "v", "m", shared by every step of a compiled
-network). Where m does not divide a side of the output (ResNet's 7x7 maps), the last tile
+V and M are workspaces (kernel buffers "v", "m"; in a compiled network, values of their
+step that the arena holds like any other, compile/cpu_plan.allocate). Where m does not divide a side of the output (ResNet's 7x7 maps), the last tile
 row or column is ragged: the transforms run over up to four rectangles of tiles (whole
 tiles, the last column, the last row, the corner): the input windows' rows and columns
 past the padded input are zeros, not loads (the conv of a zero-extended input, equal to

@@ -18,6 +18,7 @@ from raytune_kernels.cpu.measure import measure_built
 from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.compile.api import compile_network
 from raytune_kernels.compile.cpu_network import check_network
+from raytune_kernels.compile.cpu_plan import Buf
 from raytune_kernels.errors import CompileError
 from raytune_kernels.layout.costs import layouts_of
 from raytune_kernels.tune.records import RecordWriter, record_of
@@ -418,9 +419,10 @@ def test_targets_and_options_are_checked_before_any_work(small):
         compile_network(model, inputs, records, atol=-1.0)
 
 
-def test_winograd_steps_share_one_workspace():
-    """Two Winograd convs of different sizes: both steps use the same V and M arrays (the
-    larger need), and the network still equals the model."""
+def test_winograd_workspaces_are_values_of_their_step():
+    """Two Winograd convs of different sizes: each step's V and M are buffers it writes
+    and no later step reads, held in arena memory apart from every buffer live while it
+    runs, and the network still equals the model."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
                                 torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU()).eval()
@@ -439,19 +441,24 @@ def test_winograd_steps_share_one_workspace():
              for t, r in zip(rk.extract_tasks(model, inputs), records)}
     kernels = [s for s in net.steps if s.kind == "kernel"]
     assert len(kernels) == 2
-    for name in ("v", "m"):
-        arrays, sizes = [], []
-        for s in kernels:
-            names = [b.name for b in nests[s.key].buffers]
-            arrays.append(s.operands[names.index(name)])
-            sizes.append(nests[s.key].buffers[names.index(name)].size)
-        assert arrays[0] is arrays[1] and arrays[0].size == max(sizes)
-        if name == "m":  # the second conv needs more: the first step was re-pointed
-            assert sizes[1] > sizes[0]
-    # alone, cold: the packed weights rotate, never a workspace, even a larger one
-    assert any(s.operands[s.weights].size < max(o.size for o in s.operands
-                                                if isinstance(o, np.ndarray))
-               for s in kernels)
+
+    def span(b):
+        a = net._arrays[id(b.root)]
+        return a.ctypes.data, a.ctypes.data + 4 * b.size
+
+    for s in kernels:
+        names = [b.name for b in nests[s.key].buffers]
+        work = [s.operands[names.index(n)] for n in ("v", "m")]
+        assert s.writes[1:] == work and s.writes[0] is s.operands[names.index("out")]
+        assert [w.size for w in work] == [nests[s.key].buffers[names.index(n)].size
+                                          for n in ("v", "m")]
+        later = net.steps[net.steps.index(s) + 1:]
+        assert not any(w is b for w in work for t in later for b in t.reads + t.writes)
+        live = [b for b in s.reads + s.writes if isinstance(b, Buf)]
+        for w in work:  # apart from the step's inputs, its output and its other workspace
+            lo, hi = span(w)
+            assert all(hi <= span(b)[0] or span(b)[1] <= lo for b in live if b is not w)
+    # alone, cold: the packed weights rotate, never a workspace
     for s in kernels:
         names = [b.name for b in nests[s.key].buffers]
         assert s.weights == names.index("b")
