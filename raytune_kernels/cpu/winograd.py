@@ -19,15 +19,15 @@ magnitude against F(2x2)'s 2e-7 to 5e-7 and the direct conv's 6e-7 to 1.4e-6.
   tile rows): Y = A^T M A for each tile, written in the direct conv's output layouts,
   into its reader's bordered buffer where the plan asks (out_pad, as the direct conv).
 V and M are workspaces (kernel buffers "v", "m"; in a compiled network, values of their
-step that the arena holds like any other, compile/cpu_plan.allocate). Where m does not divide a side of the output (ResNet's 7x7 maps), the last tile
-row or column is ragged: the transforms run over up to four rectangles of tiles (whole
-tiles, the last column, the last row, the corner): the input windows' rows and columns
-past the padded input are zeros, not loads (the conv of a zero-extended input, equal to
-the conv itself within its edge), and the outputs past the edge are not stored. It
-applies where the tiles cover at most half again as many outputs as the conv has. The
-tests hold built
-kernels of both to the reference within 1e-4, as for the direct conv, and the measurer
-checks every candidate the same way.
+step that the arena holds like any other, compile/cpu_plan.allocate). Where m does not
+divide a side of the output (ResNet's 7x7 maps), the last tile row or column is ragged:
+the transforms run over up to four rectangles of tiles (whole tiles, the last column, the
+last row, the corner): the input windows' rows and columns past the padded input are
+zeros, not loads (the conv of a zero-extended input, equal to the conv itself within its
+edge), and the outputs past the edge are not stored. It applies where the tiles cover at
+most half again as many outputs as the conv has. The tests hold built kernels of both to
+the reference within 1e-4, as for the direct conv, and the measurer checks every
+candidate the same way.
 """
 from __future__ import annotations
 
