@@ -14,6 +14,9 @@ inputs), inside it (our network), and after it returns. Variants:
   free_tensors   torch._dynamo.config.install_free_tensors: the weights are no inputs
   skip_modules   torch's guard filter skip_guard_on_all_nn_modules_unsafe
   free_and_skip  both
+  skip_guards    as the backend, called under torch.compiler.set_stance(
+                 skip_guard_eval_unsafe=True): Dynamo evaluates no guard while a frame has
+                 one compiled entry (unsafe: a changed module still runs the old graph)
   no_network     as the backend, but the callable returns a saved output and runs nothing:
                  Dynamo's work with the caches as it left them
 
@@ -33,7 +36,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 VARIANTS = ("backend", "dynamo_guards", "free_tensors", "skip_modules", "free_and_skip",
-            "no_network")
+            "skip_guards", "no_network")
 
 
 def child(args) -> dict:
@@ -75,6 +78,8 @@ def child(args) -> dict:
     with torch.no_grad():
         with dynamo_config.patch(install_free_tensors=v in ("free_tensors", "free_and_skip")):
             compiled(*inputs)  # traced and compiled here
+        if v == "skip_guards":
+            torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
         for _ in range(3):
             compiled(*inputs)
         for _ in range(args.calls):
