@@ -647,7 +647,13 @@ def main() -> None:
               # records are timed), and as the plan estimated it
               "steps_us": [{"name": r.name, "kind": r.kind, "network": round(r.ours_s * 1e6, 1),
                             "alone": round(r.alone_s * 1e6, 1),
-                            "estimate": round(r.estimate_s * 1e6, 1)} for r in prof.rows],
+                            "estimate": round(r.estimate_s * 1e6, 1),
+                            **({"gflops": round(r.flops_per_s / 1e9, 1)}
+                               if r.flops_per_s else {}),
+                            **({"of_peak": round(prof.peak_share(r), 3)}
+                               if prof.peak_share(r) is not None else {})}
+                           for r in prof.rows],
+              "peak_gflops": prof.peak_flops and round(prof.peak_flops / 1e9, 1),
               "steps_network_ms": round(sum(r.ours_s for r in prof.rows) * 1e3, 3),
               "steps_alone_ms": round(sum(r.alone_s for r in prof.rows) * 1e3, 3),
               "steps_alone_weights": "cold",

@@ -257,13 +257,23 @@ class CompiledNetwork(Reporting):
             for i, (s, t) in enumerate(zip(self.steps, ours)):
                 alone = median(time_fn(self._alone(i, cold_weights), opts))
                 ref = theirs.get(s.name) if s.kind in ("kernel", "torch", "glue") else None
-                rows.append(ProfileRow(s.name, s.kind, s.layers, t, alone, ref, s.estimate))
-        prof = Profile(rows, end_to_end, torch_total)
+                flops = self.part.task(s.key).compute.flops() if s.key else 0
+                rows.append(ProfileRow(s.name, s.kind, s.layers, t, alone, ref, s.estimate,
+                                       flops))
+        prof = Profile(rows, end_to_end, torch_total, self.peak_flops())
         if print_table:
             print(prof.table())
         if png:
             prof.save_png(png)
         return prof
+
+    def peak_flops(self) -> float:
+        """The CPU's peak floating-point operations per second at this network's threads,
+        by its measured machine model: its widest vector's FMAs per cycle x lanes x 2 x
+        clock, per thread."""
+        machine = cpu_info(self.mcpu).machine
+        per_cycle = max(u.fma_per_cycle * u.lanes * 2 for u in machine.units)
+        return per_cycle * machine.ghz * 1e9 * self.threads
 
     def _alone(self, i: int, cold_weights: bool) -> Callable[[], None]:
         """Step i as a zero-argument call, its border fills included; with `cold_weights`,

@@ -74,11 +74,19 @@ class ProfileRow:
     alone_s: float
     torch_s: float | None
     estimate_s: float
+    # floating-point operations of the step's layer as its direct algorithm counts them (a
+    # Winograd conv does fewer); 0 for transforms, glue, and where they are not counted
+    flops: int = 0
 
     @property
     def ratio(self) -> float | None:
         """PyTorch's time over ours: above 1, ours is faster."""
         return None if self.torch_s is None else self.torch_s / self.ours_s
+
+    @property
+    def flops_per_s(self) -> float | None:
+        """The step's rate inside the network, where its operations are counted."""
+        return self.flops / self.ours_s if self.flops and self.ours_s > 0 else None
 
 
 @dataclass
@@ -86,6 +94,9 @@ class Profile:
     rows: list[ProfileRow]
     end_to_end_s: float
     torch_total_s: float = 0.0  # PyTorch's steps summed, run in sequence
+    # the machine's peak floating-point operations per second at the network's threads
+    # (FMA units x lanes x 2 x clock, from its measured model); None where not known
+    peak_flops: float | None = None
 
     @property
     def total_s(self) -> float:
@@ -95,18 +106,30 @@ class Profile:
     def alone_s(self) -> float:
         return sum(r.alone_s for r in self.rows)
 
+    def peak_share(self, r: ProfileRow) -> float | None:
+        """A step's rate over the machine's peak (above 1 for an algorithm that does fewer
+        operations than it is counted for, as Winograd does)."""
+        rate = r.flops_per_s
+        return rate / self.peak_flops if rate and self.peak_flops else None
+
     def table(self) -> str:
+        """One line per step: its time in the network and alone, PyTorch's, the ratio,
+        its share of the steps' sum, and, where its operations are counted, its rate
+        (GFLOP/s) and that rate over the machine's peak."""
         total = self.total_s
         head = (f"{'step':<32} {'kind':<9} {'ours us':>8} {'alone us':>8} {'torch us':>8} "
-                f"{'ratio':>6} {'share':>6}")
+                f"{'ratio':>6} {'share':>6} {'GFLOP/s':>8} {'peak':>5}")
         lines = [head, "-" * len(head)]
         for r in self.rows:
             torch_us = f"{r.torch_s * 1e6:8.1f}" if r.torch_s is not None else f"{'-':>8}"
             ratio = f"{r.ratio:6.2f}" if r.ratio is not None else f"{'-':>6}"
+            rate, peak = r.flops_per_s, self.peak_share(r)
+            rate_s = f"{rate / 1e9:8.1f}" if rate else f"{'-':>8}"
+            peak_s = f"{peak:5.0%}" if peak is not None else f"{'-':>5}"
             flag = "  <- slower than torch" if r.ratio is not None and r.ratio < 1 else ""
             lines.append(f"{r.name[:32]:<32} {r.kind:<9} {r.ours_s * 1e6:8.1f} "
                          f"{r.alone_s * 1e6:8.1f} {torch_us} {ratio} "
-                         f"{r.ours_s / total:6.1%}{flag}")
+                         f"{r.ours_s / total:6.1%} {rate_s} {peak_s}{flag}")
         kinds: dict[str, float] = {}
         for r in self.rows:
             kinds[r.kind] = kinds.get(r.kind, 0.0) + r.ours_s

@@ -301,8 +301,23 @@ def test_profile_table_chart_and_fidelity(net, tmp_path, capsys):
     assert {i for owners in net._owners for i in owners} == set(range(len(net.steps)))
     kernels = [r for r in prof.rows if r.kind == "kernel"]
     assert all(r.torch_s and r.torch_s > 0 for r in kernels)
+    # each kernel's rate, from its layer's operations, against the machine model's peak
+    machine = cpu_info().machine
+    assert prof.peak_flops == pytest.approx(max(u.fma_per_cycle * u.lanes * 2
+                                                for u in machine.units) * machine.ghz * 1e9)
+    for r, s in zip(prof.rows, net.steps):
+        assert r.flops == (net.part.task(s.key).compute.flops() if s.key else 0)
+    conv = next(r for r in kernels if r.name == "conv2")
+    assert conv.flops > 0 and conv.flops_per_s == pytest.approx(conv.flops / conv.ours_s)
+    assert prof.peak_share(conv) == pytest.approx(conv.flops_per_s / prof.peak_flops)
+    transform = next((r for r in prof.rows if r.kind == "transform"), None)
+    assert transform is None or transform.flops_per_s is None
     out = capsys.readouterr().out
-    assert "end to end" in out and "conv2" in out
+    assert "end to end" in out and "conv2" in out and "GFLOP/s" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("conv2 ")).split()
+    rate_at = line.index(f"{conv.ours_s / prof.total_s:.1%}") + 1  # after the share
+    assert line[rate_at:rate_at + 2] == [f"{conv.flops_per_s / 1e9:.1f}",
+                                         f"{prof.peak_share(conv):.0%}"]
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     text = net.fidelity(prof.end_to_end_s, prof)
