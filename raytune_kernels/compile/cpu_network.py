@@ -269,8 +269,8 @@ class CompiledNetwork(Reporting):
 
     def peak_flops(self) -> float:
         """The CPU's peak floating-point operations per second at this network's threads,
-        by its measured machine model: its widest vector's FMAs per cycle x lanes x 2 x
-        clock, per thread."""
+        by its measured machine model: the best of its vector widths' FMAs per cycle x
+        lanes x 2, times its clock and the threads."""
         machine = cpu_info(self.mcpu).machine
         per_cycle = max(u.fma_per_cycle * u.lanes * 2 for u in machine.units)
         return per_cycle * machine.ghz * 1e9 * self.threads
