@@ -5,8 +5,9 @@
 
 For each seed, every strategy tunes all of the model's tasks from nothing with `trials`
 measurements (built in 2 processes, measured here on `threads` threads, weights cold, as
-tune_network does), in turn: model, the tuner's search; model_one_pick, the same without
-its per-family shares of a batch (SearchOptions.part_picks off). Reports each run's
+tune_network does), in turn; the strategies are bench/search.py's guided ones (model, the
+tuner's search; model_one_pick, without its per-family shares of a batch; model_no_probe,
+without probing the families a task has no measurement of). Reports each run's
 estimated network latency (sum of weight x best time) and, per seed, each strategy's
 over the first's. No PyTorch baseline: this compares search strategies at the budget of a
 first tuning run (bench/search.py --history compares them on one task resumed from a

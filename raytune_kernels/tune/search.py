@@ -247,12 +247,16 @@ class EvolutionarySearch:
         return (cfg.get(key) if key else None,) + tuple(cfg.get(k)
                                                       for k in self.opts.family_knobs)
 
+    @property
+    def _per_family(self) -> bool:
+        """Whether families share picks and are probed: `part_picks`, once the task has
+        `share_after` measurements of its own."""
+        return self.opts.part_picks and len(self.measured) >= self.opts.share_after
+
     def _contending(self) -> list[tuple]:
         """The kernel families in contention (module docstring), the best measured
         first; none while fewer than two are."""
-        if not self.opts.part_picks or len(self.measured) < self.opts.share_after:
-            return []
-        return self._measured_families()[0]
+        return self._measured_families()[0] if self._per_family else []
 
     def _measured_families(self) -> tuple[list[tuple], frozenset]:
         """(the families in contention, every family measured), recomputed only after
@@ -272,8 +276,7 @@ class EvolutionarySearch:
     def _probes(self, order: np.ndarray) -> list[int]:
         """The `probe` best-ranked candidates of each family in the pool that the task has
         no measurement of, nor one pending (module docstring)."""
-        if not self.opts.part_picks or self.opts.probe < 1 or \
-                len(self.measured) < self.opts.share_after:
+        if not self._per_family or self.opts.probe < 1:
             return []
         families = self.pool.families
         seen = self._measured_families()[1] | {self._family(c) for c in self.pending}
