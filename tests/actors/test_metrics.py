@@ -156,7 +156,7 @@ class Scrape(rk.Callback):
     """At the last round, while the scheduler actor is alive and reporting: scrape until
     the endpoint has every trial (the agent exports every interval; on a loaded 2-core
     machine it once exported nothing within 20 s)."""
-    series, rounds = [], 0
+    series, rounds, said = [], 0, []
     def on_round(self, summary):
         Scrape.rounds += 1
         if summary.trials < trials:
@@ -165,16 +165,37 @@ class Scrape(rk.Callback):
         while time.time() < end and counted(Scrape.series) < trials:
             time.sleep(0.25)
             Scrape.series = scrape()
+        if counted(Scrape.series) < trials:  # what Ray's processes said about metrics
+            logs = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs")
+            for name in sorted(os.listdir(logs)):
+                path = os.path.join(logs, name)
+                if os.path.isfile(path):
+                    with open(path, errors="replace") as f:
+                        Scrape.said += [f"{name}: {ln.strip()}" for ln in f
+                                        if ("etric" in ln or "recording stopped" in ln)
+                                        and "GET /metrics" not in ln]
 
 ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
          configure_logging=False, _metrics_export_port=port)
+# A worker that starts before the metrics agent serves retries for a while, then drops its
+# metrics for good; on a loaded machine the agent can take longer than that to start. Tune
+# only once it serves, so that the run's actors start with an agent to report to.
+end = time.time() + 120
+while True:
+    try:
+        scrape()
+        break
+    except OSError:
+        if time.time() > end:
+            raise
+        time.sleep(0.5)
 model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
                             torch.nn.Flatten(), torch.nn.Linear(16 * 6 * 6, 8)).eval()
 x = torch.randn(1, 8, 6, 6)
 res = rk.tune_network(model, (x,), trials=trials, batch=2, verbose=False,
                       callbacks=[Scrape()])
 print("RESULT " + json.dumps({"series": Scrape.series, "trials": res.trials,
-                              "rounds": Scrape.rounds,
+                              "rounds": Scrape.rounds, "said": Scrape.said[-40:],
                               "best_ms": {k: r.median * 1e3 for k, r in res.best.items()},
                               "estimated_ms": res.estimated_latency_s * 1e3}), flush=True)
 ray.shutdown()
@@ -206,7 +227,10 @@ def scraped():
                           capture_output=True, text=True, timeout=180)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(line[len("RESULT "):])
+    run = json.loads(line[len("RESULT "):])
+    assert run["series"], ("nothing exported; Ray's logs on metrics:\n" + "\n".join(run["said"])
+                           + "\n" + proc.stderr[-3000:])
+    return run
 
 
 def _values(run, name):
