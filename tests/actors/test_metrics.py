@@ -139,8 +139,11 @@ import raytune_kernels as rk
 port, trials = int(sys.argv[1]), 8
 SERIES = re.compile(r'^ray_(raytune_kernels_\\w+)(?:\\{(.*)\\})? (\\S+)$')
 
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, always
+
 def scrape():
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    body = NO_PROXY.open(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    Scrape.seen = sum(ln.startswith("ray_") for ln in body.decode().splitlines())
     out = []
     for line in body.decode().splitlines():
         m = SERIES.match(line)
@@ -156,7 +159,7 @@ class Scrape(rk.Callback):
     """At the last round, while the scheduler actor is alive and reporting: scrape until
     the endpoint has every trial (the agent exports every interval; on a loaded 2-core
     machine it once exported nothing within 20 s)."""
-    series, rounds, said = [], 0, []
+    series, rounds, said, seen = [], 0, [], 0
     def on_round(self, summary):
         Scrape.rounds += 1
         if summary.trials < trials:
@@ -196,6 +199,7 @@ res = rk.tune_network(model, (x,), trials=trials, batch=2, verbose=False,
                       callbacks=[Scrape()])
 print("RESULT " + json.dumps({"series": Scrape.series, "trials": res.trials,
                               "rounds": Scrape.rounds, "said": Scrape.said[-40:],
+                              "ray_series_seen": Scrape.seen,
                               "best_ms": {k: r.median * 1e3 for k, r in res.best.items()},
                               "estimated_ms": res.estimated_latency_s * 1e3}), flush=True)
 ray.shutdown()
@@ -228,7 +232,8 @@ def scraped():
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = json.loads(line[len("RESULT "):])
-    assert run["series"], ("nothing exported; Ray's logs on metrics:\n" + "\n".join(run["said"])
+    assert run["series"], (f"nothing exported (of {run['ray_series_seen']} ray_ series scraped);"
+                           " Ray's logs on metrics:\n" + "\n".join(run["said"])
                            + "\n" + proc.stderr[-3000:])
     return run
 
