@@ -133,6 +133,9 @@ def test_every_metric_name_is_valid_for_prometheus():
 SCRIPT = '''
 import json, os, re, sys, time, urllib.request
 os.environ["RAY_metrics_report_interval_ms"] = "500"  # Ray's default is 10 s
+# no worker started ahead of need: every worker of the run starts after the wait below
+os.environ["RAY_enable_worker_prestart"] = "0"
+os.environ["RAY_prestart_worker_first_driver"] = "0"
 import torch, ray
 import raytune_kernels as rk
 
@@ -175,14 +178,14 @@ class Scrape(rk.Callback):
                 if os.path.isfile(path):
                     with open(path, errors="replace") as f:
                         Scrape.said += [f"{name}: {ln.strip()}" for ln in f
-                                        if ("etric" in ln or "recording stopped" in ln)
+                                        if ("etric" in ln or "xporter" in ln or "recording stopped" in ln)
                                         and "GET /metrics" not in ln]
 
 ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
          configure_logging=False, _metrics_export_port=port)
-# A worker that starts before the metrics agent serves retries for a while, then drops its
-# metrics for good; on a loaded machine the agent can take longer than that to start. Tune
-# only once it serves, so that the run's actors start with an agent to report to.
+# A Ray process that starts before the metrics agent serves retries for a while, then
+# drops its metrics for good; on a loaded machine the agent can take longer than that to
+# start. Tune only once it serves, so that the run's workers start with an agent to report to.
 end = time.time() + 120
 while True:
     try:
