@@ -157,7 +157,8 @@ class TuningMetrics:
         self._trials.update({(r.name, r.tags): r.value
                              for r in _trial_counts(summary, records)})
         self._latest = (summary, rate, stats)
-        if summary.elapsed_s - self._recorded_at >= self.every_s:
+        last = 0 < summary.budget <= summary.trials  # no later round would record it
+        if last or summary.elapsed_s - self._recorded_at >= self.every_s:
             self._recorded_at = summary.elapsed_s
             self.flush()
 
