@@ -156,12 +156,10 @@ def test_bordered_buffers_share_memory_and_get_their_border_written_again(small)
     with pytest.warns(UserWarning, match="no record"):
         net = compile_network(model, inputs)
     assert net._fills
-    geometry = {}
-    for s in net.steps:
-        for b in s.writes:
-            geometry.setdefault(net._arrays[id(b)].ctypes.data, set()).add(
-                (b.layout.label, b.border) if b.bordered else None)
-    assert any(len(g) > 1 and any(g) for g in geometry.values())
+    written = [b for s in net.steps for b in s.writes]
+    assert any(b.bordered and x is not b and _overlap(net, b, x) and
+               (x.layout, x.shape, x.border) != (b.layout, b.shape, b.border)
+               for b in written for x in written)
     with torch.no_grad():
         for scale in (1.0, 3.0, -2.0):
             x = torch.randn(1, 3, 16, 16) * scale + 1
@@ -175,9 +173,25 @@ def test_bordered_buffers_share_memory_and_get_their_border_written_again(small)
         assert not torch.allclose(net._out_views[0], model(x), atol=1e-4, rtol=1e-4)
 
 
+def _span(net, b: Buf) -> tuple[int, int]:
+    """The bytes a buffer's values occupy."""
+    start = net._arrays[id(b)].ctypes.data
+    return start, start + 4 * b.size
+
+
+def _overlap(net, a: Buf, b: Buf) -> bool:
+    (a0, a1), (b0, b1) = _span(net, a), _span(net, b)
+    return a0 < b1 and b0 < a1
+
+
 def test_buffers_are_reused_and_weights_packed_once(net):
-    arrays = list(net._arrays.values())
-    assert len({id(a) for a in arrays}) < len(arrays)  # dead values' buffers reused
+    written = {id(b): b for s in net.steps for b in s.writes}.values()
+    spans = sorted(_span(net, b) for b in written)
+    used, reach = 0, 0
+    for lo, hi in spans:  # bytes under some buffer, overlaps counted once
+        used += max(0, hi - max(lo, reach))
+        reach = max(reach, hi)
+    assert used < sum(hi - lo for lo, hi in spans)  # dead values' memory reused
     x = torch.randn(1, 3, 16, 16)
     first, second = net(x), net(x)
     assert torch.equal(first, second)  # no state leaks from one call to the next
@@ -634,27 +648,62 @@ def test_a_task_tuned_only_before_a_knob_existed_is_named_in_a_warning():
         assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
 
 
-def test_allocate_shares_one_pool_and_names_the_borders_to_write_again():
-    """A plain value's memory, once dead, serves a bordered one: that border is written
-    again on every run, up to where the other value writes; buffers of one geometry only
-    keep the border they were made with."""
-    from raytune_kernels.compile.cpu_plan import Buf, Step, allocate
+def test_allocate_places_values_in_one_arena_and_names_the_borders_to_write_again():
+    """Values whose lives do not overlap share arena memory, in part where sizes differ
+    (largest first, each at the lowest free offset); a bordered value over memory another
+    value writes gets its border written again on every run, up to where the other
+    reaches; one whose memory nothing else takes is made with its border."""
+    from raytune_kernels.compile.cpu_plan import Step, allocate
     from raytune_kernels.cpu.transform import Layout
     plain = Buf(200, (1, 2, 10, 10))
     small_plain = Buf(10, (1, 10, 1, 1))
-    bordered = Buf(200, (1, 2, 8, 8), Layout("NCHW", (1, 1)))
-    again = Buf(200, (1, 2, 8, 8), Layout("NCHW", (1, 1)))
+    bordered = Buf(200, (1, 2, 8, 8), Layout("NCHW", (1, 1)), border=-1.0)
+    again = Buf(200, (1, 2, 8, 8), Layout("NCHW", (1, 1)), border=-1.0)
+    solo = Buf(72, (1, 2, 6, 6), Layout("NCHW", (1, 1)), border=2.0)
     out = Buf(10, (1, 10, 1, 1), pinned=True)
-    steps = [Step("a", "kernel", (), [], [plain]),
+    steps = [Step("a", "kernel", (), [], [plain, solo]),
              Step("b", "kernel", (), [plain], [small_plain]),
              Step("c", "kernel", (), [small_plain], [bordered]),
              Step("d", "kernel", (), [bordered], [again]),
-             Step("e", "kernel", (), [again], [out])]
+             Step("e", "kernel", (), [again, solo], [out])]
     arrays, refill = allocate(steps, [out])
-    assert arrays[id(bordered)] is arrays[id(plain)]  # the dead plain value's memory
-    assert refill == [(bordered, 200)]
-    assert arrays[id(again)] is not arrays[id(bordered)]  # both live at step d
-    assert (arrays[id(again)] == 0).all()  # made with its border, never shared: kept
+    bufs = (plain, small_plain, bordered, again, solo)
+    at = {id(b): (arrays[id(b)].ctypes.data - arrays[id(plain)].ctypes.data) // 4
+          for b in bufs}
+    assert at[id(bordered)] == 0  # the dead plain value's memory
+    assert at[id(again)] == 208  # apart from bordered (both live at d), on a cache line
+    assert at[id(solo)] == 416  # alive throughout: apart from every other value
+    assert at[id(small_plain)] == 208  # alive at b and c only: in again's memory
+    assert refill == [(bordered, 200), (again, 10)]
+    assert (arrays[id(solo)] == 2.0).all()  # made with its border, never overwritten
+    lives = {id(plain): (0, 1), id(small_plain): (1, 2), id(bordered): (2, 3),
+             id(again): (3, 4), id(solo): (0, 4)}
+    for a in bufs:
+        for b in bufs:
+            if a is not b and lives[id(a)][0] <= lives[id(b)][1] and \
+                    lives[id(b)][0] <= lives[id(a)][1]:
+                assert at[id(a)] + a.size <= at[id(b)] or at[id(b)] + b.size <= at[id(a)]
+    o = arrays[id(out)].ctypes.data  # the graph's output: memory of its own
+    assert all(not (arrays[id(b)].ctypes.data <= o < arrays[id(b)].ctypes.data + 4 * b.size)
+               for b in bufs)
+
+
+def test_no_two_values_alive_together_share_memory(small, net):
+    """In a compiled network, every pair of buffers alive at a common step (written then,
+    or read later) occupies disjoint memory."""
+    life = {}
+    for i, s in enumerate(net.steps):
+        for b in s.writes:
+            life.setdefault(id(b.root), [i, i])
+        for b in s.reads + s.writes:
+            if id(b.root) in life:
+                life[id(b.root)][1] = i
+    roots = {id(b.root): b.root for s in net.steps for b in s.writes}
+    for a in roots.values():
+        for b in roots.values():
+            (a0, a1), (b0, b1) = life[id(a)], life[id(b)]
+            if a is not b and a0 <= b1 and b0 <= a1:
+                assert not _overlap(net, a, b), (a, b)
 
 
 def test_a_compile_that_raises_leaves_no_check_child_behind(monkeypatch):
