@@ -148,10 +148,10 @@ def test_pytorch_steps_split_the_native_runs(small):
 
 def test_bordered_buffers_share_memory_and_get_their_border_written_again(small):
     """A windowed kernel's bordered input shares its memory with values of other
-    geometries (one pool for all), so its border is written again before its writer runs:
+    geometries (one arena for all), so its border is written again before its writer runs:
     the network matches the model call after call, and without those refills it would
     not (another value overwrote the border). Untuned, so the plan is the same on every
-    run of this CPU (it refills three borders on AVX2 and AVX-512 targets alike)."""
+    run of this CPU."""
     model, inputs, _ = small
     with pytest.warns(UserWarning, match="no record"):
         net = compile_network(model, inputs)
