@@ -335,6 +335,9 @@ def _torch_fn(compute) -> Callable:
 
 # ------------------------------------------------------------------------ buffer planning
 
+ALIGN_FLOATS = 16  # arena offsets are multiples of a 64-byte cache line
+
+
 def allocate(steps: list[Step], pinned: Iterable[Buf], aliases: Iterable[Buf] = ()
              ) -> tuple[dict[int, np.ndarray], list[tuple[Buf, int]]]:
     """An aligned array per buffer, and the bordered buffers whose border must be written
@@ -403,9 +406,6 @@ def allocate(steps: list[Step], pinned: Iterable[Buf], aliases: Iterable[Buf] = 
     for b in list(aliases) + list(pinned):
         arrays[id(b)] = arrays[id(b.root)]
     return arrays, refill
-
-
-ALIGN_FLOATS = 16  # arena offsets are multiples of a 64-byte cache line
 
 
 def _refills(values: list[Buf], offsets: dict[int, int]) -> list[tuple[Buf, int]]:

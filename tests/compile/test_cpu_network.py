@@ -688,7 +688,7 @@ def test_allocate_places_values_in_one_arena_and_names_the_borders_to_write_agai
                for b in bufs)
 
 
-def test_no_two_values_alive_together_share_memory(small, net):
+def test_no_two_values_alive_together_share_memory(net):
     """In a compiled network, every pair of buffers alive at a common step (written then,
     or read later) occupies disjoint memory."""
     life = {}
