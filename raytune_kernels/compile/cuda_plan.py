@@ -5,7 +5,9 @@ activation's offset in one arena, launch geometry and step order; and the choice
 step's kernel by the layout ILP. compile/cuda_network.py runs a plan on a Device."""
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -26,6 +28,7 @@ from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep
 from raytune_kernels.tune.records import Record
 
 NCHW, NHWC = "NCHW", "NHWC"
+PREBUILD_THREADS = 16  # NVRTC builds at once while planning (at most one per core)
 ALIGN = 64  # floats: arena offsets on 256 bytes, as cudaMalloc aligns (float4 loads)
 
 
@@ -155,6 +158,7 @@ class Planner:
         self.produced: dict[str, tuple[GBuf, str]] = {}
         self.copies: dict[tuple[str, str], GBuf] = {}
         self.built: dict[tuple[str, Config], tuple[CudaKernel, bytes]] = {}
+        self.prebuilt: dict[tuple[str, Config], tuple] = {}  # prebuild's, not yet taken
         self.value_of: dict[int, tuple[str, str]] = {}
         self.aliases: list[GBuf] = []
         self.inputs = [GBuf(math.prod(s), tuple(s), pinned=True) for _, s in self.graph.inputs]
@@ -226,18 +230,37 @@ class Planner:
         self._add(GpuStep(step.layer, "kernel", (step.layer,), ops, out, cand.seconds,
                           step.key, kernel, binary), step.output)
 
+    def prebuild(self, pairs: Iterable[tuple[str, Config]]) -> None:
+        """Render and NVRTC-build the kernels of these (task key, config) pairs on
+        concurrent threads (NVRTC runs outside Python's lock), ahead of `task`, which
+        takes each build from here or reports what went wrong with it."""
+        todo = list(dict.fromkeys(pairs))
+        if not todo:
+            return
+        workers = min(len(todo), PREBUILD_THREADS, os.cpu_count() or 1)
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            for key, built in zip(todo, pool.map(lambda kc: self._render_build(*kc), todo)):
+                self.prebuilt[key] = built
+
+    def _render_build(self, key: str, cfg: Config):
+        """(the kernel, or the exception rendering raised; the build, or None)."""
+        try:
+            kernel = render_cuda(self.part.task(key).compute, cfg)
+        except Exception as exc:
+            return exc, None
+        return kernel, compile_cuda(kernel.source, self.arch, f"{kernel.name}.cu")
+
     def _build(self, step: TaskStep, compute, cfg: Config) -> tuple[CudaKernel, bytes]:
         """Render and NVRTC-build a (task, config) once; a config that no longer renders
         or builds is an error naming the layer (records outlive code changes)."""
         if (step.key, cfg) in self.built:
             return self.built[(step.key, cfg)]
         where = f"layer {step.layer} (task {step.key}, {compute.describe()})"
-        try:
-            kernel = render_cuda(compute, cfg)
-        except Exception as exc:
+        kernel, built = self.prebuilt.pop((step.key, cfg), None) or \
+            self._render_build(step.key, cfg)
+        if isinstance(kernel, Exception):
             raise CompileError(f"{where}: its best cuda config no longer renders: "
-                               f"{exc}") from None
-        built = compile_cuda(kernel.source, self.arch, f"{kernel.name}.cu")
+                               f"{kernel}") from None
         problems = [built.error] if built.error else resource_problems(built, kernel.threads)
         if problems:
             raise CompileError(f"{where}: its best cuda config does not build for "
@@ -312,6 +335,8 @@ def plan_network(part: Partition, chosen: Sequence[Candidate | None], arch: str,
     """The plan of a partitioned graph from each step's chosen candidate (a config, or
     TORCH; None for glue steps); builds every kernel with NVRTC for `arch`."""
     planner = Planner(part, arch)
+    planner.prebuild((step.key, cand.config) for step, cand in zip(part.steps, chosen)
+                     if isinstance(step, TaskStep) and isinstance(cand.config, Config))
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):
             planner.task(step, cand)

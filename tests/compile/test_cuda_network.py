@@ -5,6 +5,7 @@ network run by cupy and benchmarked with CUDA events."""
 import dataclasses
 import math
 import random
+import threading
 
 import numpy as np
 
@@ -13,11 +14,12 @@ import torch
 
 import raytune_kernels as rk
 from tests.support import cuda_emulate
-from raytune_kernels.cuda.build import build_cuda, nvrtc_unavailable
+from raytune_kernels.cuda.build import build_cuda, compile_cuda, nvrtc_unavailable
 from raytune_kernels.cuda.render import cuda_space_for
 from raytune_kernels.space import Config
 from raytune_kernels.measure import MeasureResult
 from raytune_kernels.errors import CompileError
+from raytune_kernels.compile import cuda_plan
 from raytune_kernels.compile.api import cuda_records
 from raytune_kernels.compile.cuda_network import (GpuNetwork, check_gpu_network,
                                                   compile_network_cuda)
@@ -147,6 +149,20 @@ def test_a_dead_buffer_range_is_reused():
     arena = assign_offsets(steps, [x, d])
     assert (x.offset, d.offset, a.offset, b.offset) == (0, 2 * ALIGN, 4 * ALIGN, 6 * ALIGN)
     assert c.offset == a.offset and arena == 9 * ALIGN  # a is dead once b is written
+
+
+def test_every_kernel_is_built_once_on_the_prebuild_threads(case, monkeypatch):
+    model, inputs, records = case
+    calls = []
+
+    def counted(source, arch, name="kernel.cu", options=()):
+        calls.append((name, threading.current_thread() is threading.main_thread()))
+        return compile_cuda(source, arch, name, options)
+    monkeypatch.setattr(cuda_plan, "compile_cuda", counted)
+    net = compile_network_cuda(model, inputs, records, TARGET, device=EmulatorDevice)
+    kernels = [s for s in net.steps if s.kind == "kernel"]
+    assert len(calls) == len(kernels) == 3 and not any(main for _, main in calls)
+    assert sorted(n for n, _ in calls) == sorted(f"{s.kernel.name}.cu" for s in kernels)
 
 
 def test_a_record_whose_config_no_longer_renders_is_named(case):
