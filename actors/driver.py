@@ -140,7 +140,77 @@ def _tune(request: TuneRequest, callbacks: list[Callback], part: Partition | Non
     request = dataclasses.replace(
         request, tasks=tuple(tasks), torch_s=torch_s, cpu=cpu, device=device, isa=isa,
         cluster=len([n for n in ray.nodes() if n["Alive"]]) > 1)
+    done = _recorded_already(ray, request, history) if history else None
+    if done is not None:
+        return _without_trials(done, request, callbacks)
     return _run(ray, request, history, callbacks)
+
+
+class _NoSearch:
+    """The search pool of a run with no trial left to spend: it hears the records resumed
+    and never proposes."""
+
+    def observe(self, key: str, cfgs: list[Config], seconds: list[float]) -> None:
+        pass
+
+    def learn(self, records: list[Record]) -> None:
+        pass
+
+    def exhausted(self, key: str) -> bool:
+        return False
+
+    def propose(self, key: str, n: int) -> list[Config]:
+        raise AssertionError("a run whose budget the records hold proposes nothing")
+
+
+def _recorded_already(ray, request: TuneRequest, history: list[Record]):
+    """A Tuner over the records resumed when they already hold the whole budget for these
+    tasks, this target and the device that would measure; else None. Such a run measures
+    nothing, so it starts no actor: neither measurers, builders nor search actors, whose
+    start is most of a resumed run's time. A cuda target's arch and GPU name come from
+    one short task on a GPU of the cluster."""
+    from raytune_kernels.tune.tuner import Tuner
+
+    target, device = request.target, request.device
+    if platform_for(target).on_gpu:
+        arch, device = ray.get(_gpu_identity(ray).remote())
+        target = str(dataclasses.replace(parse_target(target), arch=arch))
+    tuner = Tuner(list(request.tasks), target, device, _never_measured, _NoSearch(),
+                  history=history, opts=request.tune_options(), isa=request.isa)
+    return tuner if tuner.spent >= request.trials else None
+
+
+def _never_measured(batch):
+    raise AssertionError("a run whose budget the records hold measures nothing")
+
+
+def _gpu_identity(ray):
+    """A Ray task that returns (arch, product name) of the GPU it is given."""
+    @ray.remote(num_gpus=1, num_cpus=0, max_retries=0)
+    def identity() -> tuple[str, str]:
+        from raytune_kernels.cuda.device import device_arch, device_name
+
+        return device_arch(), device_name()
+    return identity
+
+
+def _without_trials(tuner, request: TuneRequest, callbacks: list[Callback]) -> TuningResult:
+    """The run of `_recorded_already`'s tuner, told to the callbacks as `_run` tells one:
+    its table, no round, its result (the best records resumed, with the PyTorch part)."""
+    from raytune_kernels.tune.progress import ProgressView
+
+    records, torch_s = request.records, request.torch_s
+    callbacks = ([ProgressView(request.trials)] if request.verbose else []) + callbacks
+    first = tuner.initial()
+    notify(callbacks, "on_start", _with_torch(first, torch_s), stopped(0, first.trials, records))
+    result = tuner.result()
+    result.records = records  # the tuner writes none: it has nothing to write
+    result.setup = {"measurers": 0, "nodes": 0, "streamed": False, "search_nodes": [],
+                    "search_restarts": 0}
+    result.estimated_latency_s += torch_s
+    result.torch_s = torch_s
+    notify(callbacks, "on_end", result, stopped(0, result.trials, records))
+    return result
 
 
 def _torch_part(request: TuneRequest, skipped: list[Task], part: Partition | None,

@@ -113,6 +113,44 @@ def test_resuming_records_from_before_a_knob_names_the_task_that_never_searched_
         rk.tune_tasks([dw], trials=3, records=path, batch=1, verbose=False)
 
 
+def test_a_budget_the_records_already_hold_starts_no_actor(ray_session, tmp_path,
+                                                           monkeypatch):
+    """Resumed records that already hold the trials asked: the best of them, the same
+    estimate, the callbacks told of the start and the end, nothing measured, and no
+    scheduler actor (nor its measurers, builders and search actors) started."""
+    import actors.tuning_actors
+
+    model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
+    path = str(tmp_path / "done.jsonl")
+    first = rk.tune_network(model, (x,), trials=6, records=path, batch=3, verbose=False)
+
+    class NotStarted:
+        @staticmethod
+        def options(**_):
+            raise AssertionError("a scheduler actor was started")
+    monkeypatch.setattr(actors.tuning_actors, "TaskSchedulerActor", NotStarted)
+    heard = []
+
+    class Told(rk.Callback):
+        def on_start(self, summary):
+            heard.append(("start", summary.trials))
+
+        def on_round(self, summary):
+            heard.append(("round", summary.trials))
+
+        def on_end(self, result):
+            heard.append(("end", result.trials))
+    again = rk.tune_network(model, (x,), trials=6, records=path, batch=3, verbose=False,
+                            callbacks=[Told()])
+    assert again.best == first.best and again.trials == 6 and again.rounds == []
+    assert again.records == path
+    assert again.estimated_latency_s == first.estimated_latency_s
+    assert again.setup["measurers"] == 0 and heard == [("start", 6), ("end", 6)]
+    assert len(load_records(path).records) == 6
+    with pytest.raises(AssertionError, match="a scheduler actor was started"):
+        rk.tune_network(model, (x,), trials=7, records=path, batch=3, verbose=False)
+
+
 def test_a_relative_records_path_is_resolved_once_by_the_driver(ray_session, tmp_path,
                                                                 monkeypatch):
     model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)

@@ -193,6 +193,11 @@ def test_tune_a_tiny_model_on_the_gpu(ray_session, tmp_path):
     assert set(result.best) == {t.key for t in tasks}  # every task has a valid kernel
     expected = sum(t.weight * result.best[t.key].median for t in tasks)
     assert result.estimated_latency_s == pytest.approx(expected)
+    # resumed with the trials already recorded: the GPU named by a task, no actor started
+    again = rk.tune_network(model, (x,), target="cuda", trials=8, records=path, batch=4,
+                            verbose=False)
+    assert again.best == result.best and again.setup["measurers"] == 0
+    assert len(load_records(path).records) == 8
 
 
 def test_a_setup_problem_in_the_scheduler_actor_reaches_the_driver_as_itself(ray_session):
