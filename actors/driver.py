@@ -159,6 +159,9 @@ class _NoSearch:
     def exhausted(self, key: str) -> bool:
         return False
 
+    def unseeded(self, key: str, measured: list[Config]) -> bool:
+        return False
+
     def propose(self, key: str, n: int) -> list[Config]:
         raise AssertionError("a run whose budget the records hold proposes nothing")
 

@@ -21,7 +21,7 @@ from raytune_kernels.placement import SEARCH_RESOURCE
 from raytune_kernels.space import Config
 from raytune_kernels.tune.cost_model import CostModel, training_set
 from raytune_kernels.tune.records import Record, RecordWriter
-from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
+from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions, seeds_unmeasured
 from raytune_kernels.target import parse_target
 from raytune_kernels.task import Task
 from raytune_kernels.tune.request import TuneRequest
@@ -127,6 +127,7 @@ class RaySearchPool:
         the head, or with `spread`, dealt over the nodes (search_placement); each keeps a
         copy of the cost model's latest booster, fetched from the object store."""
         self.groups = [tasks[i::num_search] for i in range(min(num_search, len(tasks)))]
+        self.tasks = {t.key: t for t in tasks}
         self._args, self.spread = (backend, seed, opts), spread
         where = search_placement(len(self.groups)) if spread else [ON_HEAD] * len(self.groups)
         self.actors = [self._start(g, w) for g, w in zip(self.groups, where)]
@@ -194,6 +195,9 @@ class RaySearchPool:
         refs = [a.refresh.remote(state) for a in self.actors]  # in parallel
         for k, ref in enumerate(refs):
             self._get(k, ref, "refresh", state)
+
+    def unseeded(self, key: str, measured: list[Config]) -> bool:
+        return seeds_unmeasured(self._args[0], self.tasks[key], measured)
 
     def exhausted(self, key: str) -> bool:
         return key in self._exhausted

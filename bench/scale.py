@@ -244,6 +244,9 @@ class TimedPool:
     def exhausted(self, key: str) -> bool:
         return self.pool.exhausted(key)
 
+    def unseeded(self, key, measured) -> bool:
+        return self.pool.unseeded(key, measured)
+
 
 class Metrics(Callback):
     """The dashboard metrics of every round, as the scheduler actor records them."""

@@ -393,6 +393,18 @@ class CandidatePool:
         self.x, self.estimates = self.x[rows], self.estimates[rows]
 
 
+def seeds_unmeasured(backend: Backend, task: Task, measured: list[Config]) -> bool:
+    """Whether a seed of `backend` for `task` (what the task runs untuned, in its space) is
+    not among the configs `measured`: resumed records of some other configs then must not
+    stand for a warmed-up task, or its search would never propose the seed (the scheduler
+    gives a warmed-up task rounds only for their expected gain)."""
+    seeds = backend.seeds(task.compute)
+    if not seeds:
+        return False
+    space, done = backend.space(task.compute), set(measured)
+    return any(c in space and c not in done for c in seeds)
+
+
 def _fractional_ranks(values) -> np.ndarray:
     """Rank of each value in [0, 1] (ties share their mean rank), highest value 1."""
     v = np.asarray(values, dtype=np.float64)

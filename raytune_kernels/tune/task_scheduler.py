@@ -83,11 +83,13 @@ class TaskScheduler:
         s.history.append(new_best)
         s.converged = exhausted or (math.isfinite(s.best) and s.stale >= self.opts.patience)
 
-    def resume(self, i: int, seconds: list[float]) -> None:
-        """Account measurements from an earlier run: trials and best, not rounds."""
+    def resume(self, i: int, seconds: list[float], warmed: bool = True) -> None:
+        """Account measurements from an earlier run: trials and best, not rounds; the task
+        counts as warmed up unless `warmed` is False (its first round is still owed)."""
         s = self.states[i]
         s.trials += len(seconds)
         s.best = min([s.best] + list(seconds))
         if seconds:
             s.history.append(s.best)
-            s.rounds = max(s.rounds, 1)
+            if warmed:
+                s.rounds = max(s.rounds, 1)

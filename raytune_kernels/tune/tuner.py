@@ -23,7 +23,7 @@ from raytune_kernels.tune.records import (Record, RecordWriter, best_per_task, c
                                           measured_on, other_devices, record_of)
 from raytune_kernels.tune.result import RoundPoint, RoundSummary, TaskRow, TuningResult
 from raytune_kernels.tune.task_scheduler import SchedulerOptions, TaskScheduler
-from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
+from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions, seeds_unmeasured
 from raytune_kernels.task import Task
 
 Measure = Callable[[list[tuple[Task, Config]]], list[MeasureResult]]
@@ -40,6 +40,7 @@ class SearchPool(Protocol):
     def observe(self, key: str, cfgs: list[Config], seconds: list[float]) -> None: ...
     def learn(self, records: list[Record]) -> None: ...
     def exhausted(self, key: str) -> bool: ...
+    def unseeded(self, key: str, measured: list[Config]) -> bool: ...
 
 
 class LocalSearchPool:
@@ -71,6 +72,9 @@ class LocalSearchPool:
 
     def exhausted(self, key: str) -> bool:
         return self.searches[key].exhausted
+
+    def unseeded(self, key: str, measured: list[Config]) -> bool:
+        return seeds_unmeasured(self.backend, self.tasks[key], measured)
 
     def prepare(self) -> None:
         """Every search's initial pool analysed and its space's tables built, ahead of
@@ -122,7 +126,8 @@ class Tuner:
             if recs:
                 cfgs = [Config.from_json(r.config) for r in recs]
                 self.pool.observe(task.key, cfgs, [r.median for r in recs])
-                self.scheduler.resume(i, [r.median for r in recs])
+                self.scheduler.resume(i, [r.median for r in recs],
+                                      warmed=not self.pool.unseeded(task.key, cfgs))
         self.records = list(mine)
         if mine:
             self.pool.learn(mine)  # a resumed run starts with a trained model

@@ -19,6 +19,7 @@ from raytune_kernels.tune.search import EvolutionarySearch, SearchOptions
 from raytune_kernels.task import Compute, Task, TensorSpec
 from raytune_kernels.tune.tuner import LocalSearchPool, TuneOptions, Tuner
 from raytune_kernels.backend import cpu_backend
+from raytune_kernels.space import Config
 
 CPU = CpuInfo("test", (16, 8), 32, assumed_model("test", (16, 8)))
 BACKEND = cpu_backend(CPU)
@@ -158,6 +159,42 @@ def test_resume_continues_exactly(tasks, tmp_path):
     assert all(result.best[k].median <= first_best[k] for k in result.best)
     _, again, fake = tune(some, 72, path, history=records)
     assert fake.calls == 0 and again.trials == 72
+
+
+def test_a_resumed_task_whose_seed_was_never_measured_gets_its_first_round(tasks, tmp_path):
+    """Records of other configs stand for tasks that never ran their seed (what they run
+    untuned): each still gets a warm-up round, which measures its seed first, before the
+    gain rule hands out rounds (it would favour the heaviest task with every one)."""
+    some = [tasks[2], tasks[5], tasks[20]]
+    rng = random.Random(5)
+    seeds = {t.key: BACKEND.space(t.compute).sample(rng) for t in some}
+    backend = dataclasses.replace(BACKEND, seeds=lambda compute: [seeds[compute.key()]])
+    path = str(tmp_path / "s.jsonl")
+    tune(some, 24, path)  # no seeds then
+    first = load_records(path).records
+    assert not {(r.task_key, Config.from_json(r.config)) for r in first} & set(seeds.items())
+    fake, made, opts = FakeMeasurer(), [], SearchOptions(estimate_trials=0)
+
+    def measure(items):
+        made.extend((t.key, c) for t, c in items)
+        return [fake.measure(t, c) for t, c in items]
+    pool = LocalSearchPool(some, backend, 0, opts)
+    assert all(pool.unseeded(t.key, [Config.from_json(r.config) for r in first
+                                     if r.task_key == t.key]) for t in some)
+    Tuner(some, "llvm", "test", measure, pool, None, first,
+          TuneOptions(trials=24 + 3, batch=1, search=opts)).run()
+    assert sorted(made) == sorted(seeds.items())
+    assert not pool.unseeded(some[0].key, [seeds[some[0].key]])
+
+
+def test_the_scheduler_owes_a_resumed_task_not_warmed_its_first_round(tasks):
+    sched = TaskScheduler(tasks[:3], seed=0)
+    sched.resume(0, [1e-3], warmed=True)
+    sched.resume(1, [2e-3], warmed=False)
+    sched.resume(2, [3e-3])
+    assert sched.next_task() == 1 and sched.states[1].trials == 1
+    sched.update(1, [1.5e-3])
+    assert all(s.rounds == 1 for s in sched.states)
 
 
 def test_records_of_another_device_are_counted_and_not_resumed(tasks, tmp_path):
