@@ -174,6 +174,9 @@ def _recorded_already(ray, request: TuneRequest, history: list[Record]):
     one short task on a GPU of the cluster."""
     from raytune_kernels.tune.tuner import Tuner
 
+    keys = {t.key for t in request.tasks}
+    if sum(r.task_key in keys for r in history) < request.trials:
+        return None  # too few on any target or device: no need to ask a GPU which it is
     target, device = request.target, request.device
     if platform_for(target).on_gpu:
         arch, device = ray.get(_gpu_identity(ray).remote())
