@@ -179,7 +179,13 @@ def _recorded_already(ray, request: TuneRequest, history: list[Record]):
         return None  # too few on any target or device: no need to ask a GPU which it is
     target, device = request.target, request.device
     if platform_for(target).on_gpu:
-        arch, device = ray.get(_gpu_identity(ray).remote())
+        ref = _gpu_identity(ray).remote()
+        try:
+            arch, device = ray.get(ref, timeout=GPU_IDENTITY_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            # every GPU is busy: tune as usual, whose measurers wait for one and say so
+            ray.cancel(ref, force=True)
+            return None
         target = str(dataclasses.replace(parse_target(target), arch=arch))
     tuner = Tuner(list(request.tasks), target, device, _never_measured, _NoSearch(),
                   history=history, opts=request.tune_options(), isa=request.isa)
@@ -188,6 +194,9 @@ def _recorded_already(ray, request: TuneRequest, history: list[Record]):
 
 def _never_measured(batch):
     raise AssertionError("a run whose budget the records hold measures nothing")
+
+
+GPU_IDENTITY_TIMEOUT_S = 60.0  # for a GPU to name itself, before tuning goes on as usual
 
 
 def _gpu_identity(ray):

@@ -151,6 +151,27 @@ def test_a_budget_the_records_already_hold_starts_no_actor(ray_session, tmp_path
         rk.tune_network(model, (x,), trials=7, records=path, batch=3, verbose=False)
 
 
+def test_a_cuda_run_whose_gpu_never_answers_tunes_as_usual(ray_session, monkeypatch):
+    """Where no GPU of the cluster takes the task that names it (none here; elsewhere all
+    busy), the shortcut gives way after its timeout and the run goes on to its actors."""
+    import actors.driver as driver
+    from raytune_kernels.tune.request import TuneRequest
+    from raytune_kernels.tune.records import record_of
+    from raytune_kernels.measure import MeasureResult
+
+    conv = next(t for t in rk.extract_tasks(Tiny().eval(), (torch.randn(1, 16, 8, 8),),
+                                            target="cuda") if t.compute.op == "conv2d")
+    history = [record_of(conv.key, "cuda -arch=sm_90 -precision=tf32", "NVIDIA H100",
+                         {"i": i}, MeasureResult(times=(1e-5,))) for i in range(3)]
+    request = TuneRequest(target="cuda -precision=tf32", tasks=(conv,), trials=2)
+    monkeypatch.setattr(driver, "GPU_IDENTITY_TIMEOUT_S", 0.5)
+    assert driver._recorded_already(ray_session, request, history) is None
+    # too few records on any target: no GPU is asked at all
+    monkeypatch.setattr(driver, "_gpu_identity", None)
+    assert driver._recorded_already(ray_session, dataclasses.replace(request, trials=4),
+                                    history) is None
+
+
 def test_a_relative_records_path_is_resolved_once_by_the_driver(ray_session, tmp_path,
                                                                 monkeypatch):
     model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
