@@ -22,11 +22,12 @@
 # does on real models), and the rest shared by the runs, in order. A run is one process
 # (bench/network.py --precision P,Q --rounds 2 --quick --no-compile): Ray, the model and
 # PyTorch's eager and CUDA-graph baselines are set up once, and each precision is tuned,
-# compiled and checked in turn, then all timed interleaved. Tuning costs most of a run
-# even where the records already hold its trials (the tuning actors start: docs/gpu.md,
-# "Checking on a GPU machine"), so the first runs are the ones users run, tf32 and fp16,
-# of every model, sharing by weight; fp32 and bf16 follow in the time they leave, a run
-# with less than MIN_RUN_S left skipped and logged.
+# compiled and checked in turn, then all timed interleaved. Starting the tuning actors
+# costs most of a precision's tuning, whatever its trials (docs/gpu.md, "Checking on a GPU
+# machine"; a precision whose records already hold its trials starts none), so the first
+# runs are the ones users run, tf32 and fp16, of every model, sharing by weight; fp32 and
+# bf16 follow in the time they leave, a run with less than MIN_RUN_S left skipped and
+# logged.
 # Each run is under `timeout` for its share less KILL_S, the grace its kill may take, so
 # the whole never passes 480 s; a run that ends early leaves its time to the next.
 # Records already in bench/results/<gpu>/ count toward the trials (resumed), so each
