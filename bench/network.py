@@ -8,8 +8,9 @@ already holds them is resumed, nothing re-measured; by default
 bench/results/CPU/network_MODEL_<threads>threads.jsonl, CPU being LLVM's name for this host,
 so that figures of one CPU model are never taken for another's), compiles it twice (layouts
 chosen by the ILP, and the best uniform layout), checks both against the model, then times,
-at the same thread count and interleaved round by round: ours, ours uniform, PyTorch eager,
-channels_last, TorchScript trace+freeze, torch.compile with freezing where the machine
+at the same thread count and interleaved round by round: ours, ours uniform, ours without
+compile_network's in-network refinement (--refine 0 skips it, and this variant), PyTorch
+eager, channels_last, TorchScript trace+freeze, torch.compile with freezing where the machine
 can build it, and, from the model exported to ONNX, ONNX Runtime and OpenVINO where they are
 installed (`pip install -e '.[compare]'`), each checked against eager first. Prints the
 per-layer profile and the fidelity report. With --max-rounds M, rounds go on past --rounds
@@ -62,6 +63,7 @@ from raytune_kernels.target import Target, target_arg
 from raytune_kernels.timing import TimingOptions, median, time_fn
 
 FULL = TimingOptions(warmup=3, min_repeat_ms=200, repeats=5)
+OURS = ("ours", "uniform", "unrefined")  # our own variants: never "the best other"
 GPU_FULL = TimingOptions(warmup=10, min_repeat_ms=100, repeats=7)  # GpuNetwork.benchmark's
 GPU_QUICK = TimingOptions(warmup=3, min_repeat_ms=10, repeats=3)  # --quick: a check only
 GPU_STEPS = TimingOptions(warmup=2, min_repeat_ms=2, repeats=3)  # --quick: each step alone
@@ -320,10 +322,20 @@ def unsettled(ratios: list[float], half_width: float) -> bool:
     return ci is None or (ci[1] - ci[0]) / 2 > half_width * median(ratios)
 
 
+def refined_fields(refined) -> dict | None:
+    """compile_network's refine report as JSON (None: it did not run)."""
+    if refined is None:
+        return None
+    return {"variants": refined.variants, "steps": refined.steps,
+            "changed": len(refined.changed), "seconds": round(refined.seconds, 1),
+            "clocked_before_ms": round(refined.before_s * 1e3, 3),
+            "clocked_after_ms": round(refined.after_s * 1e3, 3)}
+
+
 def best_other_ratios(rounds_s: dict[str, list[float]]) -> list[float]:
     """Per round, the fastest variant other than ours (and our single-layout plan) over
     ours: above 1, ours is faster."""
-    others = [k for k in rounds_s if k not in ("ours", "uniform")]
+    others = [k for k in rounds_s if k not in OURS]
     return [min(rounds_s[k][r] for k in others) / t for r, t in enumerate(rounds_s["ours"])]
 
 
@@ -557,6 +569,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="cuda only: a check, not a figure: short timing, no one-layout "
                          "network, no per-layer profile")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--refine", type=int, default=8,
+                    help="CPU: compile_network's refine (each step's best N records "
+                         "clocked in the running network); above 1, the network without it "
+                         "is timed too, as 'unrefined'")
     ap.add_argument("--compile-precisions", type=precision_list, default=PRECISIONS,
                     metavar="LIST", help="cuda only: torch.compile's variants in these "
                     "precisions alone (comma-separated; default all: each takes a minute "
@@ -600,15 +616,19 @@ def main() -> None:
     from raytune_kernels.layout.costs import COUNTS
 
     start = time.perf_counter()
-    net = compile_network(model, inputs, records, threads=args.threads, verbose=True)
+    net = compile_network(model, inputs, records, threads=args.threads, verbose=True,
+                          refine=args.refine)
     compile_s = time.perf_counter() - start
     transforms = dict(COUNTS)  # timed now, or found in this machine's transform cache
     print(f"compiled and checked in {compile_s:.1f} s ({transforms['timed']} transforms "
           f"timed, {transforms['cached']} from the cache)")
     uniform = compile_network(model, inputs, records, threads=args.threads, layout="uniform",
-                              verbose=True)
+                              verbose=True, refine=args.refine)
 
     fns = {"ours": lambda: net(*inputs), "uniform": lambda: uniform(*inputs)}
+    if args.refine > 1:
+        plain = compile_network(model, inputs, records, threads=args.threads, refine=0)
+        fns["unrefined"] = lambda: plain(*inputs)
     fns.update(torch_variants(model, x, not args.no_compile))
     with tempfile.TemporaryDirectory(prefix="rk_engines_") as tmp:
         engines, engine_versions, engines_missing = engine_variants(model, inputs,
@@ -643,6 +663,12 @@ def main() -> None:
               "speedup_vs_best_engine_rounds": spread(best_other_ratios(rounds)),
               "uniform_over_ours_rounds": spread([u / o for u, o in
                                                   zip(rounds["uniform"], rounds["ours"])]),
+              # compile_network's refine: the plan's kernels against those kept after
+              # clocking each step's best records in the running network
+              "refine": args.refine, "refined": refined_fields(net.refined),
+              "unrefined_over_ours_rounds": spread([u / o for u, o in
+                                                    zip(rounds["unrefined"], rounds["ours"])])
+              if "unrefined" in rounds else None,
               # each step inside the network, alone (conv and dense weights cold, as
               # records are timed), and as the plan estimated it
               "steps_us": [{"name": r.name, "kind": r.kind, "network": round(r.ours_s * 1e6, 1),

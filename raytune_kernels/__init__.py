@@ -188,7 +188,7 @@ def compile_network(model: "torch.nn.Module",
                     fallback: str | None = None, threads: int = 1, layout: str = "ilp",
                     time_limit_s: float = 20.0, check: bool = True,
                     atol: float | None = None, verbose: bool = False,
-                    solver: "Solver | None" = None, graph: bool = True
+                    solver: "Solver | None" = None, graph: bool = True, refine: int = 8
                     ) -> "CompiledNetwork | GpuNetwork":
     """Compile `model` from the best kernels in `records` for `target`.
 
@@ -237,6 +237,11 @@ def compile_network(model: "torch.nn.Module",
         PuLP/CBC in this process (Ray is never started for it).
     graph
         On "cuda", replay the network as one CUDA graph (False: launch step by step).
+    refine
+        On "llvm", from records: weigh up to `refine` of each step's best records that read
+        and write the plan's layouts by clocking them inside the running network, and keep
+        the fastest as it runs (compile/refine.py); 0 or 1 keeps each layout pair's best
+        record as timed alone.
     """
     from actors.driver import layout_solver
     from raytune_kernels.compile.api import compile_network as compile_here
@@ -244,7 +249,7 @@ def compile_network(model: "torch.nn.Module",
     return compile_here(model, example_inputs, records, target=target, fallback=fallback,
                         threads=threads, layout=layout, time_limit_s=time_limit_s,
                         check=check, atol=atol, verbose=verbose,
-                        solver=solver or layout_solver(), graph=graph)
+                        solver=solver or layout_solver(), graph=graph, refine=refine)
 
 
 __all__ = [

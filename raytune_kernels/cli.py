@@ -83,7 +83,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     model, inputs = zoo.load(args.model)
     net = compile_network(model, inputs, args.records, target=args.target,
                           fallback=args.fallback, threads=args.threads,
-                          layout="uniform" if args.uniform else "ilp", verbose=True)
+                          layout="uniform" if args.uniform else "ilp", verbose=True,
+                          refine=args.refine)
     ours = net.benchmark()
     if gpu is not None:  # PyTorch on the same GPU, clocked as ours (GpuNetwork.benchmark):
         # CUDA events, the same warm-up and repeats, TF32 off
@@ -202,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run PyTorch's kernel where no tuned kernel is faster")
     p.add_argument("--uniform", action="store_true",
                    help="one layout for the whole network instead of the ILP's choice")
+    p.add_argument("--refine", type=int, default=8,
+                   help="CPU: clock up to N of each step's best records inside the running "
+                        "network and keep the fastest (default 8; 0 skips it)")
     p.add_argument("--profile", action="store_true", help="print the per-layer table")
     p.add_argument("--png", default=None, help="save the per-layer bar chart here")
     p.add_argument("-o", "--output", default=None,

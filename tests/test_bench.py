@@ -315,6 +315,22 @@ def test_the_median_ratio_gets_an_interval_and_rounds_go_on_until_it_is_narrow(m
     assert settle(0.001) == 40  # never settles: stops at the cap
 
 
+def test_our_own_variants_are_never_the_best_other_and_refine_is_reported():
+    """bench/network.py: the uniform and unrefined networks are ours, not a baseline the
+    ratio is taken against; the refine report goes to the JSON as plain numbers."""
+    from raytune_kernels.compile.refine import Refined
+
+    network = _bench("network")
+    rounds = {"ours": [1.0, 2.0], "uniform": [0.5, 0.5], "unrefined": [0.4, 0.4],
+              "onnxruntime": [1.5, 3.0]}
+    assert network.best_other_ratios(rounds) == [1.5, 1.5]
+    assert network.refined_fields(None) is None
+    got = network.refined_fields(Refined(variants=8, steps=5, changed=["a", "b"],
+                                         before_s=3e-3, after_s=2.5e-3, seconds=4.04))
+    assert got == {"variants": 8, "steps": 5, "changed": 2, "seconds": 4.0,
+                   "clocked_before_ms": 3.0, "clocked_after_ms": 2.5}
+
+
 # ------------------------------------------------ GPU baselines: the pure parts, on the CPU
 
 @pytest.mark.parametrize("name, lead", [("kernels", []), ("network", ["resnet18"])])

@@ -33,9 +33,11 @@ def compile_network(model: torch.nn.Module,
                     fallback: str | None = None, threads: int = 1, layout: str = "ilp",
                     time_limit_s: float = 20.0, check: bool = True,
                     atol: float | None = None, verbose: bool = False,
-                    solver: Solver = solve_ilp, graph: bool = True):
+                    solver: Solver = solve_ilp, graph: bool = True, refine: int = 8):
     """raytune_kernels.compile_network (its parameters, documented there), without asking
     for a Ray session's solver: `solver` is PuLP/CBC in this process unless given."""
+    if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
+        raise CompileError(f"refine must be a count of records (0: off), got {refine!r}")
     tgt = parse_target(target)
     if tgt.kind == "cuda":
         arch = target_arch(tgt)
@@ -50,7 +52,7 @@ def compile_network(model: torch.nn.Module,
                                tgt, fallback=fallback, threads=threads, layout=layout,
                                time_limit_s=time_limit_s, check=check,
                                atol=1e-3 if atol is None else atol, verbose=verbose,
-                               solver=solver)
+                               solver=solver, refine=refine)
 
 
 def cpu_records(records: "str | Iterable[Record] | None", target: str,

@@ -445,7 +445,8 @@ def compile_network_cpu(model: torch.nn.Module,
                         target: "str | Target" = "llvm",
                         fallback: str | None = None, threads: int = 1, layout: str = "ilp",
                         time_limit_s: float = 20.0, check: bool = True, atol: float = 1e-3,
-                        verbose: bool = False, solver: Solver = solve_ilp) -> CompiledNetwork:
+                        verbose: bool = False, solver: Solver = solve_ilp,
+                        refine: int = 8) -> CompiledNetwork:
     """compile_network() for an llvm target from `records`, those of its target and thread
     count measured on this CPU (compile.api.cpu_records picks them; compile.api dispatches
     here)."""
@@ -505,31 +506,70 @@ def compile_network_cpu(model: torch.nn.Module,
         for child in checker:
             child.kill()
             child.communicate()
-    planner = Planner(part, tgt.mcpu, opts, borders_wanted(part, chosen), priced_at)
-    for step, cand in zip(part.steps, chosen):
-        if isinstance(step, TaskStep):
-            planner.task(step, cand)
-        else:
-            planner.glue(step)
-    outputs = planner.outputs()
     best = best_per_task(recs, str(tgt), threads)
     others = dict(tseconds)  # PyTorch's time, or the untuned estimate, where no record is
     for step, cs in zip(part.steps, cands):
         if isinstance(step, TaskStep) and step.key not in best and step.key not in others:
             others[step.key] = min(c.seconds for c in cs)
     estimated = estimated_latency(part, best, others)
-    net = CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
-                          estimated, planner.value_of, planner.aliases)
-    net.examples, net.mcpu = inputs, tgt.mcpu
+    kernels: dict = {}  # (task key, config) -> loaded kernel, shared by the plan's variants
+
+    def assemble(chosen: list[Candidate]) -> CompiledNetwork:
+        planner = Planner(part, tgt.mcpu, opts, borders_wanted(part, chosen), priced_at)
+        planner.kernels = kernels
+        for step, cand in zip(part.steps, chosen):
+            if isinstance(step, TaskStep):
+                planner.task(step, cand)
+            else:
+                planner.glue(step)
+        outputs = planner.outputs()
+        return CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
+                               estimated, planner.value_of, planner.aliases)
+    refined = None
+    if refine > 1 and recs:
+        chosen, refined = _refine(part, chosen, recs, assemble, kernels, inputs, threads,
+                                  refine, tgt.mcpu)
+    net = assemble(chosen)
+    net.examples, net.mcpu, net.refined = inputs, tgt.mcpu, refined
     if verbose:
-        print(f"compiled {len(planner.steps)} steps "
-              f"({sum(s.kind == 'kernel' for s in planner.steps)} kernels, "
-              f"{sum(s.kind == 'transform' for s in planner.steps)} transforms, "
-              f"{sum(s.kind == 'torch' for s in planner.steps)} torch); layout plan "
+        print(f"compiled {len(net.steps)} steps "
+              f"({sum(s.kind == 'kernel' for s in net.steps)} kernels, "
+              f"{sum(s.kind == 'transform' for s in net.steps)} transforms, "
+              f"{sum(s.kind == 'torch' for s in net.steps)} torch); layout plan "
               f"{plan.cost * 1e3:.3f} ms by {plan.solver} in {plan.seconds:.2f} s")
+        if refined is not None:
+            print(refined.describe())
     if check:
         check_network(net, model, inputs, atol)
     return net
+
+
+def _refine(part: Partition, chosen: list[Candidate], recs: list[Record], assemble,
+            kernels: dict, inputs, threads: int, most: int, mcpu: str | None):
+    """compile/refine.py's pass over the plan: the kernels each step runs fastest as the
+    network runs, among the best `most` records of its layouts. Their kernels are built
+    at once (in parallel) into `kernels`, the Planner's table of loaded kernels."""
+    from raytune_kernels.compile import refine as rf
+
+    alts = rf.alternatives(part, chosen, recs, layouts_of, threads, most,
+                           functools.partial(_writes_bordered, part))
+    weight_bytes = sum(p.numel() * 4 for p in part.graph.params.values()
+                       if isinstance(p, torch.Tensor))
+    xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
+
+    def prebuild(pairs) -> None:
+        from raytune_kernels.cpu.build import LoadedKernel
+        from raytune_kernels.cpu.llvm.ir import render
+        from raytune_kernels.cpu.parallel_build import build_all
+        todo = [(key, cfg, lower(part.task(key).compute, cfg)) for key, cfg in pairs
+                if (key, cfg) not in kernels]
+        built = build_all([render(nest) for _, _, nest in todo], mcpu, persist=True)
+        for (key, cfg, nest), b in zip(todo, built):
+            if not b.error:  # a failure is the Planner's to report, if the kernel is chosen
+                kernels[(key, cfg)] = (LoadedKernel(b.library, nest.name, len(nest.buffers)),
+                                       nest)
+    return rf.refine(part, chosen, alts, assemble, xs,
+                     rf.variant_count(alts, most, weight_bytes), prebuild)
 
 
 def _writes_bordered(part: Partition, step: TaskStep, cand: Candidate) -> bool:

@@ -1,0 +1,180 @@
+"""Each step's kernel chosen as the network runs it, not as it ran alone.
+
+A record times a kernel called again and again: its input and output sit in the caches of
+the cores that last touched them, which is the kernel itself. In the network the input was
+just written by the producer, the output buffer last held some other value, and the step
+before streamed its own data through the caches. How much a kernel loses to that depends
+on its schedule (how often it reads its input, how it splits the loops between threads),
+so the order of a task's records alone is not its order in the network: MobileNetV2's
+depthwise convs run two to three times slower in the network than in their records.
+
+refine() takes, for each step whose kernel came from records, the best few records of its
+task that read and write the same layouts as the plan's choice (so every variant has the
+same buffers and transforms), builds a network per rank (variant j runs each step's j-th
+alternative, or its first where it has fewer), clocks every step inside each running
+variant (CompiledNetwork._clock_steps: the cycle counter between the calls of one native
+run), in interleaved rounds, and keeps per step the kernel with the lowest median: the
+plan's own, unless another is faster by more than MARGIN and faster in every round. Each variant holds its own packed
+weights, so the number of variants alive at once is capped by MEMORY_BYTES.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from raytune_kernels.compile.choose import TORCH
+from raytune_kernels.frontend.partition import Partition, TaskStep
+from raytune_kernels.layout.graph import Candidate
+from raytune_kernels.space import Config
+from raytune_kernels.tune.records import Record
+
+MARGIN = 0.03  # an alternative replaces the plan's kernel when faster by more than this
+MEMORY_BYTES = 1 << 30  # packed weights of all variants alive at once
+ROUNDS = 3
+BUDGET_S = 2.0  # clocking time aimed at, all variants and rounds together
+
+
+@dataclass
+class Refined:
+    """What refine() did: the alternatives it weighed and what it changed."""
+
+    variants: int = 0  # networks built and clocked (1: nothing to weigh)
+    steps: int = 0  # steps that had alternatives
+    changed: list[str] = field(default_factory=list)  # steps now running another record
+    before_s: float = 0.0  # the clocked steps' sum with the plan's kernels
+    after_s: float = 0.0  # ... with the kernels kept, as clocked in their variants
+    seconds: float = 0.0  # wall time of refine()
+
+    def describe(self) -> str:
+        if self.variants < 2:
+            return "in-network refinement: no step had another record of its layouts"
+        return (f"in-network refinement: {self.variants} variants, {len(self.changed)} of "
+                f"{self.steps} steps changed, steps clocked {self.before_s * 1e3:.3f} -> "
+                f"{self.after_s * 1e3:.3f} ms, in {self.seconds:.1f} s")
+
+
+def alternatives(part: Partition, chosen: Sequence[Candidate], records: Sequence[Record],
+                 layouts: Callable, threads: int, most: int,
+                 bordered: Callable[[TaskStep, Candidate], bool]) -> dict[int, list[Candidate]]:
+    """Per step index: the plan's candidate, then up to most - 1 other records of its task
+    (fastest first, at `threads` threads) with the same input and output layouts, the same
+    bordered output, and a config of their own. Steps whose choice is not a record's (torch,
+    untuned) or that have no other record are left out."""
+    by_task: dict[str, list[Record]] = {}
+    for r in records:
+        if r.ok and r.threads == threads:
+            by_task.setdefault(r.task_key, []).append(r)
+    for rs in by_task.values():
+        rs.sort(key=lambda r: r.median)
+    out: dict[int, list[Candidate]] = {}
+    for i, (step, cand) in enumerate(zip(part.steps, chosen)):
+        if not isinstance(step, TaskStep) or cand.config in (None, TORCH) or \
+                step.key not in by_task:
+            continue
+        task = part.task(step.key)
+        keep, seen = [cand], {cand.config}
+        for r in by_task[step.key]:
+            if len(keep) >= most:
+                break
+            cfg = Config.from_json(r.config)
+            if cfg in seen:
+                continue
+            seen.add(cfg)
+            alt = Candidate(*layouts(task, cfg), r.median, cfg)
+            if (alt.in_layout, alt.out_layout) == (cand.in_layout, cand.out_layout) and \
+                    bordered(step, alt) == bordered(step, cand):
+                keep.append(alt)
+        if len(keep) > 1:
+            out[i] = keep
+    return out
+
+
+def variant_count(alts: dict[int, list[Candidate]], most: int, weight_bytes: int) -> int:
+    """How many variants to build: the most alternatives any step has, capped so that
+    their packed weights fit MEMORY_BYTES (at least 1)."""
+    wanted = max((len(a) for a in alts.values()), default=1)
+    fit = MEMORY_BYTES // max(weight_bytes, 1)
+    return max(1, min(wanted, most, fit))
+
+
+def variant(chosen: Sequence[Candidate], alts: dict[int, list[Candidate]], j: int
+            ) -> list[Candidate]:
+    """The plan with every step that has a j-th alternative running it."""
+    out = list(chosen)
+    for i, a in alts.items():
+        if j < len(a):
+            out[i] = a[j]
+    return out
+
+
+def task_positions(part: Partition, net) -> dict[int, int]:
+    """Partition step index -> index of the network step that runs its kernel (the steps of
+    one task follow the plan's order; transforms, fills and glue carry no task key)."""
+    tasks = [i for i, s in enumerate(part.steps) if isinstance(s, TaskStep)]
+    runs = [k for k, s in enumerate(net.steps) if s.key is not None and s.kind != "glue"]
+    if len(tasks) != len(runs) or any(part.steps[i].key != net.steps[k].key
+                                      for i, k in zip(tasks, runs)):
+        raise ValueError("the network's steps do not follow the plan's tasks")
+    return dict(zip(tasks, runs))
+
+
+def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Candidate]],
+           assemble: Callable[[list[Candidate]], object], inputs: Sequence[torch.Tensor],
+           variants: int, prebuild: Callable[[list[tuple[str, Config]]], None] | None = None,
+           rounds: int = ROUNDS, budget_s: float = BUDGET_S
+           ) -> tuple[list[Candidate], Refined]:
+    """The plan with each step in `alts` running the alternative that clocks fastest inside
+    the running network (module docstring); `assemble(chosen)` builds an unchecked
+    network, `prebuild` the kernels of (task key, config) pairs ahead (in parallel)."""
+    start = time.perf_counter()
+    report = Refined(variants=1, steps=len(alts))
+    if variants < 2 or not alts:
+        report.seconds = time.perf_counter() - start
+        return list(chosen), report
+    plans = [variant(chosen, alts, j) for j in range(variants)]
+    if prebuild is not None:
+        prebuild(list(dict.fromkeys((part.steps[i].key, c.config) for p in plans
+                                    for i, c in enumerate(p) if i in alts)))
+    nets = [assemble(p) for p in plans]
+    where = [task_positions(part, n) for n in nets]
+    xs = list(inputs)
+    once = min(_seconds_per_run(n, xs) for n in nets)
+    runs = int(min(50, max(5, budget_s / max(once * rounds * len(nets), 1e-6))))
+    laps: list[list[np.ndarray]] = [[] for _ in nets]
+    for r in range(rounds):
+        order = range(len(nets)) if r % 2 == 0 else reversed(range(len(nets)))
+        for j in order:
+            laps[j].append(np.asarray(nets[j]._clock_steps(xs, runs)))
+    step_s = [np.stack(lap) for lap in laps]  # per variant: round x step
+    out = list(chosen)
+    report.variants = len(nets)
+    report.before_s = report.after_s = float(np.median(step_s[0], axis=0).sum())
+    for i, a in alts.items():
+        took = [step_s[j][:, where[j][i]] for j in range(min(len(a), len(nets)))]
+        best = min(range(len(took)), key=lambda j: float(np.median(took[j])))
+        gain = float(np.median(took[best]) - np.median(took[0]))
+        # faster by the margin, and in every round: not one lucky round against the plan
+        if best and gain < -MARGIN * float(np.median(took[0])) and \
+                bool(np.all(took[best] < took[0])):
+            out[i] = a[best]
+            report.changed.append(part.steps[i].layer)
+            report.after_s += gain
+    report.seconds = time.perf_counter() - start
+    return out, report
+
+
+def _seconds_per_run(net, xs: list[torch.Tensor]) -> float:
+    """One call of the network, the fastest of three after one to warm up."""
+    net(*xs)
+    best = math.inf
+    for _ in range(3):
+        t = time.perf_counter()
+        net(*xs)
+        best = min(best, time.perf_counter() - t)
+    return best
+

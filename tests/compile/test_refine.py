@@ -1,0 +1,215 @@
+"""compile/refine.py: each step's kernel chosen as the network runs it."""
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import raytune_kernels as rk
+from raytune_kernels.compile import refine as rf
+from raytune_kernels.compile.api import compile_network
+from raytune_kernels.cpu.kernel import build_for
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.measure import measure_built
+from raytune_kernels.cpu.schedules import space_for
+from raytune_kernels.errors import CompileError
+from raytune_kernels.frontend.partition import GlueStep, TaskStep, partition
+from raytune_kernels.layout.costs import layouts_of
+from raytune_kernels.layout.graph import Candidate
+from raytune_kernels.measure import MeasureOptions
+from raytune_kernels.space import Config
+from raytune_kernels.tune.records import record_of
+
+
+# ------------------------------------------------------------ the choice, on fake networks
+
+class FakeNet:
+    """A network of kernel steps (one per task step, a transform before the second) whose
+    clocked steps take the seconds `took(variant, step, round)` gives."""
+
+    def __init__(self, part, j, took):
+        keys = [s.key for s in part.steps if isinstance(s, TaskStep)]
+        self.steps = [SimpleNamespace(key=keys[0], kind="kernel", name="a"),
+                      SimpleNamespace(key=None, kind="transform", name="t"),
+                      *[SimpleNamespace(key=k, kind="kernel", name=k) for k in keys[1:]]]
+        self.j, self.took, self.round = j, took, 0
+
+    def __call__(self, *xs):
+        return None
+
+    def _clock_steps(self, xs, runs):
+        kernels = iter(range(len(self.steps)))
+        out = [0.001 if s.key is None else self.took(self.j, next(kernels), self.round)
+               for s in self.steps]
+        self.round += 1
+        return out
+
+
+def fake_plan(n_alts: int):
+    steps = (TaskStep("k0", "conv0", (), (), "v0"), GlueStep("g"),
+             TaskStep("k1", "conv1", (), (), "v1"))
+    part = SimpleNamespace(steps=steps)
+    chosen = [Candidate("NHWC", "NHWC", 1.0, f"c{i}") for i in range(len(steps))]
+    alts = {i: [chosen[i]] + [Candidate("NHWC", "NHWC", 1.0 + j, f"c{i}.{j}")
+                              for j in range(1, n_alts)]
+            for i in (0, 2)}
+    return part, chosen, alts
+
+
+def run_fake(took, n_alts=3):
+    part, chosen, alts = fake_plan(n_alts)
+    # kernel step index 0 is task step 0, kernel step index 1 is task step 2
+    out, report = rf.refine(part, chosen, alts, lambda p: FakeNet(part, plans.index(p), took),
+                            [torch.zeros(1)], n_alts, budget_s=0.0)
+    return out, report, alts
+
+
+plans: list = []
+
+
+@pytest.fixture(autouse=True)
+def _track_plans(monkeypatch):
+    """Each variant's plan, so a FakeNet knows which variant it is."""
+    plans.clear()
+    real = rf.variant
+
+    def variant(chosen, alts, j):
+        plans.append(real(chosen, alts, j))
+        return plans[-1]
+    monkeypatch.setattr(rf, "variant", variant)
+
+
+def test_an_alternative_faster_in_every_round_replaces_the_plans_kernel():
+    # step 0: variant 2 is 20% faster in every round; step 2: no alternative is faster
+    took = lambda j, k, r: (10e-6 * (0.8 if j == 2 else 1.0)) if k == 0 else 5e-6 * (1 + j)
+    out, report, alts = run_fake(took)
+    assert out[0] is alts[0][2] and out[2] is alts[2][0]
+    assert report.variants == 3 and report.steps == 2 and report.changed == ["conv0"]
+    assert report.after_s == pytest.approx(report.before_s - 2e-6)
+
+
+def test_a_lucky_round_or_a_gain_within_the_margin_keeps_the_plan():
+    # step 0: variant 1 faster by 30% in two rounds, slower in the third;
+    # step 2: variant 1 faster in every round, by 2% (< MARGIN)
+    def took(j, k, r):
+        if k == 0:
+            return 10e-6 * ({0: 0.7, 1: 1.5, 2: 0.7}[r] if j == 1 else 1.0)
+        return 5e-6 * (0.98 if j == 1 else 1.0)
+    out, report, alts = run_fake(took)
+    assert out[0] is alts[0][0] and out[2] is alts[2][0]
+    assert report.changed == [] and report.after_s == report.before_s
+
+
+def test_one_variant_or_nothing_to_weigh_builds_nothing():
+    part, chosen, alts = fake_plan(3)
+    built = []
+    out, report = rf.refine(part, chosen, alts, built.append, [], 1)
+    assert out == chosen and built == [] and report.variants == 1
+    out, report = rf.refine(part, chosen, {}, built.append, [], 4)
+    assert out == chosen and built == []
+    assert "no step had another record" in report.describe()
+
+
+def test_variants_are_capped_by_the_memory_their_weights_take():
+    alts = {0: [None] * 8, 3: [None] * 2}
+    assert rf.variant_count(alts, 8, 1 << 20) == 8
+    assert rf.variant_count(alts, 4, 1 << 20) == 4
+    assert rf.variant_count(alts, 8, rf.MEMORY_BYTES // 3) == 3
+    assert rf.variant_count(alts, 8, rf.MEMORY_BYTES * 2) == 1
+
+
+def test_a_variant_runs_each_steps_jth_alternative_or_keeps_its_choice():
+    chosen = ["a", "b", "c"]
+    alts = {0: ["a", "a1", "a2"], 2: ["c", "c1"]}
+    assert rf.variant(chosen, alts, 0) == chosen
+    assert rf.variant(chosen, alts, 2) == ["a2", "b", "c"]
+    assert rf.variant(chosen, alts, 1) == ["a1", "b", "c1"]
+
+
+# ------------------------------------------------------------------------- for real
+
+class Convs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 32, 1)
+        self.b = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.c = torch.nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def nhwc_records(model, inputs, per_task: int, threads: int = 1):
+    """Up to `per_task` direct configs of each task that read and write NHWC, measured:
+    one layout pair with several records each, for refine to weigh."""
+    cpu, rng, out = cpu_info(), random.Random(0), []
+    opts = MeasureOptions(threads=threads, min_repeat_ms=1, repeats=3)
+    for task in rk.extract_tasks(model, inputs):
+        space = space_for(task.compute, cpu)
+        configs = []
+        for _ in range(2000):
+            cfg = space.sample(rng)
+            src, dst = layouts_of(task, cfg)
+            if cfg.get("algorithm", "direct") == "direct" and src.startswith("NHWC") and \
+                    dst.startswith("NHWC") and cfg not in configs:
+                configs.append(cfg)
+            if len(configs) == per_task:
+                break
+        for cfg in configs:
+            built = build_for(task.compute, cfg)
+            out.append(record_of(task.key, "llvm", cpu.name, cfg.to_json(),
+                                 measure_built(task.compute, cfg, built.library, opts,
+                                               built.seconds), threads))
+    return out
+
+
+@pytest.fixture(scope="module")
+def convs():
+    torch.manual_seed(0)
+    model, inputs = Convs().eval(), (torch.randn(1, 8, 14, 14),)
+    return model, inputs, nhwc_records(model, inputs, per_task=3)
+
+
+def test_alternatives_share_the_plans_layouts_and_come_fastest_first(convs):
+    model, inputs, records = convs
+    part = partition(rk.capture(model, inputs))
+    best = {}
+    for r in records:
+        if r.task_key not in best or r.median < best[r.task_key].median:
+            best[r.task_key] = r
+    chosen = [Candidate(*layouts_of(part.task(s.key), Config.from_json(best[s.key].config)),
+                        best[s.key].median, Config.from_json(best[s.key].config))
+              for s in part.steps]
+    alts = rf.alternatives(part, chosen, records, layouts_of, 1, 8, lambda s, c: False)
+    assert set(alts) == set(range(len(part.steps)))
+    for i, a in alts.items():
+        assert a[0] is chosen[i] and 1 < len(a) <= 3
+        assert len({c.config for c in a}) == len(a)
+        assert all((c.in_layout, c.out_layout) == (a[0].in_layout, a[0].out_layout) for c in a)
+        assert [c.seconds for c in a[1:]] == sorted(c.seconds for c in a[1:])
+    # records at another thread count, or capped at one: nothing to weigh
+    assert rf.alternatives(part, chosen, records, layouts_of, 2, 8, lambda s, c: False) == {}
+    assert rf.alternatives(part, chosen, records, layouts_of, 1, 1, lambda s, c: False) == {}
+    two = rf.alternatives(part, chosen, records, layouts_of, 1, 2, lambda s, c: False)
+    assert all(len(a) == 2 for a in two.values())
+
+
+def test_a_refined_network_is_checked_and_says_what_it_weighed(convs):
+    model, inputs, records = convs
+    net = compile_network(model, inputs, records, refine=3)  # checked against the model
+    assert net.refined is not None and net.refined.variants == 3 and net.refined.steps == 3
+    assert net.refined.after_s <= net.refined.before_s
+    x = torch.randn(1, 8, 14, 14)
+    with torch.no_grad():
+        want = model(x)
+    assert torch.allclose(net(x), want, atol=1e-4, rtol=1e-4)
+    plain = compile_network(model, inputs, records, refine=0)
+    assert plain.refined is None
+    assert torch.allclose(plain(x), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True, "8"])
+def test_a_bad_refine_count_is_named(convs, bad):
+    model, inputs, records = convs
+    with pytest.raises(CompileError, match="refine must be a count of records"):
+        compile_network(model, inputs, records, refine=bad)
