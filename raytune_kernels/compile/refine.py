@@ -13,9 +13,13 @@ task that read and write the same layouts as the plan's choice (so every variant
 same buffers and transforms), builds a network per rank (variant j runs each step's j-th
 alternative, or its first where it has fewer), clocks every step inside each running
 variant (CompiledNetwork._clock_steps: the cycle counter between the calls of one native
-run), in interleaved rounds, and keeps per step the kernel with the lowest median: the
-plan's own, unless another is faster by more than MARGIN and faster in every round. Each variant holds its own packed
-weights, so the number of variants alive at once is capped by MEMORY_BYTES.
+run), in interleaved rounds, and picks per step the kernel with the lowest median: the
+plan's own, unless another is faster by more than MARGIN and faster in every round. With
+many steps and alternatives some picks are noise, and a step's time also moves with its
+neighbours' kernels; so the picked network is timed end to end against the plan's, in
+interleaved rounds, and kept only where it runs faster by a third of MARGIN or more. Each
+variant holds its own packed weights, so the number of variants alive at once is capped by
+MEMORY_BYTES.
 """
 from __future__ import annotations
 
@@ -36,7 +40,9 @@ from raytune_kernels.tune.records import Record
 MARGIN = 0.03  # an alternative replaces the plan's kernel when faster by more than this
 MEMORY_BYTES = 1 << 30  # packed weights of all variants alive at once
 ROUNDS = 3
-BUDGET_S = 2.0  # clocking time aimed at, all variants and rounds together
+BUDGET_S = 2.0  # clocking time aimed at per pass, all variants and rounds together
+PASSES = 1
+CONFIRM_ROUNDS = 7
 
 
 @dataclass
@@ -47,15 +53,22 @@ class Refined:
     steps: int = 0  # steps that had alternatives
     changed: list[str] = field(default_factory=list)  # steps now running another record
     before_s: float = 0.0  # the clocked steps' sum with the plan's kernels
-    after_s: float = 0.0  # ... with the kernels kept, as clocked in their variants
+    after_s: float = 0.0  # ... with the kernels picked, as clocked in their variants
+    speedup: float | None = None  # the plan's network over the picked one's, end to end
     seconds: float = 0.0  # wall time of refine()
 
     def describe(self) -> str:
         if self.variants < 2:
             return "in-network refinement: no step had another record of its layouts"
-        return (f"in-network refinement: {self.variants} variants, {len(self.changed)} of "
-                f"{self.steps} steps changed, steps clocked {self.before_s * 1e3:.3f} -> "
-                f"{self.after_s * 1e3:.3f} ms, in {self.seconds:.1f} s")
+        head = f"in-network refinement: {self.variants} variants"
+        clocked = (f"steps clocked {self.before_s * 1e3:.3f} -> {self.after_s * 1e3:.3f} ms, "
+                   f"in {self.seconds:.1f} s")
+        if self.speedup is None:
+            return f"{head}, no step ran faster on another record; {clocked}"
+        verdict = (f"{len(self.changed)} of {self.steps} steps changed" if self.changed else
+                   "the picks kept none")
+        return (f"{head}, {verdict} (end to end {self.speedup:.3f}x the plan's network); "
+                f"{clocked}")
 
 
 def alternatives(part: Partition, chosen: Sequence[Candidate], records: Sequence[Record],
@@ -126,23 +139,73 @@ def task_positions(part: Partition, net) -> dict[int, int]:
 def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Candidate]],
            assemble: Callable[[list[Candidate]], object], inputs: Sequence[torch.Tensor],
            variants: int, prebuild: Callable[[list[tuple[str, Config]]], None] | None = None,
-           rounds: int = ROUNDS, budget_s: float = BUDGET_S
+           rounds: int = ROUNDS, budget_s: float = BUDGET_S, passes: int = PASSES
            ) -> tuple[list[Candidate], Refined]:
     """The plan with each step in `alts` running the alternative that clocks fastest inside
     the running network (module docstring); `assemble(chosen)` builds an unchecked
-    network, `prebuild` the kernels of (task key, config) pairs ahead (in parallel)."""
+    network, `prebuild` the kernels of (task key, config) pairs ahead (in parallel). Each
+    further pass weighs the alternatives again around the kernels the last one kept (a
+    step's neighbours as they will run, not as they ran in its rank's variant)."""
     start = time.perf_counter()
     report = Refined(variants=1, steps=len(alts))
     if variants < 2 or not alts:
         report.seconds = time.perf_counter() - start
         return list(chosen), report
-    plans = [variant(chosen, alts, j) for j in range(variants)]
     if prebuild is not None:
-        prebuild(list(dict.fromkeys((part.steps[i].key, c.config) for p in plans
-                                    for i, c in enumerate(p) if i in alts)))
-    nets = [assemble(p) for p in plans]
+        prebuild(list(dict.fromkeys((part.steps[i].key, c.config)
+                                    for i, a in alts.items() for c in a[:variants])))
+    current, now = list(chosen), alts
+    for p in range(passes):
+        current, before_s, after_s, built = _weigh(part, current, now, assemble, list(inputs),
+                                                   variants, rounds, budget_s)
+        report.variants = max(report.variants, built)
+        if p == 0:
+            report.before_s = before_s
+        report.after_s = after_s
+        now = {i: [current[i]] + [c for c in a[:variants] if c.config != current[i].config]
+               for i, a in alts.items()}
+    changed = [i for i in alts if current[i].config != chosen[i].config]
+    if changed:
+        report.speedup = _confirm(assemble(list(chosen)), assemble(current), list(inputs),
+                                  budget_s)
+        if report.speedup < 1 + MARGIN / 3:
+            current = list(chosen)
+        else:
+            report.changed = [part.steps[i].layer for i in changed]
+    report.seconds = time.perf_counter() - start
+    return current, report
+
+
+def _confirm(plan, refined, xs: list[torch.Tensor], budget_s: float) -> float:
+    """The plan's network's time over the refined one's, end to end: the median over
+    CONFIRM_ROUNDS interleaved rounds of the ratio of their median call times."""
+    once = max(_seconds_per_run(plan, xs), 1e-6)
+    calls = int(min(100, max(5, budget_s / (once * 2 * CONFIRM_ROUNDS))))
+    ratios = []
+    for r in range(CONFIRM_ROUNDS):
+        pair = (plan, refined) if r % 2 == 0 else (refined, plan)
+        took = {id(n): _median_call(n, xs, calls) for n in pair}
+        ratios.append(took[id(plan)] / took[id(refined)])
+    return float(np.median(ratios))
+
+
+def _median_call(net, xs: list[torch.Tensor], calls: int) -> float:
+    net(*xs)
+    took = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        net(*xs)
+        took.append(time.perf_counter() - t)
+    return float(np.median(took))
+
+
+def _weigh(part: Partition, chosen: list[Candidate], alts: dict[int, list[Candidate]],
+           assemble: Callable, xs: list[torch.Tensor], variants: int, rounds: int,
+           budget_s: float) -> tuple[list[Candidate], float, float, int]:
+    """One pass of refine(): (the plan it keeps, the clocked sum of the steps of `chosen`,
+    that sum with the kept kernels' clocked times, the variants built)."""
+    nets = [assemble(variant(chosen, alts, j)) for j in range(variants)]
     where = [task_positions(part, n) for n in nets]
-    xs = list(inputs)
     once = min(_seconds_per_run(n, xs) for n in nets)
     runs = int(min(50, max(5, budget_s / max(once * rounds * len(nets), 1e-6))))
     laps: list[list[np.ndarray]] = [[] for _ in nets]
@@ -152,8 +215,7 @@ def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Ca
             laps[j].append(np.asarray(nets[j]._clock_steps(xs, runs)))
     step_s = [np.stack(lap) for lap in laps]  # per variant: round x step
     out = list(chosen)
-    report.variants = len(nets)
-    report.before_s = report.after_s = float(np.median(step_s[0], axis=0).sum())
+    before_s = after_s = float(np.median(step_s[0], axis=0).sum())
     for i, a in alts.items():
         took = [step_s[j][:, where[j][i]] for j in range(min(len(a), len(nets)))]
         best = min(range(len(took)), key=lambda j: float(np.median(took[j])))
@@ -162,10 +224,8 @@ def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Ca
         if best and gain < -MARGIN * float(np.median(took[0])) and \
                 bool(np.all(took[best] < took[0])):
             out[i] = a[best]
-            report.changed.append(part.steps[i].layer)
-            report.after_s += gain
-    report.seconds = time.perf_counter() - start
-    return out, report
+            after_s += gain
+    return out, before_s, after_s, len(nets)
 
 
 def _seconds_per_run(net, xs: list[torch.Tensor]) -> float:

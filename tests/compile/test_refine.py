@@ -1,5 +1,6 @@
 """compile/refine.py: each step's kernel chosen as the network runs it."""
 import random
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -56,12 +57,21 @@ def fake_plan(n_alts: int):
     return part, chosen, alts
 
 
-def run_fake(took, n_alts=3):
+def run_fake(took, n_alts=3, monkeypatch=None, end_to_end=1.2):
+    """refine() over fake networks; the picked network's end-to-end check says
+    `end_to_end` (the plan's time over the picked one's)."""
     part, chosen, alts = fake_plan(n_alts)
+    checked = []
+
+    def confirm(plan, picked, xs, budget_s):
+        checked.append((plan.j, picked.j))
+        return end_to_end
+    monkeypatch.setattr(rf, "_confirm", confirm)
     # kernel step index 0 is task step 0, kernel step index 1 is task step 2
-    out, report = rf.refine(part, chosen, alts, lambda p: FakeNet(part, plans.index(p), took),
-                            [torch.zeros(1)], n_alts, budget_s=0.0)
-    return out, report, alts
+    assemble = lambda p: FakeNet(part, plans.index(p) if p in plans else -1, took)  # noqa: E731
+    out, report = rf.refine(part, chosen, alts, assemble, [torch.zeros(1)], n_alts,
+                            budget_s=0.0)
+    return out, report, alts, checked
 
 
 plans: list = []
@@ -79,25 +89,49 @@ def _track_plans(monkeypatch):
     monkeypatch.setattr(rf, "variant", variant)
 
 
-def test_an_alternative_faster_in_every_round_replaces_the_plans_kernel():
-    # step 0: variant 2 is 20% faster in every round; step 2: no alternative is faster
-    took = lambda j, k, r: (10e-6 * (0.8 if j == 2 else 1.0)) if k == 0 else 5e-6 * (1 + j)
-    out, report, alts = run_fake(took)
+def faster_step0(j, k, r):
+    """Step 0: variant 2 is 20% faster in every round; step 2: no alternative is faster."""
+    return (10e-6 * (0.8 if j == 2 else 1.0)) if k == 0 else 5e-6 * (1 + j)
+
+
+def test_an_alternative_faster_in_every_round_replaces_the_plans_kernel(monkeypatch):
+    out, report, alts, checked = run_fake(faster_step0, monkeypatch=monkeypatch)
     assert out[0] is alts[0][2] and out[2] is alts[2][0]
     assert report.variants == 3 and report.steps == 2 and report.changed == ["conv0"]
     assert report.after_s == pytest.approx(report.before_s - 2e-6)
+    assert checked == [(0, -1)] and report.speedup == 1.2  # the plan's network, the picked
+    assert "1 of 2 steps changed (end to end 1.200x" in report.describe()
 
 
-def test_a_lucky_round_or_a_gain_within_the_margin_keeps_the_plan():
+def test_picks_that_do_not_run_faster_end_to_end_are_dropped(monkeypatch):
+    out, report, alts, checked = run_fake(faster_step0, monkeypatch=monkeypatch,
+                                          end_to_end=1.0)
+    assert out[0] is alts[0][0] and out[2] is alts[2][0] and report.changed == []
+    assert checked and "the picks kept none" in report.describe()
+
+
+def test_a_lucky_round_or_a_gain_within_the_margin_keeps_the_plan(monkeypatch):
     # step 0: variant 1 faster by 30% in two rounds, slower in the third;
     # step 2: variant 1 faster in every round, by 2% (< MARGIN)
     def took(j, k, r):
         if k == 0:
             return 10e-6 * ({0: 0.7, 1: 1.5, 2: 0.7}[r] if j == 1 else 1.0)
         return 5e-6 * (0.98 if j == 1 else 1.0)
-    out, report, alts = run_fake(took)
+    out, report, alts, checked = run_fake(took, monkeypatch=monkeypatch)
     assert out[0] is alts[0][0] and out[2] is alts[2][0]
     assert report.changed == [] and report.after_s == report.before_s
+    assert checked == [] and "no step ran faster on another record" in report.describe()
+
+
+def test_the_end_to_end_check_times_both_networks_interleaved():
+    def spinning(seconds):
+        def call(*xs):
+            t = time.perf_counter()
+            while time.perf_counter() - t < seconds:
+                pass
+        return call
+    ratio = rf._confirm(spinning(400e-6), spinning(200e-6), [], 0.05)
+    assert 1.5 < ratio < 2.5
 
 
 def test_one_variant_or_nothing_to_weigh_builds_nothing():
