@@ -553,21 +553,25 @@ def _refine(part: Partition, chosen: list[Candidate], recs: list[Record], assemb
 
     alts = rf.alternatives(part, chosen, recs, layouts_of, threads, most,
                            functools.partial(_writes_bordered, part))
-    weight_bytes = sum(p.numel() * 4 for p in part.graph.params.values()
+    weight_bytes = sum(p.numel() * p.element_size() for p in part.graph.params.values()
                        if isinstance(p, torch.Tensor))
     xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
 
-    def prebuild(pairs) -> None:
+    def prebuild(pairs) -> set:
         from raytune_kernels.cpu.build import LoadedKernel
         from raytune_kernels.cpu.llvm.ir import render
         from raytune_kernels.cpu.parallel_build import build_all
         todo = [(key, cfg, lower(part.task(key).compute, cfg)) for key, cfg in pairs
                 if (key, cfg) not in kernels]
         built = build_all([render(nest) for _, _, nest in todo], mcpu, persist=True)
+        failed = set()
         for (key, cfg, nest), b in zip(todo, built):
-            if not b.error:  # a failure is the Planner's to report, if the kernel is chosen
+            if b.error:
+                failed.add((key, cfg))
+            else:
                 kernels[(key, cfg)] = (LoadedKernel(b.library, nest.name, len(nest.buffers)),
                                        nest)
+        return failed
     return rf.refine(part, chosen, alts, assemble, xs,
                      rf.variant_count(alts, most, weight_bytes), prebuild)
 

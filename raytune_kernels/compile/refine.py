@@ -138,12 +138,13 @@ def task_positions(part: Partition, net) -> dict[int, int]:
 
 def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Candidate]],
            assemble: Callable[[list[Candidate]], object], inputs: Sequence[torch.Tensor],
-           variants: int, prebuild: Callable[[list[tuple[str, Config]]], None] | None = None,
+           variants: int, prebuild: Callable[[list[tuple[str, Config]]], set] | None = None,
            rounds: int = ROUNDS, budget_s: float = BUDGET_S, passes: int = PASSES
            ) -> tuple[list[Candidate], Refined]:
     """The plan with each step in `alts` running the alternative that clocks fastest inside
     the running network (module docstring); `assemble(chosen)` builds an unchecked
-    network, `prebuild` the kernels of (task key, config) pairs ahead (in parallel). Each
+    network, `prebuild` the kernels of (task key, config) pairs ahead (in parallel) and
+    returns the pairs that failed to build. Each
     further pass weighs the alternatives again around the kernels the last one kept (a
     step's neighbours as they will run, not as they ran in its rank's variant)."""
     start = time.perf_counter()
@@ -151,9 +152,17 @@ def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Ca
     if variants < 2 or not alts:
         report.seconds = time.perf_counter() - start
         return list(chosen), report
-    if prebuild is not None:
-        prebuild(list(dict.fromkeys((part.steps[i].key, c.config)
-                                    for i, a in alts.items() for c in a[:variants])))
+    if prebuild is not None:  # an alternative that does not build is no alternative
+        failed = prebuild(list(dict.fromkeys((part.steps[i].key, c.config)
+                                             for i, a in alts.items() for c in a[:variants])))
+        alts = {i: kept for i, a in alts.items()
+                if len(kept := [a[0]] + [c for c in a[1:]
+                                         if (part.steps[i].key, c.config) not in failed]) > 1}
+        report.steps = len(alts)
+        if not alts:
+            report.seconds = time.perf_counter() - start
+            return list(chosen), report
+        variants = min(variants, max(len(a) for a in alts.values()))
     current, now = list(chosen), alts
     for p in range(passes):
         current, before_s, after_s, built = _weigh(part, current, now, assemble, list(inputs),

@@ -57,7 +57,7 @@ def fake_plan(n_alts: int):
     return part, chosen, alts
 
 
-def run_fake(took, n_alts=3, monkeypatch=None, end_to_end=1.2):
+def run_fake(took, n_alts=3, monkeypatch=None, end_to_end=1.2, prebuild=None):
     """refine() over fake networks; the picked network's end-to-end check says
     `end_to_end` (the plan's time over the picked one's)."""
     part, chosen, alts = fake_plan(n_alts)
@@ -70,7 +70,7 @@ def run_fake(took, n_alts=3, monkeypatch=None, end_to_end=1.2):
     # kernel step index 0 is task step 0, kernel step index 1 is task step 2
     assemble = lambda p: FakeNet(part, plans.index(p) if p in plans else -1, took)  # noqa: E731
     out, report = rf.refine(part, chosen, alts, assemble, [torch.zeros(1)], n_alts,
-                            budget_s=0.0)
+                            prebuild=prebuild, budget_s=0.0)
     return out, report, alts, checked
 
 
@@ -101,6 +101,21 @@ def test_an_alternative_faster_in_every_round_replaces_the_plans_kernel(monkeypa
     assert report.after_s == pytest.approx(report.before_s - 2e-6)
     assert checked == [(0, -1)] and report.speedup == 1.2  # the plan's network, the picked
     assert "1 of 2 steps changed (end to end 1.200x" in report.describe()
+
+
+def test_an_alternative_that_does_not_build_is_not_weighed(monkeypatch):
+    asked = []
+
+    def prebuild(pairs):
+        asked.extend(pairs)
+        return {("k0", "c0.2"), ("k1", "c2.1"), ("k1", "c2.2")}  # step 2: nothing left
+    out, report, alts, checked = run_fake(faster_step0, monkeypatch=monkeypatch,
+                                          prebuild=prebuild)
+    assert set(asked) == {("k0", "c0"), ("k0", "c0.1"), ("k0", "c0.2"),
+                          ("k1", "c2"), ("k1", "c2.1"), ("k1", "c2.2")}
+    # step 0's faster kernel (rank 2) did not build: only ranks 0 and 1 are built and weighed
+    assert report.variants == 2 and report.steps == 1
+    assert out[0] is alts[0][0] and report.changed == [] and checked == []
 
 
 def test_picks_that_do_not_run_faster_end_to_end_are_dropped(monkeypatch):
