@@ -4,6 +4,8 @@
 2. Candidates per step: the best record per layout pair (and, with fallback="torch",
    PyTorch's own kernel at its measured time). The layout ILP picks one per step, with
    edges costed by measured transform kernels, borders of windowed inputs included.
+   From records, each step's best few records of the chosen layouts are then clocked
+   inside the running network and the fastest as it runs is kept (compile/refine.py).
 3. Build the chosen kernels, pack weights once, plan buffers (a buffer is reused once its
    value is dead, by any later value; a bordered buffer whose memory other values share
    gets its border written again before its writer), and run each stretch of native calls
