@@ -575,7 +575,8 @@ def _refine(part: Partition, chosen: list[Candidate], recs: list[Record], assemb
                                        nest)
         return failed
     return rf.refine(part, chosen, alts, assemble, xs,
-                     rf.variant_count(alts, most, weight_bytes), prebuild)
+                     rf.variant_count(alts, most, weight_bytes), prebuild,
+                     key=rf.decision_key(part, chosen, alts, threads))
 
 
 def _writes_bordered(part: Partition, step: TaskStep, cand: Candidate) -> bool:

@@ -20,10 +20,20 @@ neighbours' kernels; so the picked network is timed end to end against the plan'
 interleaved rounds, and kept only where it runs faster by a third of MARGIN or more. Each
 variant holds its own packed weights, so the number of variants alive at once is capped by
 MEMORY_BYTES.
+
+What a refinement kept is remembered per machine (`refine.jsonl` in the cache directory,
+raytune_kernels/cache.py), keyed by the CPU and its ISA, llvmlite, the code that generates
+and runs the kernels, the threads and every step's alternatives in rank order: compiling
+the same records again (another process, the torch.compile backend) recalls the same
+kernels at once instead of weighing them again, so two compiles of one model agree.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import math
+import pathlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -31,6 +41,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from raytune_kernels.cache import cache_dir
 from raytune_kernels.compile.choose import TORCH
 from raytune_kernels.frontend.partition import Partition, TaskStep
 from raytune_kernels.layout.graph import Candidate
@@ -56,6 +67,7 @@ class Refined:
     after_s: float = 0.0  # ... with the kernels picked, as clocked in their variants
     speedup: float | None = None  # the plan's network over the picked one's, end to end
     seconds: float = 0.0  # wall time of refine()
+    recalled: bool = False  # the picks came from this machine's cache, weighed earlier
 
     def describe(self) -> str:
         if self.variants < 2:
@@ -63,6 +75,8 @@ class Refined:
         head = f"in-network refinement: {self.variants} variants"
         clocked = (f"steps clocked {self.before_s * 1e3:.3f} -> {self.after_s * 1e3:.3f} ms, "
                    f"in {self.seconds:.1f} s")
+        if self.recalled:
+            clocked = "recalled: weighed by an earlier compile of these records on this machine"
         if self.speedup is None:
             return f"{head}, no step ran faster on another record; {clocked}"
         verdict = (f"{len(self.changed)} of {self.steps} steps changed" if self.changed else
@@ -139,24 +153,35 @@ def task_positions(part: Partition, net) -> dict[int, int]:
 def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Candidate]],
            assemble: Callable[[list[Candidate]], object], inputs: Sequence[torch.Tensor],
            variants: int, prebuild: Callable[[list[tuple[str, Config]]], set] | None = None,
-           rounds: int = ROUNDS, budget_s: float = BUDGET_S, passes: int = PASSES
-           ) -> tuple[list[Candidate], Refined]:
+           rounds: int = ROUNDS, budget_s: float = BUDGET_S, passes: int = PASSES,
+           key: str | None = None) -> tuple[list[Candidate], Refined]:
     """The plan with each step in `alts` running the alternative that clocks fastest inside
     the running network (module docstring); `assemble(chosen)` builds an unchecked
     network, `prebuild` the kernels of (task key, config) pairs ahead (in parallel) and
-    returns the pairs that failed to build. Each
-    further pass weighs the alternatives again around the kernels the last one kept (a
-    step's neighbours as they will run, not as they ran in its rank's variant)."""
+    returns the pairs that failed to build. Each further pass weighs the alternatives
+    again around the kernels the last one kept (a step's neighbours as they will run, not
+    as they ran in its rank's variant). With `key` (decision_key), a refinement this
+    machine kept under it is recalled, and what this one keeps is remembered."""
     start = time.perf_counter()
     report = Refined(variants=1, steps=len(alts))
     if variants < 2 or not alts:
         report.seconds = time.perf_counter() - start
         return list(chosen), report
+    given = alts  # ranks are remembered in these lists, before any is dropped below
+    kept = recall(key, alts) if key is not None else None
+    if kept is not None:
+        out = list(chosen)
+        for i, rank in kept["picks"]:
+            out[i] = alts[i][rank]
+        report.variants, report.speedup, report.recalled = kept["variants"], kept["speedup"], True
+        report.changed = [part.steps[i].layer for i, _ in kept["picks"]]
+        report.seconds = time.perf_counter() - start
+        return out, report
     if prebuild is not None:  # an alternative that does not build is no alternative
         failed = prebuild(list(dict.fromkeys((part.steps[i].key, c.config)
                                              for i, a in alts.items() for c in a[:variants])))
-        alts = {i: kept for i, a in alts.items()
-                if len(kept := [a[0]] + [c for c in a[1:]
+        alts = {i: left for i, a in alts.items()
+                if len(left := [a[0]] + [c for c in a[1:]
                                          if (part.steps[i].key, c.config) not in failed]) > 1}
         report.steps = len(alts)
         if not alts:
@@ -178,11 +203,97 @@ def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Ca
         report.speedup = _confirm(assemble(list(chosen)), assemble(current), list(inputs),
                                   budget_s)
         if report.speedup < 1 + MARGIN / 3:
-            current = list(chosen)
+            current, changed = list(chosen), []
         else:
             report.changed = [part.steps[i].layer for i in changed]
+    if key is not None:
+        remember(key, [(i, next(r for r, c in enumerate(given[i])
+                                if c.config == current[i].config)) for i in changed],
+                 report.variants, report.speedup)
     report.seconds = time.perf_counter() - start
     return current, report
+
+
+# ------------------------------------------------------------- what this machine kept
+
+# the code a refinement's outcome depends on: the kernels, how they are built and run
+SOURCES = ("cpu", "compile/refine.py", "compile/cpu_plan.py", "compile/cpu_network.py")
+
+
+@functools.cache
+def fingerprint() -> str:
+    """The machine and our kernel code: CPU name and ISA, llvmlite, the SOURCES."""
+    import llvmlite
+
+    from raytune_kernels.cpu.machine import host_device
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    h = hashlib.sha256(json.dumps([*host_device(), llvmlite.__version__]).encode())
+    for rel in SOURCES:
+        path = root / rel
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def decision_key(part: Partition, chosen: Sequence[Candidate],
+                 alts: dict[int, list[Candidate]], threads: int) -> str:
+    """What a refinement's outcome depends on besides the moment: the machine and code
+    (fingerprint), the threads, the plan (every step's task, layouts and kernel) and every
+    step's alternatives in rank order."""
+    plan = [[getattr(step, "key", None), c.in_layout, c.out_layout, _config_json(c.config)]
+            for step, c in zip(part.steps, chosen)]
+    steps = [[i, [c.config.to_json() for c in a]] for i, a in sorted(alts.items())]
+    text = json.dumps([fingerprint(), threads, MARGIN, plan, steps], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _config_json(config) -> object:
+    """A plan step's kernel as JSON: a config's knobs, or TORCH / None as they are."""
+    return config.to_json() if isinstance(config, Config) else config
+
+
+def _cache_file() -> pathlib.Path | None:
+    d = cache_dir()
+    return None if d is None else d / "refine.jsonl"
+
+
+def recall(key: str, alts: dict[int, list[Candidate]]) -> dict | None:
+    """What this machine kept under `key` (the last line for it), if its picks still name
+    alternatives of these steps; lines that do not parse are ignored (a cache)."""
+    path = _cache_file()
+    if path is None or not path.exists():
+        return None
+    found = None
+    with open(path, errors="replace") as f:
+        for line in f:
+            try:
+                d = json.loads(line)
+                if d["key"] != key:
+                    continue
+                picks = [(int(i), int(r)) for i, r in d["picks"]]
+                if all(i in alts and 0 < r < len(alts[i]) for i, r in picks):
+                    found = {"picks": picks, "variants": int(d["variants"]),
+                             "speedup": None if d["speedup"] is None else float(d["speedup"])}
+            except (ValueError, KeyError, TypeError):
+                continue
+    return found
+
+
+def remember(key: str, picks: list[tuple[int, int]], variants: int,
+             speedup: float | None) -> None:
+    """Append what a refinement kept (step index, rank); a cache that cannot be written
+    is skipped: it only saves time."""
+    path = _cache_file()
+    if path is None:
+        return
+    line = json.dumps({"key": key, "picks": picks, "variants": variants, "speedup": speedup})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(line + "\n")
+    except OSError:
+        return
 
 
 def _confirm(plan, refined, xs: list[torch.Tensor], budget_s: float) -> float:

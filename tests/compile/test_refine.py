@@ -1,4 +1,5 @@
 """compile/refine.py: each step's kernel chosen as the network runs it."""
+import json
 import random
 import time
 from types import SimpleNamespace
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 import raytune_kernels as rk
+from raytune_kernels.cache import CACHE_ENV
 from raytune_kernels.compile import refine as rf
 from raytune_kernels.compile.api import compile_network
 from raytune_kernels.cpu.kernel import build_for
@@ -57,7 +59,8 @@ def fake_plan(n_alts: int):
     return part, chosen, alts
 
 
-def run_fake(took, n_alts=3, monkeypatch=None, end_to_end=1.2, prebuild=None):
+def run_fake(took, n_alts=3, monkeypatch=None, end_to_end=1.2, prebuild=None, key=None,
+             assemble=None):
     """refine() over fake networks; the picked network's end-to-end check says
     `end_to_end` (the plan's time over the picked one's)."""
     part, chosen, alts = fake_plan(n_alts)
@@ -68,9 +71,10 @@ def run_fake(took, n_alts=3, monkeypatch=None, end_to_end=1.2, prebuild=None):
         return end_to_end
     monkeypatch.setattr(rf, "_confirm", confirm)
     # kernel step index 0 is task step 0, kernel step index 1 is task step 2
-    assemble = lambda p: FakeNet(part, plans.index(p) if p in plans else -1, took)  # noqa: E731
+    assemble = assemble or (lambda p: FakeNet(part, plans.index(p) if p in plans else -1,
+                                              took))
     out, report = rf.refine(part, chosen, alts, assemble, [torch.zeros(1)], n_alts,
-                            prebuild=prebuild, budget_s=0.0)
+                            prebuild=prebuild, budget_s=0.0, key=key)
     return out, report, alts, checked
 
 
@@ -116,6 +120,55 @@ def test_an_alternative_that_does_not_build_is_not_weighed(monkeypatch):
     # step 0's faster kernel (rank 2) did not build: only ranks 0 and 1 are built and weighed
     assert report.variants == 2 and report.steps == 1
     assert out[0] is alts[0][0] and report.changed == [] and checked == []
+
+
+def test_what_a_refinement_kept_is_recalled_by_the_next_compile(monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    out, report, alts, checked = run_fake(faster_step0, monkeypatch=monkeypatch, key="plan")
+    assert out[0] is alts[0][2] and not report.recalled and checked
+
+    def never(p):
+        raise AssertionError("a recalled refinement assembles no network")
+    again, report, alts, checked = run_fake(faster_step0, monkeypatch=monkeypatch,
+                                            key="plan", assemble=never)
+    assert [c.config for c in again] == [c.config for c in out] and checked == []
+    assert report.recalled and report.changed == ["conv0"] and report.speedup == 1.2
+    assert "recalled" in report.describe()
+    # another plan (key) is weighed afresh; a kept "none" is recalled as none
+    out, report, alts, _ = run_fake(faster_step0, monkeypatch=monkeypatch, key="other",
+                                    end_to_end=1.0)
+    assert report.changed == [] and not report.recalled
+    out, report, alts, _ = run_fake(faster_step0, monkeypatch=monkeypatch, key="other",
+                                    assemble=never)
+    assert report.recalled and report.changed == [] and out[0] is alts[0][0]
+
+
+def test_a_damaged_or_stale_cache_line_is_ignored(monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    (tmp_path / "refine.jsonl").write_text(
+        "not json\n"
+        + json.dumps({"key": "plan", "picks": [[0, 7]], "variants": 3, "speedup": 1.5}) + "\n"
+        + json.dumps({"key": "plan", "picks": [[1, 1]], "variants": 3, "speedup": 1.5}) + "\n")
+    _, _, alts = fake_plan(3)
+    assert rf.recall("plan", alts) is None  # rank 7 and step 1 name no alternative
+    out, report, alts, checked = run_fake(faster_step0, monkeypatch=monkeypatch, key="plan")
+    assert not report.recalled and checked and out[0] is alts[0][2]
+    assert rf.recall("plan", alts)["picks"] == [(0, 2)]
+
+
+def test_the_key_names_the_threads_and_every_steps_alternatives_in_order():
+    part, chosen, alts = fake_plan(3)
+    alts = {i: [Candidate(c.in_layout, c.out_layout, c.seconds, Config((("x", j),)))
+                for j, c in enumerate(a)] for i, a in alts.items()}
+    chosen = [alts[0][0], Candidate("NCHW", "NCHW", 0.0), alts[2][0]]
+    key = rf.decision_key(part, chosen, alts, 2)
+    assert key == rf.decision_key(part, chosen, alts, 2)
+    assert key != rf.decision_key(part, chosen, alts, 1)
+    swapped = {**alts, 0: [alts[0][0], alts[0][2], alts[0][1]]}
+    assert rf.decision_key(part, chosen, swapped, 2) != key
+    # another plan around the same alternatives (a step without any runs another layout)
+    other = [chosen[0], Candidate("NHWC", "NHWC", 0.0), chosen[2]]
+    assert rf.decision_key(part, other, alts, 2) != key
 
 
 def test_picks_that_do_not_run_faster_end_to_end_are_dropped(monkeypatch):
@@ -243,10 +296,17 @@ def test_alternatives_share_the_plans_layouts_and_come_fastest_first(convs):
     assert all(len(a) == 2 for a in two.values())
 
 
-def test_a_refined_network_is_checked_and_says_what_it_weighed(convs):
+def test_a_refined_network_is_checked_and_says_what_it_weighed(convs, monkeypatch,
+                                                              tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # nothing weighed here before
     model, inputs, records = convs
     net = compile_network(model, inputs, records, refine=3)  # checked against the model
     assert net.refined is not None and net.refined.variants == 3 and net.refined.steps == 3
+    assert not net.refined.recalled
+    again = compile_network(model, inputs, records, refine=3)  # the same kernels, recalled
+    assert again.refined.recalled and again.refined.changed == net.refined.changed
+    assert [s.kernel.library for s in again.steps if s.kernel] == \
+        [s.kernel.library for s in net.steps if s.kernel]
     assert net.refined.after_s <= net.refined.before_s
     x = torch.randn(1, 8, 14, 14)
     with torch.no_grad():
