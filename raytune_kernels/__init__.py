@@ -240,8 +240,9 @@ def compile_network(model: "torch.nn.Module",
     refine
         On "llvm", from records: weigh up to `refine` of each step's best records that read
         and write the plan's layouts by clocking them inside the running network, and keep
-        the fastest as it runs (compile/refine.py); 0 or 1 keeps each layout pair's best
-        record as timed alone.
+        the fastest as it runs (compile/refine.py), remembered on this machine for the next
+        compile of the same plan; 0 or 1 keeps each layout pair's best record as timed
+        alone.
     """
     from actors.driver import layout_solver
     from raytune_kernels.compile.api import compile_network as compile_here
