@@ -329,7 +329,9 @@ def refined_fields(refined) -> dict | None:
     return {"variants": refined.variants, "steps": refined.steps,
             "changed": len(refined.changed), "seconds": round(refined.seconds, 1),
             "clocked_before_ms": round(refined.before_s * 1e3, 3),
-            "clocked_after_ms": round(refined.after_s * 1e3, 3)}
+            "clocked_after_ms": round(refined.after_s * 1e3, 3),
+            "end_to_end": None if refined.speedup is None else round(refined.speedup, 3),
+            "recalled": refined.recalled}
 
 
 def best_other_ratios(rounds_s: dict[str, list[float]]) -> list[float]:

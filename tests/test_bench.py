@@ -326,9 +326,11 @@ def test_our_own_variants_are_never_the_best_other_and_refine_is_reported():
     assert network.best_other_ratios(rounds) == [1.5, 1.5]
     assert network.refined_fields(None) is None
     got = network.refined_fields(Refined(variants=8, steps=5, changed=["a", "b"],
-                                         before_s=3e-3, after_s=2.5e-3, seconds=4.04))
+                                         before_s=3e-3, after_s=2.5e-3, seconds=4.04,
+                                         speedup=1.0512))
     assert got == {"variants": 8, "steps": 5, "changed": 2, "seconds": 4.0,
-                   "clocked_before_ms": 3.0, "clocked_after_ms": 2.5}
+                   "clocked_before_ms": 3.0, "clocked_after_ms": 2.5, "end_to_end": 1.051,
+                   "recalled": False}
 
 
 # ------------------------------------------------ GPU baselines: the pure parts, on the CPU
