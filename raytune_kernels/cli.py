@@ -70,6 +70,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     tgt = parse_target(args.target)
     if args.threads < 1:
         raise ValueError(f"threads must be a positive integer, got {args.threads}")
+    if args.refine < 0:
+        raise ValueError(f"refine must be a count of records (0: off), got {args.refine}")
     problem = missing_records(args.records)
     if problem:
         print(f"raytune-kernels: error: {problem}", file=sys.stderr)

@@ -54,6 +54,8 @@ def test_tasks_runs_unknown_ops_as_islands_and_strict_refuses_them(tmp_path, cap
     (["tune", "resnet18", "--measurers", "-1"], "num_measurers must be a positive integer"),
     (["compile", "resnet18", "--records", "r.jsonl", "--threads", "0"],
      "threads must be a positive integer, got 0"),
+    (["compile", "resnet18", "--records", "r.jsonl", "--refine", "-1"],
+     "refine must be a count of records (0: off), got -1"),
 ])
 def test_errors_are_named(argv, message, capsys):
     assert main(argv) == 2
