@@ -3,8 +3,11 @@ compiled kernel libraries): $RAYTUNE_KERNELS_CACHE, else $XDG_CACHE_HOME/raytune
 else ~/.cache/raytune-kernels. RAYTUNE_KERNELS_CACHE="" turns every cache off."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pathlib
+from typing import Iterable
 
 CACHE_ENV = "RAYTUNE_KERNELS_CACHE"
 
@@ -15,3 +18,21 @@ def cache_dir() -> pathlib.Path | None:
         return pathlib.Path(env) if env else None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return pathlib.Path(base) / "raytune-kernels"
+
+
+def code_fingerprint(sources: Iterable[str]) -> str:
+    """This machine and the code a cached result came from: the CPU's name and ISA,
+    llvmlite's version and the bytes of `sources` (paths inside the package, in order; a
+    folder is its .py files, sorted). A cache keyed by it is not read after any of them
+    changes."""
+    import llvmlite
+
+    from raytune_kernels.cpu.machine import host_device
+
+    root = pathlib.Path(__file__).resolve().parent
+    h = hashlib.sha256(json.dumps([*host_device(), llvmlite.__version__]).encode())
+    for rel in sources:
+        path = root / rel
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]

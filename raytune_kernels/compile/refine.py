@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from raytune_kernels.cache import cache_dir
+from raytune_kernels.cache import cache_dir, code_fingerprint
 from raytune_kernels.compile.choose import TORCH
 from raytune_kernels.frontend.partition import Partition, TaskStep
 from raytune_kernels.layout.graph import Candidate
@@ -223,17 +223,7 @@ SOURCES = ("cpu", "compile/refine.py", "compile/cpu_plan.py", "compile/cpu_netwo
 @functools.cache
 def fingerprint() -> str:
     """The machine and our kernel code: CPU name and ISA, llvmlite, the SOURCES."""
-    import llvmlite
-
-    from raytune_kernels.cpu.machine import host_device
-
-    root = pathlib.Path(__file__).resolve().parent.parent
-    h = hashlib.sha256(json.dumps([*host_device(), llvmlite.__version__]).encode())
-    for rel in SOURCES:
-        path = root / rel
-        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+    return code_fingerprint(SOURCES)
 
 
 def decision_key(part: Partition, chosen: Sequence[Candidate],

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import pathlib
 
-from raytune_kernels.cache import CACHE_ENV, cache_dir  # noqa: F401  (CACHE_ENV re-exported)
+from raytune_kernels.cache import (CACHE_ENV, cache_dir,  # noqa: F401  (CACHE_ENV re-exported)
+                                   code_fingerprint)
 from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.space import Config
 
@@ -28,15 +28,7 @@ GENERATOR = ("cpu/transform.py", "cpu/llvm/ir.py", "cpu/llvm/row_statements.py",
 @functools.cache
 def fingerprint() -> str:
     """The machine and the kernel generator: CPU name and ISA, llvmlite, our sources."""
-    import llvmlite
-
-    from raytune_kernels.cpu.machine import host_device
-
-    root = pathlib.Path(__file__).resolve().parent.parent
-    h = hashlib.sha256(json.dumps([*host_device(), llvmlite.__version__]).encode())
-    for rel in GENERATOR:
-        h.update((root / rel).read_bytes())
-    return h.hexdigest()[:16]
+    return code_fingerprint(GENERATOR)
 
 
 def _key(shape, src: str, dst: str, opts: MeasureOptions) -> str:
