@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 import pathlib
-from typing import Iterable
+from typing import Iterable, Sequence
 
 CACHE_ENV = "RAYTUNE_KERNELS_CACHE"
 
@@ -20,17 +20,13 @@ def cache_dir() -> pathlib.Path | None:
     return pathlib.Path(base) / "raytune-kernels"
 
 
-def code_fingerprint(sources: Iterable[str]) -> str:
-    """This machine and the code a cached result came from: the CPU's name and ISA,
-    llvmlite's version and the bytes of `sources` (paths inside the package, in order; a
+def code_fingerprint(machine: Sequence[str], sources: Iterable[str]) -> str:
+    """A machine (its identity as strings: CPU name, ISA, library versions) and the code a
+    cached result came from: the bytes of `sources` (paths inside the package, in order; a
     folder is its .py files, sorted). A cache keyed by it is not read after any of them
     changes."""
-    import llvmlite
-
-    from raytune_kernels.cpu.machine import host_device
-
     root = pathlib.Path(__file__).resolve().parent
-    h = hashlib.sha256(json.dumps([*host_device(), llvmlite.__version__]).encode())
+    h = hashlib.sha256(json.dumps(list(machine)).encode())
     for rel in sources:
         path = root / rel
         for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:

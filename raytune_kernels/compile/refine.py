@@ -223,7 +223,11 @@ SOURCES = ("cpu", "compile/refine.py", "compile/cpu_plan.py", "compile/cpu_netwo
 @functools.cache
 def fingerprint() -> str:
     """The machine and our kernel code: CPU name and ISA, llvmlite, the SOURCES."""
-    return code_fingerprint(SOURCES)
+    import llvmlite
+
+    from raytune_kernels.cpu.machine import host_device
+
+    return code_fingerprint([*host_device(), llvmlite.__version__], SOURCES)
 
 
 def decision_key(part: Partition, chosen: Sequence[Candidate],

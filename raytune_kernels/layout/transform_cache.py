@@ -28,7 +28,11 @@ GENERATOR = ("cpu/transform.py", "cpu/llvm/ir.py", "cpu/llvm/row_statements.py",
 @functools.cache
 def fingerprint() -> str:
     """The machine and the kernel generator: CPU name and ISA, llvmlite, our sources."""
-    return code_fingerprint(GENERATOR)
+    import llvmlite
+
+    from raytune_kernels.cpu.machine import host_device
+
+    return code_fingerprint([*host_device(), llvmlite.__version__], GENERATOR)
 
 
 def _key(shape, src: str, dst: str, opts: MeasureOptions) -> str:
