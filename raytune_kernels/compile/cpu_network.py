@@ -527,11 +527,12 @@ def compile_network_cpu(model: torch.nn.Module,
         outputs = planner.outputs()
         return CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
                                estimated, planner.value_of, planner.aliases)
-    refined = None
-    if refine > 1 and recs:
-        chosen, refined = _refine(part, chosen, recs, assemble, kernels, inputs, threads,
-                                  refine, tgt.mcpu)
-    net = assemble(chosen)
+    refined, net = None, None
+    if refine > 1 and recs:  # it may hand back the network of its plan, built and timed
+        chosen, refined, net = _refine(part, chosen, recs, assemble, kernels, inputs,
+                                       threads, refine, tgt.mcpu)
+    if net is None:
+        net = assemble(chosen)
     net.examples, net.mcpu, net.refined = inputs, tgt.mcpu, refined
     if verbose:
         print(f"compiled {len(net.steps)} steps "

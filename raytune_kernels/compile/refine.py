@@ -51,8 +51,7 @@ from raytune_kernels.tune.records import Record
 MARGIN = 0.03  # an alternative replaces the plan's kernel when faster by more than this
 MEMORY_BYTES = 1 << 30  # packed weights of all variants alive at once
 ROUNDS = 3
-BUDGET_S = 2.0  # clocking time aimed at per pass, all variants and rounds together
-PASSES = 1
+BUDGET_S = 2.0  # clocking time aimed at, all variants and rounds together
 CONFIRM_ROUNDS = 7
 
 
@@ -153,20 +152,19 @@ def task_positions(part: Partition, net) -> dict[int, int]:
 def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Candidate]],
            assemble: Callable[[list[Candidate]], object], inputs: Sequence[torch.Tensor],
            variants: int, prebuild: Callable[[list[tuple[str, Config]]], set] | None = None,
-           rounds: int = ROUNDS, budget_s: float = BUDGET_S, passes: int = PASSES,
-           key: str | None = None) -> tuple[list[Candidate], Refined]:
+           rounds: int = ROUNDS, budget_s: float = BUDGET_S, key: str | None = None
+           ) -> tuple[list[Candidate], Refined, object | None]:
     """The plan with each step in `alts` running the alternative that clocks fastest inside
-    the running network (module docstring); `assemble(chosen)` builds an unchecked
+    the running network (module docstring), the report, and the plan's network where
+    refine assembled it (None: assemble it); `assemble(chosen)` builds an unchecked
     network, `prebuild` the kernels of (task key, config) pairs ahead (in parallel) and
-    returns the pairs that failed to build. Each further pass weighs the alternatives
-    again around the kernels the last one kept (a step's neighbours as they will run, not
-    as they ran in its rank's variant). With `key` (decision_key), a refinement this
+    returns the pairs that failed to build. With `key` (decision_key), a refinement this
     machine kept under it is recalled, and what this one keeps is remembered."""
     start = time.perf_counter()
     report = Refined(variants=1, steps=len(alts))
     if variants < 2 or not alts:
         report.seconds = time.perf_counter() - start
-        return list(chosen), report
+        return list(chosen), report, None
     given = alts  # ranks are remembered in these lists, before any is dropped below
     kept = recall(key, alts) if key is not None else None
     if kept is not None:
@@ -176,7 +174,7 @@ def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Ca
         report.variants, report.speedup, report.recalled = kept["variants"], kept["speedup"], True
         report.changed = [part.steps[i].layer for i, _ in kept["picks"]]
         report.seconds = time.perf_counter() - start
-        return out, report
+        return out, report, None
     if prebuild is not None:  # an alternative that does not build is no alternative
         failed = prebuild(list(dict.fromkeys((part.steps[i].key, c.config)
                                              for i, a in alts.items() for c in a[:variants])))
@@ -186,32 +184,26 @@ def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Ca
         report.steps = len(alts)
         if not alts:
             report.seconds = time.perf_counter() - start
-            return list(chosen), report
+            return list(chosen), report, None
         variants = min(variants, max(len(a) for a in alts.values()))
-    current, now = list(chosen), alts
-    for p in range(passes):
-        current, before_s, after_s, built = _weigh(part, current, now, assemble, list(inputs),
-                                                   variants, rounds, budget_s)
-        report.variants = max(report.variants, built)
-        if p == 0:
-            report.before_s = before_s
-        report.after_s = after_s
-        now = {i: [current[i]] + [c for c in a[:variants] if c.config != current[i].config]
-               for i, a in alts.items()}
+    current, plan_net, report.before_s, report.after_s = _weigh(
+        part, list(chosen), alts, assemble, list(inputs), variants, rounds, budget_s)
+    report.variants = variants
     changed = [i for i in alts if current[i].config != chosen[i].config]
+    net = plan_net
     if changed:
-        report.speedup = _confirm(assemble(list(chosen)), assemble(current), list(inputs),
-                                  budget_s)
+        picked = assemble(current)
+        report.speedup = _confirm(plan_net, picked, list(inputs), budget_s)
         if report.speedup < 1 + MARGIN / 3:
             current, changed = list(chosen), []
         else:
-            report.changed = [part.steps[i].layer for i in changed]
+            net, report.changed = picked, [part.steps[i].layer for i in changed]
     if key is not None:
         remember(key, [(i, next(r for r, c in enumerate(given[i])
                                 if c.config == current[i].config)) for i in changed],
                  report.variants, report.speedup)
     report.seconds = time.perf_counter() - start
-    return current, report
+    return current, report, net
 
 
 # ------------------------------------------------------------- what this machine kept
@@ -315,9 +307,10 @@ def _median_call(net, xs: list[torch.Tensor], calls: int) -> float:
 
 def _weigh(part: Partition, chosen: list[Candidate], alts: dict[int, list[Candidate]],
            assemble: Callable, xs: list[torch.Tensor], variants: int, rounds: int,
-           budget_s: float) -> tuple[list[Candidate], float, float, int]:
-    """One pass of refine(): (the plan it keeps, the clocked sum of the steps of `chosen`,
-    that sum with the kept kernels' clocked times, the variants built)."""
+           budget_s: float) -> tuple[list[Candidate], object, float, float]:
+    """The clocking and the picks of refine(): (the plan it picks, the network of `chosen`
+    it built and clocked, the clocked sum of its steps, that sum with the picked kernels'
+    clocked times)."""
     nets = [assemble(variant(chosen, alts, j)) for j in range(variants)]
     where = [task_positions(part, n) for n in nets]
     once = min(_seconds_per_run(n, xs) for n in nets)
@@ -339,7 +332,7 @@ def _weigh(part: Partition, chosen: list[Candidate], alts: dict[int, list[Candid
                 bool(np.all(took[best] < took[0])):
             out[i] = a[best]
             after_s += gain
-    return out, before_s, after_s, len(nets)
+    return out, nets[0], before_s, after_s
 
 
 def _seconds_per_run(net, xs: list[torch.Tensor]) -> float:

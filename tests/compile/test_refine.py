@@ -73,8 +73,10 @@ def run_fake(took, n_alts=3, monkeypatch=None, end_to_end=1.2, prebuild=None, ke
     # kernel step index 0 is task step 0, kernel step index 1 is task step 2
     assemble = assemble or (lambda p: FakeNet(part, plans.index(p) if p in plans else -1,
                                               took))
-    out, report = rf.refine(part, chosen, alts, assemble, [torch.zeros(1)], n_alts,
-                            prebuild=prebuild, budget_s=0.0, key=key)
+    out, report, net = rf.refine(part, chosen, alts, assemble, [torch.zeros(1)], n_alts,
+                                 prebuild=prebuild, budget_s=0.0, key=key)
+    # the network handed back runs the plan returned: the picked one, or the plan's own
+    assert net is None or net.j == (-1 if report.changed else 0)
     return out, report, alts, checked
 
 
@@ -205,10 +207,10 @@ def test_the_end_to_end_check_times_both_networks_interleaved():
 def test_one_variant_or_nothing_to_weigh_builds_nothing():
     part, chosen, alts = fake_plan(3)
     built = []
-    out, report = rf.refine(part, chosen, alts, built.append, [], 1)
-    assert out == chosen and built == [] and report.variants == 1
-    out, report = rf.refine(part, chosen, {}, built.append, [], 4)
-    assert out == chosen and built == []
+    out, report, net = rf.refine(part, chosen, alts, built.append, [], 1)
+    assert out == chosen and built == [] and report.variants == 1 and net is None
+    out, report, net = rf.refine(part, chosen, {}, built.append, [], 4)
+    assert out == chosen and built == [] and net is None
     assert "no step had another record" in report.describe()
 
 
