@@ -8,10 +8,14 @@ compiles the model (compile_s), saves it (file MiB), loads it in fresh processes
 ray, xgboost and pulp cannot be imported (load_s: the median of --loads processes, timing
 raytune_kernels.compile.artifact.load alone; import_s: the imports before it), checks the
 loaded network gives the same output bit for bit, then times compile_network's network and
-torch.compile(model, backend="raytune_kernels") from the same records (as it comes; with
-Dynamo's guards kept, dynamo_guards=True; and with torch's guard filter
-skip_guard_on_all_nn_modules_unsafe), interleaved round by round, and
-reports the median of per-round ratios with its spread. Last line of stdout:
+torch.compile(model, backend="raytune_kernels") from the same records (as it comes, through
+the function the entry point registers, which keeps the network it compiles; with Dynamo's
+guards kept, dynamo_guards=True; and with torch's guard filter
+skip_guard_on_all_nn_modules_unsafe), and, where Dynamo captured one graph, the backend's own
+network called directly, interleaved round by round, and reports the median of per-round
+ratios with its spread: the backend over compile_network (dynamo_over_ours), and that split
+in two, the backend's network over compile_network's (the same kernels, their buffers
+elsewhere) and the backend over its own network (Dynamo's cost a call). Last line of stdout:
 one JSON object.
 """
 from __future__ import annotations
@@ -34,11 +38,13 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from raytune_kernels.compile.api import compile_network  # noqa: E402
+from raytune_kernels.compile.dynamo import backend as dynamo_backend  # noqa: E402
 from raytune_kernels.cpu.build import host_cpu  # noqa: E402
 from raytune_kernels.timing import TimingOptions, median, time_fn  # noqa: E402
 
 LEAN = "torch.compile, module guards off"  # torch.compiler.skip_guard_on_all_nn_modules_unsafe
 GUARDED = "torch.compile, Dynamo's guards"  # dynamo_guards=True
+OWN = "the backend's network, called directly"
 CHILD = textwrap.dedent("""
     import importlib.abc, json, sys, time
     class Block(importlib.abc.MetaPathFinder):
@@ -113,7 +119,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--loads", type=int, default=5)
     args = p.parse_args()
-    from network import cpu_records, load_model
+    from network import cpu_records, load_model, spread
 
     cpu = host_cpu()[0]
     records = args.records or cpu_records(cpu, args.model, args.threads)
@@ -135,7 +141,13 @@ def main() -> None:
         loads = load_in_fresh_processes(path, io, args.threads, args.loads)
     torch._dynamo.reset()
     options = {"records": records, "threads": args.threads}
-    dyn = torch.compile(model, backend="raytune_kernels", options=options)
+    graphs = []
+
+    def recording(gm, example_inputs, **kw):
+        """The registered backend's function, keeping what it returns for each graph."""
+        graphs.append(dynamo_backend(gm, example_inputs, options=options))
+        return graphs[-1]
+    dyn = torch.compile(model, backend=recording)
     guarded = torch.compile(twin(model, "guarded"), backend="raytune_kernels",
                             options={**options, "dynamo_guards": True})
     lean = torch.compile(twin(model, "lean"), backend="raytune_kernels", options={
@@ -143,12 +155,17 @@ def main() -> None:
     with torch.no_grad():
         for fn in (dyn, lean, guarded):
             fn(*inputs)  # Dynamo captures and we compile here, outside the timing
-        times = interleaved({"compile_network": lambda: net(*inputs),
-                             "torch.compile backend": lambda: dyn(*inputs),
-                             GUARDED: lambda: guarded(*inputs),
-                             LEAN: lambda: lean(*inputs)}, args.rounds)
+        fns = {"compile_network": lambda: net(*inputs),
+               "torch.compile backend": lambda: dyn(*inputs),
+               GUARDED: lambda: guarded(*inputs),
+               LEAN: lambda: lean(*inputs)}
+        if len(graphs) == 1:  # one graph: its network is the whole model
+            own = getattr(graphs[0], "network", None)
+            if own is not None:
+                fns[OWN] = lambda: own(*inputs)
+        times = interleaved(fns, args.rounds)
     for name, ts in times.items():
-        print(f"{name:36s} {median(ts) * 1e3:8.3f} ms  (rounds {min(ts) * 1e3:.3f}-"
+        print(f"{name:40s} {median(ts) * 1e3:8.3f} ms  (rounds {min(ts) * 1e3:.3f}-"
               f"{max(ts) * 1e3:.3f})")
     result = {"bench": "deploy", "model": args.model, "cpu": cpu, "threads": args.threads,
               "records": records and os.path.relpath(records, os.path.dirname(HERE)),
@@ -164,6 +181,13 @@ def main() -> None:
               "dynamo_guards_over_ours": ratio(times, GUARDED),
               "dynamo_lean_ms": median(times[LEAN]) * 1e3,
               "dynamo_lean_over_ours": ratio(times, LEAN),
+              # the backend's own network called directly: over compile_network's, what
+              # two compiles of the same kernels differ by (where their buffers lie); the
+              # backend over it, what the path through Dynamo costs a call
+              "own_network_over_ours": ratio(times, OWN) if OWN in times else None,
+              "dynamo_over_own_network": (
+                  spread([b / a for a, b in zip(times[OWN], times["torch.compile backend"])])
+                  if OWN in times else None),
               "rounds_ms": {k: [t * 1e3 for t in v] for k, v in times.items()},
               "torch": torch.__version__}
     print(json.dumps(result))

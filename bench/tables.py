@@ -303,7 +303,11 @@ def deploy_row(run: Run) -> dict[str, str]:
             "Dynamo's guards / ours": spread(d["dynamo_guards_over_ours"])
             if "dynamo_guards_over_ours" in d else "",
             "guards off / ours": spread(d["dynamo_lean_over_ours"])
-            if "dynamo_lean_over_ours" in d else "", "file": run.path}
+            if "dynamo_lean_over_ours" in d else "",
+            "its network / ours": spread(d["own_network_over_ours"])
+            if d.get("own_network_over_ours") else "",
+            "backend / its network": spread(d["dynamo_over_own_network"])
+            if d.get("dynamo_over_own_network") else "", "file": run.path}
 
 
 def dynamo_overhead_row(run: Run) -> dict[str, str]:
@@ -392,7 +396,9 @@ SHAPES = (
           "backend over compile_network's network, same records, median (range) of "
           "per-round ratios; Dynamo's guards: the same with dynamo_guards=True (the "
           "backend's lean guards off); guards off: with torch's guard filter "
-          "skip_guard_on_all_nn_modules_unsafe.",
+          "skip_guard_on_all_nn_modules_unsafe; its network / ours: the network the "
+          "backend compiled, called directly, over compile_network's (the same kernels, "
+          "buffers elsewhere); backend / its network: what the path through Dynamo adds.",
           lambda d: d.get("bench") == "deploy", deploy_row),
     Shape("torch.compile's cost per call (bench/dynamo_overhead.py)",
           "microseconds a call of torch.compile(model, backend=\"raytune_kernels\") spends "
