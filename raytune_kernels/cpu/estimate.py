@@ -39,14 +39,16 @@ and weights cold; docs/measurement.md names the machine):
 - an operand that a loop does not index is read again on each of its iterations, as much
   of it as the loops inside touch; where that exceeds what L2 keeps (three quarters of it,
   the rest for the other operands), each pass streams it from L3 or memory at
-  RESTREAM_BYTES_PER_CYCLE: row tiles outside output blocks re-read every weight once per
-  row tile (dense 128x768 -> 768: 316 us with output blocks outside, 383 us inside);
+  RESTREAM_OVERLAP times the machine's measured L3 bandwidth (cpu/machine.py): row tiles
+  outside output blocks re-read every weight once per row tile (dense 128x768 -> 768: 316
+  us with output blocks outside, 383 us inside);
 - the weights come from memory (the tuner times them out of cache, as a network reads
   them), once per thread that needs all of them: a thread's share of a parallel loop that
   does not index them (tile rows, Winograd's tiles) reads every weight. Memory is shared
-  by the threads: those bytes over DRAM_BYTES_PER_CYCLE are added to the compute, not
-  overlapped with it (a roofline's max ties every config of a memory-bound kernel and
-  loses the compute's ranking: ResNet-18's dense fell to a rank correlation of 0). It
+  by the threads: those bytes over the machine's measured memory bandwidth are added to
+  the compute, not overlapped with it (a roofline's max ties every config of a memory-bound
+  kernel and loses the compute's ranking: ResNet-18's dense fell to a rank correlation of
+  0). It
   decides between schedules whose compute bounds are equal: ResNet-18's 7x7x512 Winograd
   kernels stream 17 MB of transformed weights, and measured 380-1000 us by loop order
   where the compute bounds gave ~1089k cycles for all. On bench/estimate.py's random
@@ -79,12 +81,11 @@ MISS_CYCLES = 1.25  # per A line that misses L1 in an update (an L2 hit, overlap
 A_STREAMS = 8  # tile rows of A whose lines the prefetcher brings ahead (fitted, not probed)
 L2_LATENCY = 14.0  # cycles an L1 miss waits for its line from L2
 L2_BYTES_PER_CYCLE = 32.0  # sustained L2 -> L1 bandwidth of one core
-# bytes per cycle a core re-reads an operand from L3 or memory, partly overlapped with its
-# FMAs (fitted to the dense gaps above: 64 over-prices them by up to 1.6x, never under)
-RESTREAM_BYTES_PER_CYCLE = 64.0
-# bytes per cycle of the core clock that memory delivers to all threads together (fitted:
-# 8-16 rank the configs above alike, 24 and up lose part of the gain; not probed)
-DRAM_BYTES_PER_CYCLE = 8.0
+# a re-read operand streams at this multiple of the machine's measured L3 bandwidth,
+# being partly overlapped with the FMAs (fitted to the dense gaps above, where a fixed 64
+# bytes a cycle over-priced them by up to 1.6x and never under, on a core that re-reads L3
+# at about half that)
+RESTREAM_OVERLAP = 2.0
 TRANSCENDENTAL_OPS = 12  # vector ops of an inlined exp, tanh or sqrt polynomial
 CHEAP_OPS = ("relu", "relu6", "hardswish", "hardsigmoid")  # a few selects and multiplies
 
@@ -98,8 +99,8 @@ def cycles(nest: LoopNest, machine: MachineModel, threads: int = 1) -> float:
     keeps = 0.75 * (machine.caches[1] or 1 << 20)
     compute = _cycles(nest.body, tiles, machine.unit(nest.lanes), (threads, ways)) + \
         sum(max(0.0, passes - 1) * size for passes, size in restream if size > keeps) \
-        / RESTREAM_BYTES_PER_CYCLE
-    return compute + _weight_bytes(nest, threads) / DRAM_BYTES_PER_CYCLE
+        / (RESTREAM_OVERLAP * machine.l3_bytes_per_cycle)
+    return compute + _weight_bytes(nest, threads) / machine.dram_bytes_per_cycle
 
 
 def _weight_bytes(nest: LoopNest, threads: int) -> float:

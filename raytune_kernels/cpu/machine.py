@@ -11,12 +11,21 @@ CPU has:
 - load throughput: elementwise FMAs that load two vectors each from an L1-resident
   window that moves every step (a lower bound where the FMAs bind first);
 and the core clock from a chain of dependent integer adds (one cycle each on every x86
-core), which turns seconds into cycles. Cache sizes come from the OS. The result is
-cached per CPU name and feature string in the user's cache directory, with a version.
+core), which turns seconds into cycles. Cache sizes come from the OS. Two bandwidths of one
+core, in bytes per cycle of that clock, price what the caches do not hold: re-reading a
+footprint that L3 holds and L2 does not (STREAM_L3: 4x L2, within half of L3), and
+streaming one beyond L3 (twice L3, as the tuner's rotating weight copies span, within
+STREAM_MEMORY). Their figures differ by an order of magnitude between machines: a virtual
+machine whose OS reports the host's L3 re-read 8 MB at ~6.5 bytes a cycle and memory at
+~3, where the estimate's fixed figures had assumed 32 and 8 (cpu/estimate.py). The result
+is cached per CPU name and feature string in the user's cache directory, with a version.
 
 Every figure is the best of several repeats: noise on a shared core only adds time.
-Cycle counts are rounded to what hardware has (whole cycles of latency, half FMA pipes),
-so two measurements on one CPU model give one model.
+Cycle counts are rounded to what hardware has (whole cycles of latency, quarter FMA pipes:
+a core that lowers its clock for its widest vectors issues a fraction of its pipes a cycle
+of the scalar clock, 1.2-1.6 where two 512-bit pipes run below a 3.6-4 GHz scalar clock,
+and half pipes rounded that to 1, as many as its 256-bit FMAs' 2 x 8 lanes), bandwidths to
+two significant digits, so two measurements on one CPU model give one model.
 """
 from __future__ import annotations
 
@@ -40,7 +49,9 @@ from raytune_kernels.cpu.loopnest import (SERIAL, VEC_FMA, Access, Affine, Buffe
 AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake",
                "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5",
                "x86-64-v4", "rocketlake", "alderlake-avx512")
-VERSION = 2
+VERSION = 3
+STREAM_L3 = (8 << 20, 32 << 20)  # bytes re-read from L3: 4x L2, clamped here (and < L3 / 2)
+STREAM_MEMORY = (64 << 20, 512 << 20)  # bytes streamed from memory: 2x L3, clamped here
 STEPS = 20000  # FMA steps per microbenchmark call: ~0.1-1 ms
 WINDOW = 16  # load benchmark: steps before its operand window wraps (stays in L1)
 CLOCK_ADDS, CLOCK_LOOPS = 100, 20000
@@ -69,6 +80,9 @@ class MachineModel:
     units: tuple[VectorUnit, ...]
     ghz: float
     caches: tuple[int, int, int]  # bytes of L1d, L2 and L3 (the OS's figures)
+    # bytes a cycle one core re-reads from L3, and streams from memory
+    l3_bytes_per_cycle: float = 32.0
+    dram_bytes_per_cycle: float = 8.0
     measured: bool = True  # False: assumed, for a CPU other than the host
     version: int = VERSION
 
@@ -91,7 +105,8 @@ class MachineModel:
     @classmethod
     def from_json(cls, d: dict) -> "MachineModel":
         units = tuple(VectorUnit(**u) for u in d["units"])
-        return cls(d["cpu"], units, d["ghz"], tuple(d["caches"]), d["measured"], d["version"])
+        return cls(d["cpu"], units, d["ghz"], tuple(d["caches"]), d["l3_bytes_per_cycle"],
+                   d["dram_bytes_per_cycle"], d["measured"], d["version"])
 
     def describe(self) -> str:
         units = ", ".join(f"{u.lanes} lanes: {u.fma_per_cycle:g} FMA/cycle, latency "
@@ -99,7 +114,9 @@ class MachineModel:
                           for u in self.units)
         kib = [c >> 10 for c in self.caches]
         return (f"{self.cpu} at {self.ghz:.2f} GHz ({'measured' if self.measured else 'assumed'}"
-                f"): {units}; L1d {kib[0]} KiB, L2 {kib[1]} KiB, L3 {kib[2]} KiB")
+                f"): {units}; L1d {kib[0]} KiB, L2 {kib[1]} KiB, L3 {kib[2]} KiB; "
+                f"{self.l3_bytes_per_cycle:g} bytes/cycle from L3, "
+                f"{self.dram_bytes_per_cycle:g} from memory")
 
 
 @dataclass(frozen=True)
@@ -155,8 +172,8 @@ def cpu_info(mcpu: str | None = None) -> CpuInfo:
 
 def assumed_model(cpu: str, lanes: tuple[int, ...]) -> MachineModel:
     """A model for a CPU that is not the host, where nothing can be measured: two FMA
-    pipes at latency 4 and two loads per cycle (x86 cores since Haswell) and common cache
-    sizes. Marked measured=False wherever it is shown."""
+    pipes at latency 4 and two loads per cycle (x86 cores since Haswell), common cache
+    sizes and the bandwidths' defaults. Marked measured=False wherever it is shown."""
     units = tuple(VectorUnit(n, 2.0, 4.0, 2.0) for n in lanes)
     return MachineModel(cpu, units, 3.0, (32 << 10, 1 << 20, 32 << 20), measured=False)
 
@@ -205,12 +222,32 @@ def _save(model: MachineModel, path: str) -> None:
 
 
 def measure_model(lanes: tuple[int, ...], regs: int) -> MachineModel:
-    """Run the microbenchmarks on the calling thread (about a second in all)."""
+    """Run the microbenchmarks on the calling thread (a second or two in all)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise RuntimeError(f"the CPU backend targets x86-64; this host is {platform.machine()}")
     ghz = _clock_ghz()
     units = tuple(_unit(n, regs, ghz) for n in lanes)
-    return MachineModel(host_cpu()[0], units, round(ghz, 2), os_caches())
+    caches = os_caches()
+    l2, l3 = caches[1] or 1 << 20, caches[2]
+    l3_bytes = _clamp(4 * l2, STREAM_L3)
+    l3_bytes = min(l3_bytes, l3 // 2) if l3 else l3_bytes
+    memory = _clamp(2 * l3, STREAM_MEMORY)
+    return MachineModel(host_cpu()[0], units, round(ghz, 2), caches,
+                        _stream_bytes_per_cycle(l3_bytes, ghz, 5),
+                        _stream_bytes_per_cycle(memory, ghz, 2))
+
+
+def _clamp(x: int, bounds: tuple[int, int]) -> int:
+    return min(max(x, bounds[0]), bounds[1])
+
+
+def _stream_bytes_per_cycle(nbytes: int, ghz: float, tries: int) -> float:
+    """Bytes a cycle one core reads through a buffer of `nbytes` over and over (a
+    vectorised max, which the loads bind), the best of `tries` passes after one that warms
+    the caches up; two significant digits."""
+    buf = np.ones(nbytes // 4, np.float32)
+    ns = _best_of(buf.max, tries) if tries else 0
+    return float(f"{nbytes / (ns * ghz):.2g}")
 
 
 def _unit(lanes: int, regs: int, ghz: float) -> VectorUnit:
@@ -222,8 +259,8 @@ def _unit(lanes: int, regs: int, ghz: float) -> VectorUnit:
     fma_per_cycle = PEAK_STEPS * tile.rows * tile.vecs / (_best_ns(thr) * per_ns)
     latency = _best_ns(lat) * per_ns / STEPS
     loads_per_cycle = 2 * STEPS * min(12, regs - 4) / (_best_ns(ld) * per_ns)
-    return VectorUnit(lanes, _half(fma_per_cycle), float(max(1, round(latency))),
-                      _half(loads_per_cycle))
+    return VectorUnit(lanes, max(0.5, round(fma_per_cycle * 4) / 4),
+                      float(max(1, round(latency))), _half(loads_per_cycle))
 
 
 def _half(x: float) -> float:

@@ -3,6 +3,7 @@ more, it follows the machine model it is given, and (a timing test, run with -m 
 its order agrees with real measurements of random configs on this host."""
 import math
 import random
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -131,6 +132,29 @@ def dense_cfg(ob: int, rows: int, parallel: int = 2, order=("ko", "oh")) -> Conf
                      spatial_order=order, tile_h=rows, tile_w=1)
 
 
+def test_memory_is_priced_at_the_machines_bandwidths():
+    """Weights re-read per row tile (2.25 MiB, past L2) cost their passes at the model's L3
+    bandwidth, and their first read from memory (by each of the two threads that share out
+    the rows) their bytes at its memory bandwidth: halving either bandwidth adds what those
+    bytes cost at the new one."""
+    task = dense_task(768, 768)
+    nest = lower(task.compute, dense_cfg(32, 8, order=("oh", "ko")))
+    base = CPU.machine
+    slow_l3 = replace(base, l3_bytes_per_cycle=base.l3_bytes_per_cycle / 2)
+    slow_memory = replace(base, dram_bytes_per_cycle=base.dram_bytes_per_cycle / 2)
+    weights = 768 * 768 * 4
+    assert cycles(nest, slow_l3, 2) - cycles(nest, base, 2) > \
+        0.5 * weights / (2 * base.l3_bytes_per_cycle)
+    assert cycles(nest, slow_memory, 2) - cycles(nest, base, 2) == \
+        pytest.approx(2 * weights / base.dram_bytes_per_cycle, rel=0.01)
+
+
+def _memory_free(monkeypatch) -> None:
+    """The tests' CPU with memory infinitely fast: the weights' first read costs nothing."""
+    machine = replace(CPU.machine, dram_bytes_per_cycle=math.inf)
+    monkeypatch.setattr(sys.modules[__name__], "CPU", replace(CPU, machine=machine))
+
+
 def per_flop(k: int, cfg: Config, n: int = 512, threads: int = 1) -> float:
     task = dense_task(k, n)
     return cycles(lower(task.compute, cfg), CPU.machine, threads) / task.compute.flops()
@@ -157,9 +181,7 @@ def test_weights_reread_per_row_tile_cost_their_traffic_once_they_outgrow_l2(mon
     output blocks outside read each block's panel once. A 0.75 MiB weight stays in L2.
     (The first read from memory, which a thread's share of the rows makes twice, is priced
     apart: test_weights_read_by_every_thread_are_priced_from_memory.)"""
-    from raytune_kernels.cpu import estimate
-
-    monkeypatch.setattr(estimate, "DRAM_BYTES_PER_CYCLE", math.inf)
+    _memory_free(monkeypatch)
 
     def gap(n: int) -> float:
         inside = per_flop(768, dense_cfg(32, 8, order=("oh", "ko")), n, threads=2)
@@ -181,9 +203,7 @@ def test_threads_share_a_parallel_loop_and_pay_for_opening_it():
 
 def test_an_uneven_parallel_split_costs_the_busiest_thread(monkeypatch):
     """Compute only: the weights' bytes from memory are the same at either thread count."""
-    from raytune_kernels.cpu import estimate
-
-    monkeypatch.setattr(estimate, "DRAM_BYTES_PER_CYCLE", math.inf)
+    _memory_free(monkeypatch)
     task = dense_task(512, n=48 * 3)  # three 48-wide blocks over two threads
     cfg = Config.of(cb=16, lanes=16, ob=48, parallel=1, reduce_order=("co",),
                     spatial_order=("ko", "oh"), tile_h=9, tile_w=1)
@@ -196,7 +216,7 @@ def test_weights_read_by_every_thread_are_priced_from_memory(zoo_models):
     weights do not depend on) reads all 17 MB of them in each thread; one that shares out
     the transformed positions reads each once. Compute is alike, memory is not."""
     from raytune_kernels.backend import backend_for
-    from raytune_kernels.cpu.estimate import DRAM_BYTES_PER_CYCLE, cycles
+    from raytune_kernels.cpu.estimate import cycles
     from raytune_kernels.cpu.machine import cpu_info
     from raytune_kernels.cpu.schedules import lower
     from raytune_kernels.space import Config
@@ -205,15 +225,16 @@ def test_weights_read_by_every_thread_are_priced_from_memory(zoo_models):
     task = next(t for t in rk.extract_tasks(model, inputs) if t.compute.describe().startswith(
         "conv2d 1x512x7x7 -> 512ch k3x3 s1"))
     machine = cpu_info().machine
+    dram = machine.dram_bytes_per_cycle
     base = dict(algorithm="winograd", lanes=8, ob=32, tile_h=8, cb=64, out_layout="blocked",
                 parallel=1)
     by_position = lower(task.compute, Config.of(**base, spatial_order=("xi", "ko", "pt")))
     by_tile = lower(task.compute, Config.of(**base, spatial_order=("pt", "ko", "xi")))
     u_bytes = 16 * 512 * 512 * 4
-    assert cycles(by_position, machine, 2) >= u_bytes / DRAM_BYTES_PER_CYCLE
-    assert cycles(by_tile, machine, 2) >= 2 * u_bytes / DRAM_BYTES_PER_CYCLE
+    assert cycles(by_position, machine, 2) >= u_bytes / dram
+    assert cycles(by_tile, machine, 2) >= 2 * u_bytes / dram
     assert cycles(by_tile, machine, 2) - cycles(by_position, machine, 2) >= \
-        0.9 * u_bytes / DRAM_BYTES_PER_CYCLE  # the second thread's copy, and little else
+        0.9 * u_bytes / dram  # the second thread's copy, and little else
     # the search's estimate prices at the tuner's thread count
     x, cost = backend_for("llvm", threads=2).analyze(task.compute, [Config.of(
         **base, spatial_order=("pt", "ko", "xi"))])

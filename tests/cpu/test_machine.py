@@ -19,6 +19,9 @@ def test_measured_model_is_physical():
         assert 0.5 <= u.fma_per_cycle <= 4 and 2 <= u.fma_latency <= 8, u
         assert u.loads_per_cycle >= 0.5 and 2 <= u.chains <= 16, u
     assert 4 <= cpu.chains(cpu.lanes[0]) <= 16
+    # a core reads 0.5-128 bytes a cycle from L3 or memory, memory no faster than L3 (but
+    # for noise)
+    assert 0.5 <= model.dram_bytes_per_cycle <= 1.5 * model.l3_bytes_per_cycle <= 192, model
 
 
 def test_caches_come_from_the_os():
