@@ -21,7 +21,8 @@ from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.row_kernels import ROW_OPS
 from raytune_kernels.cpu.schedules import lower, pack, writes_bordered
 from raytune_kernels.space import Config
-from raytune_kernels.cpu.transform import Layout
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.transform import Layout, permute_nest
 from raytune_kernels.errors import CompileError
 from raytune_kernels.layout.costs import fastest_transform, priced_transform, transform_kernel
 from raytune_kernels.layout.graph import NCHW, Candidate
@@ -211,6 +212,13 @@ class Planner:
             self.produced[node.name] = (self.aliases[-1], NCHW)
             return
         out = Buf(math.prod(shape), shape)
+        if node.op == "permute" and isinstance(args[0], Buf):  # a native copy (permute_nest)
+            kernel = self._permute(tuple(self.graph.shape_of(node.inputs[0])),
+                                   tuple(node.attr("dims")))
+            self.steps.append(Step(node.name, "glue", (node.layer,), [args[0]], [out],
+                                   kernel=kernel, operands=[args[0], out]))
+            self._produce(node.name, out, NCHW)
+            return
         kind = "torch" if node.op == "torch" else "glue"  # an island runs PyTorch's op
         self._torch(node.name, kind, (node.layer,), args, out, Glue(node), 0.0, None)
         if node.op == "concat":  # written in place: no temporary, no second copy
@@ -231,6 +239,17 @@ class Planner:
         reads = [a for a in args if isinstance(a, Buf)]
         self.steps.append(Step(name, kind, layers, reads, [out], seconds, key,
                                operands=list(args), fn=fn))
+
+    def _permute(self, shape: tuple[int, ...], dims: tuple[int, ...]) -> LoadedKernel:
+        key = ("permute", (shape, dims))
+        if key not in self.kernels:
+            nest = permute_nest(shape, dims, cpu_info(self.mcpu).lanes[0])
+            built = build(render(nest), self.mcpu, persist=True)
+            if built.error:
+                raise CompileError(f"the copy of a {shape} tensor into its permutation {dims} "
+                                   f"does not build: {built.error}")
+            self.kernels[key] = (LoadedKernel(built.library, nest.name, 2), nest)
+        return self.kernels[key][0]
 
     def _kernel(self, compute, cfg: Config, key: str):
         if (key, cfg) not in self.kernels:

@@ -170,3 +170,56 @@ def _loops(live: dict, stmts: tuple, parallel: bool):
     for v in reversed(outer):
         inner = (For(v, live[v], SERIAL, inner),)
     return inner[0]
+
+
+def permute_nest(shape: tuple[int, ...], dims: tuple[int, ...], lanes: int) -> LoopNest:
+    """A copy of a contiguous tensor of `shape` into its permutation `dims` (out.shape[i] =
+    shape[dims[i]]), contiguous: torch's x.permute(dims).contiguous(), run natively inside
+    the network (a PyTorch copy between native kernels woke PyTorch's own thread pool,
+    whose threads and ours then took turns at the cores). Where the last axis stays last,
+    each tile row is a run of `lanes`-float vectors, copied whole; otherwise a tile of
+    scalars reads along the axis that is contiguous in the source and writes along the
+    one contiguous in the destination. Every loop but the innermost is shared out."""
+    n = len(shape)
+    if sorted(dims) != list(range(n)):
+        raise ValueError(f"permute: {dims} is no permutation of {n} axes")
+    out_shape = [shape[d] for d in dims]
+    in_strides = [math.prod(shape[k + 1:]) for k in range(n)]
+    src = [in_strides[d] for d in dims]  # source stride of each destination axis
+    dst = [math.prod(out_shape[i + 1:]) for i in range(n)]
+    c = n - 1  # the destination's contiguous axis: a tile's columns, or its vector runs
+    vector = dims[-1] == n - 1 and lanes > 1 and out_shape[c] % lanes == 0
+    if vector:
+        r = n - 2 if n > 1 else None
+        vecs = max(v for v in (1, 2, 4) if out_shape[c] // lanes % v == 0)
+        cols, col_count = 1, out_shape[c] // (vecs * lanes)
+        col_step = vecs * lanes
+    else:
+        lanes, vecs = 1, 1
+        r = dims.index(n - 1) if dims[-1] != n - 1 else (n - 2 if n > 1 else None)
+        cols = _divisor_at_most(out_shape[c], 16)
+        col_count, col_step = out_shape[c] // cols, cols
+    rows = _divisor_at_most(out_shape[r], 8) if r is not None else 1
+    loops = [(f"d{i}", out_shape[i], src[i], dst[i]) for i in range(n) if i not in (r, c)]
+    if r is not None:
+        loops.append(("rt", out_shape[r] // rows, src[r] * rows, dst[r] * rows))
+    loops.append(("ct", col_count, src[c] * col_step, dst[c] * col_step))
+    a = Affine(tuple((v, s) for v, _, s, _ in loops))
+    o = Affine(tuple((v, d) for v, _, _, d in loops))
+    r_src, r_dst = (src[r], dst[r]) if r is not None else (0, 0)
+    tile = Tile("t", (rows, cols), vecs)
+    stmts = (UpdateTile("t", Access("src", a), (r_src, src[c]), None, SET),
+             StoreTile("t", Access("dst", o), (r_dst, dst[c])))
+    body = (For("ct", col_count, SERIAL, stmts),)
+    outer = [(v, e) for v, e, _, _ in loops[:-1]]
+    if outer:
+        names, extents = tuple(v for v, _ in outer), tuple(e for _, e in outer)
+        body = (For("p", math.prod(extents), PARALLEL, (Split("p", names, extents),) + body),)
+    name = f"permute_{'x'.join(map(str, shape))}_{''.join(map(str, dims))}_{lanes}"
+    size = math.prod(shape)
+    return LoopNest(name, (Buffer("src", size, "in"), Buffer("dst", size, "out")), (tile,),
+                    body, lanes)
+
+
+def _divisor_at_most(x: int, most: int) -> int:
+    return max(d for d in range(1, min(x, most) + 1) if x % d == 0)

@@ -63,3 +63,38 @@ def test_pad_and_pack_produces_the_conv_kernels_input():
         LoadedKernel(result.library, nest.name, 2)([inp.ctypes.data, out.ctypes.data], 2)
         assert np.array_equal(out, expected)
         assert torch.equal(dst.unpack(out, tuple(x.shape)), x)
+
+
+PERMUTES = [((1, 128, 12, 64), (0, 2, 1, 3)),  # attention heads: the last axis stays last
+            ((1, 12, 32, 64), (0, 1, 3, 2)),  # keys transposed: a tile of scalars
+            ((2, 3, 5, 7), (3, 1, 0, 2)), ((37, 19), (1, 0)), ((4, 6, 24), (1, 0, 2)),
+            ((5,), (0,)), ((3, 16, 10), (2, 0, 1))]
+
+
+@pytest.mark.parametrize("shape, dims", PERMUTES)
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_permute_copies_match_torch_at_any_thread_count(shape, dims, lanes):
+    """x.permute(dims).contiguous(), bit for bit, whether its last axis stays last (vector
+    runs, where the lanes divide it) or not, at 1 and 3 threads (an uneven share)."""
+    from raytune_kernels.cpu.transform import permute_nest
+
+    nest = permute_nest(shape, dims, lanes)
+    result = build(render(nest))
+    assert result.error is None, result.error
+    kernel = LoadedKernel(result.library, nest.name, 2)
+    x = torch.randn(shape)
+    src, want = aligned(x.numpy().ravel().copy()), x.permute(dims).contiguous().numpy().ravel()
+    for threads in (1, 3):
+        out = aligned(np.full(x.numel(), np.nan, np.float32))
+        kernel([src.ctypes.data, out.ctypes.data], threads)
+        assert np.array_equal(out, want), (shape, dims, lanes, threads)
+    bufs = {"src": x.numpy().ravel().copy(), "dst": np.zeros(x.numel(), np.float32)}
+    interpret(nest, bufs)
+    assert np.array_equal(bufs["dst"], want)
+
+
+def test_a_permute_that_is_none_is_named():
+    from raytune_kernels.cpu.transform import permute_nest
+
+    with pytest.raises(ValueError, match=r"\(0, 0, 1\) is no permutation of 3 axes"):
+        permute_nest((2, 3, 4), (0, 0, 1), 8)
