@@ -22,7 +22,7 @@ from raytune_kernels.cpu.row_kernels import ROW_OPS
 from raytune_kernels.cpu.schedules import lower, pack, writes_bordered
 from raytune_kernels.space import Config
 from raytune_kernels.cpu.machine import cpu_info
-from raytune_kernels.cpu.transform import Layout, permute_nest
+from raytune_kernels.cpu.transform import Layout, concat_nest, permute_nest
 from raytune_kernels.errors import CompileError
 from raytune_kernels.layout.costs import fastest_transform, priced_transform, transform_kernel
 from raytune_kernels.layout.graph import NCHW, Candidate
@@ -212,11 +212,15 @@ class Planner:
             self.produced[node.name] = (self.aliases[-1], NCHW)
             return
         out = Buf(math.prod(shape), shape)
-        if node.op == "permute" and isinstance(args[0], Buf):  # a native copy (permute_nest)
-            kernel = self._permute(tuple(self.graph.shape_of(node.inputs[0])),
-                                   tuple(node.attr("dims")))
-            self.steps.append(Step(node.name, "glue", (node.layer,), [args[0]], [out],
-                                   kernel=kernel, operands=[args[0], out]))
+        if node.op in ("permute", "concat") and all(isinstance(a, Buf) and a.size
+                                                    for a in args) and \
+                (node.op == "permute" or len(args) > 1):
+            # a native copy (permute_nest, concat_nest): no PyTorch between native kernels
+            shapes = tuple(tuple(self.graph.shape_of(v)) for v in node.inputs)
+            kernel = self._copy(node.op, shapes, node.attr("dims" if node.op == "permute"
+                                                             else "dim"))
+            self.steps.append(Step(node.name, "glue", (node.layer,), list(args), [out],
+                                   kernel=kernel, operands=[*args, out]))
             self._produce(node.name, out, NCHW)
             return
         kind = "torch" if node.op == "torch" else "glue"  # an island runs PyTorch's op
@@ -240,15 +244,20 @@ class Planner:
         self.steps.append(Step(name, kind, layers, reads, [out], seconds, key,
                                operands=list(args), fn=fn))
 
-    def _permute(self, shape: tuple[int, ...], dims: tuple[int, ...]) -> LoadedKernel:
-        key = ("permute", (shape, dims))
+    def _copy(self, op: str, shapes: tuple, how) -> LoadedKernel:
+        """The native kernel of a permute (`how`: its dims) or a concat (`how`: its axis)
+        of values of `shapes`, built once per compile."""
+        key = (op, (shapes, how))
         if key not in self.kernels:
-            nest = permute_nest(shape, dims, cpu_info(self.mcpu).lanes[0])
+            lanes = cpu_info(self.mcpu).lanes[0]
+            nest = permute_nest(shapes[0], tuple(how), lanes) if op == "permute" else \
+                concat_nest(list(shapes), how, lanes)
             built = build(render(nest), self.mcpu, persist=True)
             if built.error:
-                raise CompileError(f"the copy of a {shape} tensor into its permutation {dims} "
-                                   f"does not build: {built.error}")
-            self.kernels[key] = (LoadedKernel(built.library, nest.name, 2), nest)
+                raise CompileError(f"the {op} of {shapes} ({how}) does not build: "
+                                   f"{built.error}")
+            self.kernels[key] = (LoadedKernel(built.library, nest.name, len(nest.buffers)),
+                                 nest)
         return self.kernels[key][0]
 
     def _kernel(self, compute, cfg: Config, key: str):

@@ -7,6 +7,7 @@ every layout's index is affine in the loop variables. The layout ILP times these
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass
@@ -219,6 +220,45 @@ def permute_nest(shape: tuple[int, ...], dims: tuple[int, ...], lanes: int) -> L
     size = math.prod(shape)
     return LoopNest(name, (Buffer("src", size, "in"), Buffer("dst", size, "out")), (tile,),
                     body, lanes)
+
+
+def concat_nest(shapes: list[tuple[int, ...]], dim: int, lanes: int) -> LoopNest:
+    """torch.cat of contiguous tensors of `shapes` along `dim`, into a contiguous output:
+    each input is rows (the axes before `dim`) of one contiguous run, copied into its slice
+    of each output row in vectors of the widest of `lanes`, 8 or 4 floats that divides
+    every run (else a tile of scalars); the rows are shared out."""
+    n = len(shapes[0])
+    if len(shapes) < 2 or any(len(s) != n or s[:dim] + s[dim + 1:] !=
+                              shapes[0][:dim] + shapes[0][dim + 1:] for s in shapes):
+        raise ValueError(f"concat: shapes {shapes} are not two or more that differ only on "
+                         f"axis {dim}")
+    outer, inner = math.prod(shapes[0][:dim]), math.prod(shapes[0][dim + 1:])
+    runs = [s[dim] * inner for s in shapes]
+    row = sum(runs)  # floats of an output row
+    width = max(w for w in (lanes, 8, 4, 1) if w <= lanes and all(r % w == 0 for r in runs))
+    rows = _divisor_at_most(outer, 8)
+    tiles, body, at = [], [], 0
+    for k, run in enumerate(runs):
+        if width > 1:
+            vecs = max(v for v in (1, 2, 4) if run // width % v == 0)
+            cols, step = 1, vecs * width
+        else:
+            vecs, cols = 1, _divisor_at_most(run, 16)
+            step = cols
+        tile = Tile(f"t{k}", (rows, cols), vecs)
+        tiles.append(tile)
+        a = Affine((("rt", rows * run), ("ct", step)))
+        o = Affine((("rt", rows * row), ("ct", step)), at)
+        copy = For("ct", run // step, SERIAL, (
+            UpdateTile(tile.name, Access(f"src{k}", a), (run, 1), None, SET),
+            StoreTile(tile.name, Access("dst", o), (row, 1))))
+        body.append(For("rt", outer // rows, PARALLEL, (copy,)))
+        at += run
+    what = hashlib.sha256(repr((shapes, dim, width)).encode()).hexdigest()[:16]
+    name = f"concat_{len(shapes)}_{what}"  # the shapes themselves make too long a file name
+    bufs = tuple(Buffer(f"src{k}", math.prod(s), "in") for k, s in enumerate(shapes)) + \
+        (Buffer("dst", outer * row, "out"),)
+    return LoopNest(name, bufs, tuple(tiles), tuple(body), width)
 
 
 def _divisor_at_most(x: int, most: int) -> int:

@@ -29,7 +29,7 @@ BLOCKED = textwrap.dedent("""
 
 
 class Mixed(torch.nn.Module):
-    """Convs with a pool (a bordered input), a concat written in place, a dense whose N
+    """Convs with a pool (a bordered input), a concat (a native copy), a dense whose N
     the kernel pads, and a PyTorch island."""
 
     def __init__(self):

@@ -429,6 +429,33 @@ def test_a_transformer_layer_compiles_with_row_kernels_and_glue(zoo_models):
         assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
 
 
+class Concats(torch.nn.Module):
+    """Two convs' outputs joined on channels (values: a native copy), then a constant
+    joined on the last axis (a parameter operand: PyTorch's cat, into the buffer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.b = torch.nn.Conv2d(8, 8, 1)
+        self.c = torch.nn.Parameter(torch.randn(1, 24, 6, 2))
+
+    def forward(self, x):
+        y = torch.cat([torch.relu(self.a(x)), self.b(x)], 1)
+        return torch.cat([y, self.c], 3)
+
+
+def test_concats_of_values_are_native_copies_and_of_constants_pytorchs():
+    torch.manual_seed(0)
+    model, x = Concats().eval(), torch.randn(1, 8, 6, 6)
+    with pytest.warns(UserWarning, match="untuned"):
+        net = compile_network(model, (x,), atol=1e-4)
+    glue = [s for s in net.steps if s.kind == "glue"]
+    assert [s.kernel is not None for s in glue] == [True, False]
+    assert glue[1].into is not None  # PyTorch's cat writes into the output buffer
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+
+
 def test_targets_and_options_are_checked_before_any_work(small):
     model, inputs, records = small
     with pytest.raises(rk.UnknownTargetError):

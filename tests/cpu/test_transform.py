@@ -98,3 +98,38 @@ def test_a_permute_that_is_none_is_named():
 
     with pytest.raises(ValueError, match=r"\(0, 0, 1\) is no permutation of 3 axes"):
         permute_nest((2, 3, 4), (0, 0, 1), 8)
+
+
+CONCATS = [([(1, 64, 7, 7), (1, 32, 7, 7)], 1),  # DenseNet's: 16-lane runs
+           ([(1, 3, 5), (1, 3, 2), (1, 3, 7)], 2),  # runs no vector divides: scalars
+           ([(2, 3, 4), (5, 3, 4)], 0), ([(4, 6), (4, 10)], 1),
+           ([(1, 12, 8, 64), (1, 12, 8, 64)], 3)]
+
+
+@pytest.mark.parametrize("shapes, dim", CONCATS)
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_concat_copies_match_torch_at_any_thread_count(shapes, dim, lanes):
+    from raytune_kernels.cpu.transform import concat_nest
+
+    nest = concat_nest(shapes, dim, lanes)
+    result = build(render(nest))
+    assert result.error is None, result.error
+    kernel = LoadedKernel(result.library, nest.name, len(shapes) + 1)
+    xs = [torch.randn(s) for s in shapes]
+    want = torch.cat(xs, dim).numpy().ravel()
+    srcs = [aligned(x.numpy().ravel().copy()) for x in xs]
+    for threads in (1, 3):
+        out = aligned(np.full(want.size, np.nan, np.float32))
+        kernel([s.ctypes.data for s in srcs] + [out.ctypes.data], threads)
+        assert np.array_equal(out, want), (shapes, dim, lanes, threads)
+    bufs = {f"src{k}": x.numpy().ravel().copy() for k, x in enumerate(xs)}
+    bufs["dst"] = np.zeros(want.size, np.float32)
+    interpret(nest, bufs)
+    assert np.array_equal(bufs["dst"], want)
+
+
+def test_a_concat_of_unlike_shapes_is_named():
+    from raytune_kernels.cpu.transform import concat_nest
+
+    with pytest.raises(ValueError, match="differ only on axis 1"):
+        concat_nest([(1, 4, 5), (1, 4, 6)], 1, 8)
