@@ -62,14 +62,20 @@ class VectorUnit:
     """Measured behaviour of vector FMAs of one width, in core cycles."""
 
     lanes: int
-    fma_per_cycle: float  # independent vector FMAs issued per cycle (the FMA pipes)
+    fma_per_cycle: float  # independent vector FMAs issued per cycle, to the quarter
     fma_latency: float  # cycles before an FMA's result feeds the next
     loads_per_cycle: float  # vector loads per cycle from L1 (a lower bound)
+    # the FMA pipes: FMAs a cycle to the half (the schedule space's rules read them)
+    fma_pipes: float | None = None
+
+    @property
+    def pipes(self) -> float:
+        return self.fma_pipes if self.fma_pipes is not None else _half(self.fma_per_cycle)
 
     @property
     def chains(self) -> int:
         """Accumulator chains that keep the FMA pipes busy: latency x pipes."""
-        return max(1, round(self.fma_latency * self.fma_per_cycle))
+        return max(1, round(self.fma_latency * self.pipes))
 
 
 @dataclass(frozen=True)
@@ -183,20 +189,24 @@ def cache_dir() -> str:
     return os.path.join(base, "raytune_kernels", "machine")
 
 
-def model_path(cpu: str, features: str, directory: str | None = None) -> str:
-    digest = hashlib.sha256(f"{cpu}|{features}|{VERSION}".encode()).hexdigest()[:16]
+def model_path(cpu: str, features: str, directory: str | None = None,
+               version: int = VERSION) -> str:
+    digest = hashlib.sha256(f"{cpu}|{features}|{version}".encode()).hexdigest()[:16]
     return os.path.join(directory or cache_dir(), f"{cpu}-{digest}.json")
 
 
 @functools.cache
 def host_model(lanes: tuple[int, ...], regs: int) -> MachineModel:
     """The host's model: read from the cache, or measured once and cached."""
-    return load_or_measure(model_path(*host_cpu()), lanes, regs)
+    return load_or_measure(model_path(*host_cpu()), lanes, regs,
+                           model_path(*host_cpu(), version=2))
 
 
-def load_or_measure(path: str, lanes: tuple[int, ...], regs: int) -> MachineModel:
+def load_or_measure(path: str, lanes: tuple[int, ...], regs: int,
+                    older: str | None = None) -> MachineModel:
     """The model cached at `path` if it is of this version and has every width in
-    `lanes`; otherwise measured now and cached there."""
+    `lanes`; otherwise measured now and cached there. Where `older` holds this host's
+    version-2 model, its FMA latency and pipes stay (measure_model's `keep`)."""
     try:
         with open(path) as f:
             model = MachineModel.from_json(json.load(f))
@@ -204,9 +214,22 @@ def load_or_measure(path: str, lanes: tuple[int, ...], regs: int) -> MachineMode
             return model
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent, unreadable or from another version: measure again
-    model = measure_model(lanes, regs)
+    model = measure_model(lanes, regs, _version2_units(older) if older else None)
     _save(model, path)
     return model
+
+
+def _version2_units(path: str) -> dict[int, dict] | None:
+    """The vector units of the version-2 model cached at `path` (lanes -> its fields),
+    or None where there is none."""
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        if d["version"] == 2 and d["measured"]:
+            return {int(u["lanes"]): u for u in d["units"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def _save(model: MachineModel, path: str) -> None:
@@ -221,12 +244,21 @@ def _save(model: MachineModel, path: str) -> None:
         pass  # a read-only home: the model is measured again next time, nothing is wrong
 
 
-def measure_model(lanes: tuple[int, ...], regs: int) -> MachineModel:
-    """Run the microbenchmarks on the calling thread (a second or two in all)."""
+def measure_model(lanes: tuple[int, ...], regs: int,
+                  keep: dict[int, dict] | None = None) -> MachineModel:
+    """Run the microbenchmarks on the calling thread (about half a second in all). `keep`:
+    a model measured before on this host (lanes -> VectorUnit fields), whose FMA latency
+    and pipes (its FMAs a cycle, to the half) stay for its widths: they decide the schedule
+    space's accumulator chains, and a space that changed would drop records written in it
+    (a latency measured 4.5-4.9 rounds either way)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise RuntimeError(f"the CPU backend targets x86-64; this host is {platform.machine()}")
     ghz = _clock_ghz()
     units = tuple(_unit(n, regs, ghz) for n in lanes)
+    keep = keep or {}
+    units = tuple(replace(u, fma_latency=float(keep[u.lanes]["fma_latency"]),
+                          fma_pipes=float(keep[u.lanes]["fma_per_cycle"]))
+                  if u.lanes in keep else u for u in units)
     caches = os_caches()
     l2, l3 = caches[1] or 1 << 20, caches[2]
     l3_bytes = _clamp(4 * l2, STREAM_L3)
@@ -260,7 +292,8 @@ def _unit(lanes: int, regs: int, ghz: float) -> VectorUnit:
     latency = _best_ns(lat) * per_ns / STEPS
     loads_per_cycle = 2 * STEPS * min(12, regs - 4) / (_best_ns(ld) * per_ns)
     return VectorUnit(lanes, max(0.5, round(fma_per_cycle * 4) / 4),
-                      float(max(1, round(latency))), _half(loads_per_cycle))
+                      float(max(1, round(latency))), _half(loads_per_cycle),
+                      _half(fma_per_cycle))
 
 
 def _half(x: float) -> float:

@@ -65,3 +65,26 @@ def test_cache_file_names_the_cpu_and_its_features(tmp_path):
     a = model_path("znver1", "+avx2,+fma", str(tmp_path))
     b = model_path("znver1", "+avx2,+fma,+avx512f", str(tmp_path))
     assert a != b and "znver1" in a and a.startswith(str(tmp_path))
+
+
+def test_an_older_model_keeps_its_latency_and_pipes_so_the_space_stays(tmp_path):
+    """A version-2 model of this host (FMAs a cycle to the half, no bandwidths): the new
+    one measures throughput and bandwidths again, keeps its FMA latency and pipes, so every
+    width's accumulator chains, which decide the schedule space (and so which records are
+    still points of it), are the old model's."""
+    cpu = cpu_info()
+    older = str(tmp_path / "v2.json")
+    units = [{"lanes": n, "fma_per_cycle": 1.5, "fma_latency": 7.0, "loads_per_cycle": 2.0}
+             for n in cpu.lanes]
+    with open(older, "w") as f:
+        json.dump({"cpu": host_cpu()[0], "units": units, "ghz": 3.0,
+                   "caches": list(os_caches()), "measured": True, "version": 2}, f)
+    model = load_or_measure(str(tmp_path / "v3.json"), cpu.lanes, cpu.regs, older)
+    assert model.version == VERSION and model.l3_bytes_per_cycle > 0
+    assert [(u.fma_latency, u.pipes, u.chains) for u in model.units] == \
+        [(7.0, 1.5, 10)] * len(cpu.lanes)
+    # and without one: the pipes are the measured FMAs a cycle to the half
+    fresh = load_or_measure(str(tmp_path / "new.json"), cpu.lanes, cpu.regs,
+                            str(tmp_path / "none.json"))
+    for u in fresh.units:
+        assert (u.pipes * 2).is_integer() and abs(u.pipes - u.fma_per_cycle) <= 0.25, u
