@@ -16,16 +16,19 @@ core, in bytes per cycle of that clock, price what the caches do not hold: re-re
 footprint that L3 holds and L2 does not (STREAM_L3: 4x L2, within half of L3), and
 streaming one beyond L3 (twice L3, as the tuner's rotating weight copies span, within
 STREAM_MEMORY). Their figures differ by an order of magnitude between machines: a virtual
-machine whose OS reports the host's L3 re-read 8 MB at ~6.5 bytes a cycle and memory at
-~3, where the estimate's fixed figures had assumed 32 and 8 (cpu/estimate.py). The result
+machine whose OS reports the host's L3 re-read 8 MB at ~7 bytes a cycle and memory at
+~4, where the estimate's fixed figures had assumed 32 and 8 (cpu/estimate.py). The result
 is cached per CPU name and feature string in the user's cache directory, with a version.
 
 Every figure is the best of several repeats: noise on a shared core only adds time.
-Cycle counts are rounded to what hardware has (whole cycles of latency, quarter FMA pipes:
-a core that lowers its clock for its widest vectors issues a fraction of its pipes a cycle
-of the scalar clock, 1.2-1.6 where two 512-bit pipes run below a 3.6-4 GHz scalar clock,
-and half pipes rounded that to 1, as many as its 256-bit FMAs' 2 x 8 lanes), bandwidths to
-two significant digits, so two measurements on one CPU model give one model.
+Cycle counts are rounded to what hardware has: whole cycles of latency, and FMA pipes to
+the half, which the schedule space's accumulator-chain rule reads. The estimate reads the
+FMAs a cycle to the quarter: a core that lowers its clock for its widest vectors issues a
+fraction of its pipes a cycle of the scalar clock (1.2-1.6 where two 512-bit pipes run
+below a 3.6-4 GHz scalar clock, which the half rounds to 1, as many flops as its 256-bit
+FMAs). Bandwidths keep two significant digits. So two measurements on one CPU model give
+one model, or near one: where a figure sits on a rounding edge, a host keeps what it
+measured first (measure_model's `keep`).
 """
 from __future__ import annotations
 
