@@ -22,12 +22,12 @@ from raytune_kernels.cpu.row_kernels import ROW_OPS
 from raytune_kernels.cpu.schedules import lower, pack, writes_bordered
 from raytune_kernels.space import Config
 from raytune_kernels.cpu.machine import cpu_info
-from raytune_kernels.cpu.transform import Layout, concat_nest, permute_nest
+from raytune_kernels.cpu.transform import Layout, concat_nest, strided_nest
 from raytune_kernels.errors import CompileError
 from raytune_kernels.layout.costs import fastest_transform, priced_transform, transform_kernel
 from raytune_kernels.layout.graph import NCHW, Candidate
 from raytune_kernels.measure import MeasureOptions
-from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep
+from raytune_kernels.frontend.partition import GlueStep, Partition, TaskStep, run_glue
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -212,13 +212,23 @@ class Planner:
             self.produced[node.name] = (self.aliases[-1], NCHW)
             return
         out = Buf(math.prod(shape), shape)
-        if node.op in ("permute", "concat") and all(isinstance(a, Buf) and a.size
-                                                    for a in args) and \
-                (node.op == "permute" or len(args) > 1):
-            # a native copy (permute_nest, concat_nest): no PyTorch between native kernels
-            shapes = tuple(tuple(self.graph.shape_of(v)) for v in node.inputs)
-            kernel = self._copy(node.op, shapes, node.attr("dims" if node.op == "permute"
-                                                             else "dim"))
+        # a native copy where it is one (a view's, or a concat of values): no PyTorch
+        # between native kernels
+        lanes = cpu_info(self.mcpu).lanes[0]
+        view = _view_of(node, args)
+        if view is not None:
+            size = args[0].size
+            kernel = self._copy(("strided", size, *view, lanes),
+                                lambda: strided_nest(size, *view, lanes))
+        elif node.op == "concat" and len(args) > 1 and \
+                all(isinstance(a, Buf) and a.size for a in args):
+            shapes = [tuple(self.graph.shape_of(v)) for v in node.inputs]
+            dim = node.attr("dim")
+            kernel = self._copy(("concat", tuple(shapes), dim, lanes),
+                                lambda: concat_nest(shapes, dim, lanes))
+        else:
+            kernel = None
+        if kernel is not None:
             self.steps.append(Step(node.name, "glue", (node.layer,), list(args), [out],
                                    kernel=kernel, operands=[*args, out]))
             self._produce(node.name, out, NCHW)
@@ -244,18 +254,14 @@ class Planner:
         self.steps.append(Step(name, kind, layers, reads, [out], seconds, key,
                                operands=list(args), fn=fn))
 
-    def _copy(self, op: str, shapes: tuple, how) -> LoadedKernel:
-        """The native kernel of a permute (`how`: its dims) or a concat (`how`: its axis)
-        of values of `shapes`, built once per compile."""
-        key = (op, (shapes, how))
+    def _copy(self, key: tuple, make: Callable) -> LoadedKernel:
+        """The native copy kernel `key` names, from its nest (`make()`), built once per
+        compile."""
         if key not in self.kernels:
-            lanes = cpu_info(self.mcpu).lanes[0]
-            nest = permute_nest(shapes[0], tuple(how), lanes) if op == "permute" else \
-                concat_nest(list(shapes), how, lanes)
+            nest = make()
             built = build(render(nest), self.mcpu, persist=True)
             if built.error:
-                raise CompileError(f"the {op} of {shapes} ({how}) does not build: "
-                                   f"{built.error}")
+                raise CompileError(f"the copy {key} does not build: {built.error}")
             self.kernels[key] = (LoadedKernel(built.library, nest.name, len(nest.buffers)),
                                  nest)
         return self.kernels[key][0]
@@ -270,6 +276,27 @@ class Planner:
             self.kernels[(key, cfg)] = (LoadedKernel(built.library, nest.name,
                                                      len(nest.buffers)), nest)
         return self.kernels[(key, cfg)]
+
+
+VIEW_OPS = ("permute", "index", "expand")  # glue whose result may be a view of its input
+
+
+def _view_of(node, args: list) -> tuple[tuple, tuple, int] | None:
+    """(shape, strides, offset in floats) of the glue node's result where it is a view of
+    its one computed input (a permute, a basic index or slice, an expand), found by running
+    the node on a meta tensor of the input's shape; None for any other node (advanced
+    indexing copies, and stays PyTorch's)."""
+    if node.op not in VIEW_OPS or len(args) != 1 or not isinstance(args[0], Buf) or \
+            not args[0].size:
+        return None
+    src = torch.empty(args[0].shape, device="meta")
+    try:
+        v = run_glue(node, {node.inputs[0]: src})
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError):
+        return None  # an index meta tensors cannot take: PyTorch's, as before
+    if v._base is not src or v.dim() == 0 or not v.numel():
+        return None
+    return tuple(v.shape), tuple(v.stride()), v.storage_offset()
 
 
 def borders_wanted(part: Partition, chosen: list[Candidate]) -> dict[str, tuple[str, float]]:

@@ -175,21 +175,31 @@ def _loops(live: dict, stmts: tuple, parallel: bool):
 
 def permute_nest(shape: tuple[int, ...], dims: tuple[int, ...], lanes: int) -> LoopNest:
     """A copy of a contiguous tensor of `shape` into its permutation `dims` (out.shape[i] =
-    shape[dims[i]]), contiguous: torch's x.permute(dims).contiguous(), run natively inside
-    the network (a PyTorch copy between native kernels woke PyTorch's own thread pool,
-    whose threads and ours then took turns at the cores). Where the last axis stays last,
-    each tile row is a run of `lanes`-float vectors, copied whole; otherwise a tile of
-    scalars reads along the axis that is contiguous in the source and writes along the
-    one contiguous in the destination. Every loop but the innermost is shared out."""
+    shape[dims[i]]), contiguous: torch's x.permute(dims).contiguous() (strided_nest)."""
     n = len(shape)
     if sorted(dims) != list(range(n)):
         raise ValueError(f"permute: {dims} is no permutation of {n} axes")
-    out_shape = [shape[d] for d in dims]
     in_strides = [math.prod(shape[k + 1:]) for k in range(n)]
-    src = [in_strides[d] for d in dims]  # source stride of each destination axis
+    return strided_nest(math.prod(shape), tuple(shape[d] for d in dims),
+                        tuple(in_strides[d] for d in dims), 0, lanes)
+
+
+def strided_nest(size: int, out_shape: tuple[int, ...], strides: tuple[int, ...],
+                 offset: int, lanes: int) -> LoopNest:
+    """A contiguous copy of the view of a flat source of `size` floats that has `out_shape`,
+    `strides` and `offset` (in floats): a permute, a basic index or slice, an expand (stride
+    0), run natively inside the network (a PyTorch copy between native kernels woke
+    PyTorch's own thread pool, whose threads and ours then took turns at the cores). Where
+    the last axis is contiguous in the source, each tile row is a run of `lanes`-float
+    vectors, copied whole; otherwise a tile of scalars reads along an axis contiguous in
+    the source and writes along the last. Every loop but the innermost is shared out."""
+    n = len(out_shape)
+    if n == 0 or len(strides) != n or not math.prod(out_shape):
+        raise ValueError(f"strided copy: shape {out_shape} and strides {strides}")
+    src = list(strides)
     dst = [math.prod(out_shape[i + 1:]) for i in range(n)]
     c = n - 1  # the destination's contiguous axis: a tile's columns, or its vector runs
-    vector = dims[-1] == n - 1 and lanes > 1 and out_shape[c] % lanes == 0
+    vector = src[c] == 1 and lanes > 1 and out_shape[c] % lanes == 0
     if vector:
         r = n - 2 if n > 1 else None
         vecs = max(v for v in (1, 2, 4) if out_shape[c] // lanes % v == 0)
@@ -197,7 +207,8 @@ def permute_nest(shape: tuple[int, ...], dims: tuple[int, ...], lanes: int) -> L
         col_step = vecs * lanes
     else:
         lanes, vecs = 1, 1
-        r = dims.index(n - 1) if dims[-1] != n - 1 else (n - 2 if n > 1 else None)
+        unit = [i for i in range(n - 1) if src[i] == 1]
+        r = unit[-1] if unit else (n - 2 if n > 1 else None)
         cols = _divisor_at_most(out_shape[c], 16)
         col_count, col_step = out_shape[c] // cols, cols
     rows = _divisor_at_most(out_shape[r], 8) if r is not None else 1
@@ -205,7 +216,7 @@ def permute_nest(shape: tuple[int, ...], dims: tuple[int, ...], lanes: int) -> L
     if r is not None:
         loops.append(("rt", out_shape[r] // rows, src[r] * rows, dst[r] * rows))
     loops.append(("ct", col_count, src[c] * col_step, dst[c] * col_step))
-    a = Affine(tuple((v, s) for v, _, s, _ in loops))
+    a = Affine(tuple((v, s) for v, _, s, _ in loops), offset)
     o = Affine(tuple((v, d) for v, _, _, d in loops))
     r_src, r_dst = (src[r], dst[r]) if r is not None else (0, 0)
     tile = Tile("t", (rows, cols), vecs)
@@ -216,10 +227,10 @@ def permute_nest(shape: tuple[int, ...], dims: tuple[int, ...], lanes: int) -> L
     if outer:
         names, extents = tuple(v for v, _ in outer), tuple(e for _, e in outer)
         body = (For("p", math.prod(extents), PARALLEL, (Split("p", names, extents),) + body),)
-    name = f"permute_{'x'.join(map(str, shape))}_{''.join(map(str, dims))}_{lanes}"
-    size = math.prod(shape)
-    return LoopNest(name, (Buffer("src", size, "in"), Buffer("dst", size, "out")), (tile,),
-                    body, lanes)
+    what = hashlib.sha256(repr((size, out_shape, strides, offset, lanes)).encode())
+    name = f"strided_{n}d_{what.hexdigest()[:16]}"
+    bufs = (Buffer("src", size, "in"), Buffer("dst", math.prod(out_shape), "out"))
+    return LoopNest(name, bufs, (tile,), body, lanes)
 
 
 def concat_nest(shapes: list[tuple[int, ...]], dim: int, lanes: int) -> LoopNest:

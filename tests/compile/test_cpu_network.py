@@ -456,6 +456,36 @@ def test_concats_of_values_are_native_copies_and_of_constants_pytorchs():
         assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
 
 
+class Views(torch.nn.Module):
+    """Glue whose results are views of a computed value (a slice, a select, an expand, a
+    transpose: native copies) and one that is not (an index by a list: PyTorch's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(12, 24)
+        self.b = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        y = self.a(x)  # (2, 5, 24)
+        z = y[:, 1:4, ::4] + y[:, 0:1, 2:8].expand(2, 3, 6)
+        w = self.b(z.transpose(1, 2).contiguous()[:, :, [0, 2, 1]].sum(-1, keepdim=True)
+                   .expand(2, 6, 6))
+        return w + y[:, 4, 1:7].unsqueeze(1)
+
+
+def test_views_of_values_are_native_copies_and_fancy_indexes_pytorchs():
+    torch.manual_seed(0)
+    model, x = Views().eval(), torch.randn(2, 5, 12)
+    with pytest.warns(UserWarning, match="untuned"):
+        net = compile_network(model, (x,), atol=1e-4)
+    nodes = net.graph.node_map()
+    native = {nodes[s.name].op for s in net.steps if s.kind == "glue" and s.kernel is not None}
+    torch_glue = [nodes[s.name].op for s in net.steps if s.kind == "glue" and s.kernel is None]
+    assert {"index", "expand", "permute"} <= native and torch_glue == ["index"]
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+
+
 def test_targets_and_options_are_checked_before_any_work(small):
     model, inputs, records = small
     with pytest.raises(rk.UnknownTargetError):

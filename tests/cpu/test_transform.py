@@ -133,3 +133,25 @@ def test_a_concat_of_unlike_shapes_is_named():
 
     with pytest.raises(ValueError, match="differ only on axis 1"):
         concat_nest([(1, 4, 5), (1, 4, 6)], 1, 8)
+
+
+@pytest.mark.parametrize("view", [lambda x: x[:, 1:4, ::2], lambda x: x[1, :, 3],
+                                  lambda x: x[None, :, 2:3].expand(3, 2, 1, 8, 6),
+                                  lambda x: x.transpose(0, 2)[1:, :, 1]])
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_a_views_copy_matches_torch(view, lanes):
+    """Slices with steps, a select, an expand (stride 0) and a transposed slice, from their
+    shape, strides and offset, at 1 and 3 threads."""
+    from raytune_kernels.cpu.transform import strided_nest
+
+    x = torch.randn(2, 5, 8, 6)
+    v = view(x)
+    nest = strided_nest(x.numel(), tuple(v.shape), tuple(v.stride()), v.storage_offset(), lanes)
+    result = build(render(nest))
+    assert result.error is None, result.error
+    kernel = LoadedKernel(result.library, nest.name, 2)
+    src, want = aligned(x.numpy().ravel().copy()), v.contiguous().numpy().ravel()
+    for threads in (1, 3):
+        out = aligned(np.full(want.size, np.nan, np.float32))
+        kernel([src.ctypes.data, out.ctypes.data], threads)
+        assert np.array_equal(out, want), (tuple(v.shape), lanes, threads)
