@@ -81,10 +81,9 @@ MISS_CYCLES = 1.25  # per A line that misses L1 in an update (an L2 hit, overlap
 A_STREAMS = 8  # tile rows of A whose lines the prefetcher brings ahead (fitted, not probed)
 L2_LATENCY = 14.0  # cycles an L1 miss waits for its line from L2
 L2_BYTES_PER_CYCLE = 32.0  # sustained L2 -> L1 bandwidth of one core
-# a re-read operand streams at this multiple of the machine's measured L3 bandwidth,
-# being partly overlapped with the FMAs (fitted to the dense gaps above, where a fixed 64
-# bytes a cycle over-priced them by up to 1.6x and never under, on a core that re-reads L3
-# at about half that)
+# a re-read operand is priced at this multiple of the machine's measured L3 bandwidth,
+# as it overlaps the FMAs in part (the fixed 64 bytes a cycle it replaces, fitted to the
+# dense gaps above, over-priced them by up to 1.6x and never under)
 RESTREAM_OVERLAP = 2.0
 TRANSCENDENTAL_OPS = 12  # vector ops of an inlined exp, tanh or sqrt polynomial
 CHEAP_OPS = ("relu", "relu6", "hardswish", "hardsigmoid")  # a few selects and multiplies

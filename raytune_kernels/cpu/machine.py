@@ -281,8 +281,7 @@ def _stream_bytes_per_cycle(nbytes: int, ghz: float, tries: int) -> float:
     vectorised max, which the loads bind), the best of `tries` passes after one that warms
     the caches up; two significant digits."""
     buf = np.ones(nbytes // 4, np.float32)
-    ns = _best_of(buf.max, tries) if tries else 0
-    return float(f"{nbytes / (ns * ghz):.2g}")
+    return float(f"{nbytes / (_best_of(buf.max, tries) * ghz):.2g}")
 
 
 def _unit(lanes: int, regs: int, ghz: float) -> VectorUnit:

@@ -239,6 +239,7 @@ def concat_nest(shapes: list[tuple[int, ...]], dim: int, lanes: int) -> LoopNest
     of each output row in vectors of the widest of `lanes`, 8 or 4 floats that divides
     every run (else a tile of scalars); the rows are shared out."""
     n = len(shapes[0])
+    dim %= max(n, 1)
     if len(shapes) < 2 or any(len(s) != n or s[:dim] + s[dim + 1:] !=
                               shapes[0][:dim] + shapes[0][dim + 1:] for s in shapes):
         raise ValueError(f"concat: shapes {shapes} are not two or more that differ only on "
