@@ -173,17 +173,6 @@ def _loops(live: dict, stmts: tuple, parallel: bool):
     return inner[0]
 
 
-def permute_nest(shape: tuple[int, ...], dims: tuple[int, ...], lanes: int) -> LoopNest:
-    """A copy of a contiguous tensor of `shape` into its permutation `dims` (out.shape[i] =
-    shape[dims[i]]), contiguous: torch's x.permute(dims).contiguous() (strided_nest)."""
-    n = len(shape)
-    if sorted(dims) != list(range(n)):
-        raise ValueError(f"permute: {dims} is no permutation of {n} axes")
-    in_strides = [math.prod(shape[k + 1:]) for k in range(n)]
-    return strided_nest(math.prod(shape), tuple(shape[d] for d in dims),
-                        tuple(in_strides[d] for d in dims), 0, lanes)
-
-
 def strided_nest(size: int, out_shape: tuple[int, ...], strides: tuple[int, ...],
                  offset: int, lanes: int) -> LoopNest:
     """A contiguous copy of the view of a flat source of `size` floats that has `out_shape`,

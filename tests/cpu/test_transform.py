@@ -74,16 +74,18 @@ PERMUTES = [((1, 128, 12, 64), (0, 2, 1, 3)),  # attention heads: the last axis 
 @pytest.mark.parametrize("shape, dims", PERMUTES)
 @pytest.mark.parametrize("lanes", [16, 8])
 def test_permute_copies_match_torch_at_any_thread_count(shape, dims, lanes):
-    """x.permute(dims).contiguous(), bit for bit, whether its last axis stays last (vector
-    runs, where the lanes divide it) or not, at 1 and 3 threads (an uneven share)."""
-    from raytune_kernels.cpu.transform import permute_nest
+    """x.permute(dims).contiguous(), bit for bit, from the permuted view's strides: whether
+    its last axis stays last (vector runs, where the lanes divide it) or not, at 1 and 3
+    threads (an uneven share), and on the interpreter."""
+    from raytune_kernels.cpu.transform import strided_nest
 
-    nest = permute_nest(shape, dims, lanes)
+    x = torch.randn(shape)
+    v = x.permute(dims)
+    nest = strided_nest(x.numel(), tuple(v.shape), tuple(v.stride()), 0, lanes)
     result = build(render(nest))
     assert result.error is None, result.error
     kernel = LoadedKernel(result.library, nest.name, 2)
-    x = torch.randn(shape)
-    src, want = aligned(x.numpy().ravel().copy()), x.permute(dims).contiguous().numpy().ravel()
+    src, want = aligned(x.numpy().ravel().copy()), v.contiguous().numpy().ravel()
     for threads in (1, 3):
         out = aligned(np.full(x.numel(), np.nan, np.float32))
         kernel([src.ctypes.data, out.ctypes.data], threads)
@@ -93,11 +95,11 @@ def test_permute_copies_match_torch_at_any_thread_count(shape, dims, lanes):
     assert np.array_equal(bufs["dst"], want)
 
 
-def test_a_permute_that_is_none_is_named():
-    from raytune_kernels.cpu.transform import permute_nest
+def test_a_strided_copy_of_nothing_is_named():
+    from raytune_kernels.cpu.transform import strided_nest
 
-    with pytest.raises(ValueError, match=r"\(0, 0, 1\) is no permutation of 3 axes"):
-        permute_nest((2, 3, 4), (0, 0, 1), 8)
+    with pytest.raises(ValueError, match=r"shape \(2, 0\) and strides \(1, 2\)"):
+        strided_nest(4, (2, 0), (1, 2), 0, 8)
 
 
 CONCATS = [([(1, 64, 7, 7), (1, 32, 7, 7)], 1),  # DenseNet's: 16-lane runs
