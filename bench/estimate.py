@@ -1,15 +1,17 @@
 """How well the analytic cycle estimate (raytune_kernels/estimate.py) orders real timings.
 
-    python bench/estimate.py [--configs 160] [--cold]
+    python bench/estimate.py [--configs 160] [--cold] [--model resnet18] [--dump FILE]
 
-For every conv and dense task of ResNet-18, `configs` random configs are built (2
+For every conv and dense task of the model (a zoo name; ResNet-18 by default), `configs` random configs are built (2
 processes) and timed here on 1 thread (with --cold, with the weights out of cache, as
 tune_network times them). Per task: the rank correlation between estimated cycles and
 measured time, and whether the estimate's first 8 picks hold a config within 5% of the
 best measured, against the chance that 8 random picks do. The estimate reads the host's
 measured machine model (cpu/machine.py), reported beside the figures, so that a poor
 correlation can be told apart as a model problem (wrong pipes, latency or loads for this
-CPU) or an estimate problem. No PyTorch baseline: this checks a search heuristic, not
+CPU) or an estimate problem. `--dump` writes every timed config as a JSON line (task key,
+compute, config, measured seconds, estimated cycles), so that a change to the estimate can
+be weighed against the same timings. No PyTorch baseline: this checks a search heuristic, not
 kernels. Last line of stdout: one JSON object.
 """
 from __future__ import annotations
@@ -56,14 +58,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", type=int, default=160)
     p.add_argument("--cold", action="store_true", help="weights out of cache while timed")
+    p.add_argument("--model", default="resnet18", help="a zoo model (raytune_kernels.zoo)")
+    p.add_argument("--dump", default=None, help="JSON lines of every timed config")
     args = p.parse_args()
     torch.set_num_threads(1)
     opts = MeasureOptions(threads=1, min_repeat_ms=5, repeats=3, cold_weights=args.cold)
-    model, inputs = zoo.resnet18()
+    model, inputs = getattr(zoo, args.model)()
     tasks = [t for t in rk.extract_tasks(model, inputs) if t.compute.op in ("conv2d", "dense")]
     cpu = cpu_info()
     print(f"machine model: {cpu.machine.describe()}", file=sys.stderr, flush=True)
-    rows = []
+    rows, dumped = [], []
     with ProcessPoolExecutor(2) as pool:
         for task in tasks:
             space, rng = space_for(task.compute, cpu), random.Random(task.key)
@@ -75,6 +79,9 @@ def main() -> None:
             timed = [(c, r.median) for c, r in timed if r.ok]
             times = np.array([t for _, t in timed])
             est = np.array([cycles(lower(task.compute, c), cpu.machine) for c, _ in timed])
+            dumped += [{"task": task.key, "compute": task.compute.to_json(),
+                        "config": c.to_json(), "seconds": t, "estimate": float(e)}
+                       for (c, t), e in zip(timed, est)]
             good = times.min() / 0.95
             rho = float(np.corrcoef(_ranks(est), _ranks(times))[0, 1])
             hit = bool(times[np.argsort(est, kind="stable")[:PICKS]].min() <= good)
@@ -83,7 +90,10 @@ def main() -> None:
             print(f"{task.compute.describe():<50} {len(timed)} configs: rank corr {rho:.2f}, "
                   f"estimate's first {PICKS} within 5%: {hit} (random: {chance:.2f})",
                   file=sys.stderr, flush=True)
-    print(json.dumps({"tasks": len(rows), "configs_per_task": args.configs, "cold": args.cold,
+    if args.dump:
+        with open(args.dump, "w") as f:
+            f.writelines(json.dumps(d) + "\n" for d in dumped)
+    print(json.dumps({"model": args.model, "tasks": len(rows), "configs_per_task": args.configs, "cold": args.cold,
                       "mean_rank_corr": round(statistics.mean(r for r, _, _ in rows), 3),
                       "estimate_hits_95": sum(h for _, h, _ in rows),
                       "random_hits_95_expected": round(sum(c for _, _, c in rows), 1),

@@ -32,10 +32,12 @@ and weights cold; docs/measurement.md names the machine):
   52% of peak with 16 rows 8 KiB apart, 86% with 9);
 - B's vectors come from L2 (a weight panel outgrows L1 in all but the smallest GEMMs) at
   L2_BYTES_PER_CYCLE, which bounds short tiles of many vectors (2 rows of 4 vectors);
-- the prefetcher follows a few streams only: runs of adjacent A lines (a GEMM's tile rows,
-  each K apart; a conv's tile columns make one run) beyond A_STREAMS each wait on an L2
-  line every 16 updates (dense 128x768 -> 768: 316 us with 8 rows of 2 vectors, 389 us
-  with 13 rows and 481 us with 16 rows of one vector);
+- the prefetchers follow a few streams only: runs of adjacent A lines (a GEMM's tile
+  rows, each K apart; a conv's tile columns make one run) beyond the machine's
+  `a_streams` each cost an update its `stream_wait` cycles (both measured per host,
+  cpu/machine.py; a core that kept 8 streams lost 0.9 cycles an update for each beyond:
+  dense 128x768 -> 768 ran 316 us with 8 rows of 2 vectors, 389 us with 13 rows and 481
+  us with 16 rows of one vector);
 - an operand that a loop does not index is read again on each of its iterations, as much
   of it as the loops inside touch; where that exceeds what L2 keeps (three quarters of it,
   the rest for the other operands), each pass streams it from L3 or memory at
@@ -78,8 +80,6 @@ FORK_CYCLES = 2000.0  # opening and joining a parallel region (~0.45 us, bench/d
 SET_PERIOD = 4096  # bytes after which L1 set indices repeat (a VIPT L1 is indexed in-page)
 LINE = 64  # cache line bytes
 MISS_CYCLES = 1.25  # per A line that misses L1 in an update (an L2 hit, overlapped)
-A_STREAMS = 8  # tile rows of A whose lines the prefetcher brings ahead (fitted, not probed)
-L2_LATENCY = 14.0  # cycles an L1 miss waits for its line from L2
 L2_BYTES_PER_CYCLE = 32.0  # sustained L2 -> L1 bandwidth of one core
 # a re-read operand is priced at this multiple of the machine's measured L3 bandwidth,
 # as it overlaps the FMAs in part (the fixed 64 bytes a cycle it replaces, fitted to the
@@ -96,7 +96,8 @@ def cycles(nest: LoopNest, machine: MachineModel, threads: int = 1) -> float:
     ways = max(1, machine.caches[0] // SET_PERIOD) if machine.caches[0] else 8
     restream = _restreamed(nest.body, (), tiles, nest.lanes, threads)
     keeps = 0.75 * (machine.caches[1] or 1 << 20)
-    compute = _cycles(nest.body, tiles, machine.unit(nest.lanes), (threads, ways)) + \
+    ctx = (threads, ways, machine.a_streams, machine.stream_wait)
+    compute = _cycles(nest.body, tiles, machine.unit(nest.lanes), ctx) + \
         sum(max(0.0, passes - 1) * size for passes, size in restream if size > keeps) \
         / (RESTREAM_OVERLAP * machine.l3_bytes_per_cycle)
     return compute + _weight_bytes(nest, threads) / machine.dram_bytes_per_cycle
@@ -160,7 +161,8 @@ def _passes(path: tuple, indexed: set, size: int) -> tuple[int, int]:
     return 1, 0
 
 
-def _cycles(body, tiles: dict, u: VectorUnit, ctx: tuple[int, int]) -> float:
+def _cycles(body, tiles: dict, u: VectorUnit, ctx: tuple) -> float:
+    """ctx: (threads, L1 ways, the machine's a_streams and stream_wait)."""
     total = 0.0
     for s in body:
         if isinstance(s, For):
@@ -171,7 +173,7 @@ def _cycles(body, tiles: dict, u: VectorUnit, ctx: tuple[int, int]) -> float:
                 total += FORK_CYCLES
             total += extent * (_cycles(s.body, tiles, u, ctx) + loop)
         elif isinstance(s, UpdateTile):
-            total += _update_cycles(s, tiles[s.tile], u, ctx[1])
+            total += _update_cycles(s, tiles[s.tile], u, *ctx[1:])
         elif isinstance(s, ZeroTile):
             total += _accumulators(tiles[s.tile]) / u.fma_per_cycle
         elif isinstance(s, StoreTile):
@@ -227,7 +229,8 @@ def _accumulators(tile) -> int:
     return tile.shape[0] * tile.shape[1] * tile.vecs
 
 
-def _update_cycles(s: UpdateTile, tile, u: VectorUnit, ways: int) -> float:
+def _update_cycles(s: UpdateTile, tile, u: VectorUnit, ways: int, streams: int,
+                   wait: float) -> float:
     accs = _accumulators(tile)
     if s.mode == BCAST_FMA:
         loads = tile.shape[0] * tile.shape[1] + tile.vecs
@@ -239,7 +242,7 @@ def _update_cycles(s: UpdateTile, tile, u: VectorUnit, ways: int) -> float:
     misses = _conflict_lines(offsets, ways) * MISS_CYCLES
     waits, b_lines = 0.0, 0.0
     if s.mode == BCAST_FMA:
-        waits = max(0, _streams(offsets) - A_STREAMS) * L2_LATENCY / (LINE // 4)
+        waits = max(0, _streams(offsets) - streams) * wait
         b_lines = tile.vecs * u.lanes * 4 / L2_BYTES_PER_CYCLE
     return max(accs / u.fma_per_cycle, loads / u.loads_per_cycle, u.fma_latency,
                misses, b_lines) + waits

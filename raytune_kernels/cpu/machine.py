@@ -20,6 +20,15 @@ machine whose OS reports the host's L3 re-read 8 MB at ~7 bytes a cycle and memo
 ~4, where the estimate's fixed figures had assumed 32 and 8 (cpu/estimate.py). The result
 is cached per CPU name and feature string in the user's cache directory, with a version.
 
+Two more figures price the rows of a register tile that read A as separate runs of
+lines (a GEMM's tile rows, each K apart): how many such runs the core's prefetchers keep
+ahead of the loads, and what each run beyond them costs an update (_streams: the same
+broadcast-FMA update timed with A in L1 and past it). Cores differ widely here: the
+estimate's fixed figures (8 rows, then 0.875 cycles an update a row) came from a core
+that lost that much, and another core ran 28 rows as fast from L2 as from L1; priced at
+the fixed figures, its long tiles (an im2col GEMM's 26 rows) ranked among the slowest
+configs where they ran mid-field.
+
 Every figure is the best of several repeats: noise on a shared core only adds time.
 Cycle counts are rounded to what hardware has: whole cycles of latency, and FMA pipes to
 the half, which the schedule space's accumulator-chain rule reads. The estimate reads the
@@ -46,18 +55,22 @@ import numpy as np
 from raytune_kernels.cpu.build import LoadedKernel, aligned, build, host_cpu
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.peak import STEPS as PEAK_STEPS, peak_nest
-from raytune_kernels.cpu.loopnest import (SERIAL, VEC_FMA, Access, Affine, Buffer, For, LoopNest,
-                                          StoreTile, Tile, UpdateTile, ZeroTile)
+from raytune_kernels.cpu.loopnest import (BCAST_FMA, SERIAL, UNROLL, VEC_FMA, Access, Affine,
+                                          Buffer, For, LoopNest, StoreTile, Tile, UpdateTile,
+                                          ZeroTile)
 
 AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake",
                "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5",
                "x86-64-v4", "rocketlake", "alderlake-avx512")
-VERSION = 3
+VERSION = 4
 STREAM_L3 = (8 << 20, 32 << 20)  # bytes re-read from L3: 4x L2, clamped here (and < L3 / 2)
 STREAM_MEMORY = (64 << 20, 512 << 20)  # bytes streamed from memory: 2x L3, clamped here
 STEPS = 20000  # FMA steps per microbenchmark call: ~0.1-1 ms
 WINDOW = 16  # load benchmark: steps before its operand window wraps (stays in L1)
 CLOCK_ADDS, CLOCK_LOOPS = 100, 20000
+STREAM_ROWS = (8, 12, 16, 20, 24, 28)  # tile rows timed (those the registers hold)
+STREAM_SLOWER = 1.15  # rows read from L2 this much slower than from L1 wait on it
+STREAM_UPDATES = 400_000  # broadcast FMAs of one timed call (~0.1-0.3 ms)
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,10 @@ class MachineModel:
     # bytes a cycle one core re-reads from L3, and streams from memory
     l3_bytes_per_cycle: float = 32.0
     dram_bytes_per_cycle: float = 8.0
+    # tile rows of A read as separate runs of lines that the prefetchers keep ahead, and
+    # the cycles an update waits for each row beyond them (module docstring)
+    a_streams: int = 8
+    stream_wait: float = 0.875
     measured: bool = True  # False: assumed, for a CPU other than the host
     version: int = VERSION
 
@@ -113,9 +130,9 @@ class MachineModel:
 
     @classmethod
     def from_json(cls, d: dict) -> "MachineModel":
-        units = tuple(VectorUnit(**u) for u in d["units"])
-        return cls(d["cpu"], units, d["ghz"], tuple(d["caches"]), d["l3_bytes_per_cycle"],
-                   d["dram_bytes_per_cycle"], d["measured"], d["version"])
+        fields = {**d, "units": tuple(VectorUnit(**u) for u in d["units"]),
+                  "caches": tuple(d["caches"])}
+        return cls(**fields)
 
     def describe(self) -> str:
         units = ", ".join(f"{u.lanes} lanes: {u.fma_per_cycle:g} FMA/cycle, latency "
@@ -125,7 +142,9 @@ class MachineModel:
         return (f"{self.cpu} at {self.ghz:.2f} GHz ({'measured' if self.measured else 'assumed'}"
                 f"): {units}; L1d {kib[0]} KiB, L2 {kib[1]} KiB, L3 {kib[2]} KiB; "
                 f"{self.l3_bytes_per_cycle:g} bytes/cycle from L3, "
-                f"{self.dram_bytes_per_cycle:g} from memory")
+                f"{self.dram_bytes_per_cycle:g} from memory; {self.a_streams} rows streamed "
+                f"from L2 at L1's speed, {self.stream_wait:g} cycles an update for each "
+                f"beyond")
 
 
 @dataclass(frozen=True)
@@ -202,14 +221,17 @@ def model_path(cpu: str, features: str, directory: str | None = None,
 def host_model(lanes: tuple[int, ...], regs: int) -> MachineModel:
     """The host's model: read from the cache, or measured once and cached."""
     return load_or_measure(model_path(*host_cpu()), lanes, regs,
-                           model_path(*host_cpu(), version=2))
+                           [model_path(*host_cpu(), version=v) for v in (3, 2)])
 
 
 def load_or_measure(path: str, lanes: tuple[int, ...], regs: int,
-                    older: str | None = None) -> MachineModel:
+                    older: str | list[str] | None = None) -> MachineModel:
     """The model cached at `path` if it is of this version and has every width in
-    `lanes`; otherwise measured now and cached there. Where `older` holds this host's
-    version-2 model, its FMA latency and pipes stay (measure_model's `keep`)."""
+    `lanes`; otherwise measured now and cached there. Where `older` (a path or paths,
+    newest first) holds this host's model of an earlier version, what it measured stays,
+    so that estimates and spaces move only by what the new version adds: a version-3
+    model keeps every figure and has the streams measured; a version-2 model keeps its
+    FMA latency and pipes (measure_model's `keep`)."""
     try:
         with open(path) as f:
             model = MachineModel.from_json(json.load(f))
@@ -217,9 +239,29 @@ def load_or_measure(path: str, lanes: tuple[int, ...], regs: int,
             return model
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent, unreadable or from another version: measure again
-    model = measure_model(lanes, regs, _version2_units(older) if older else None)
+    older = [older] if isinstance(older, str) else older or []
+    previous = next((m for m in map(_version3_model, older) if m is not None
+                     and {u.lanes for u in m.units} >= set(lanes)), None)
+    if previous is not None:
+        model = replace(previous, **_streams(previous.units[0].lanes, regs, previous.ghz,
+                                             previous.caches), version=VERSION)
+    else:
+        keep = next((u for u in map(_version2_units, older) if u is not None), None)
+        model = measure_model(lanes, regs, keep)
     _save(model, path)
     return model
+
+
+def _version3_model(path: str) -> MachineModel | None:
+    """The measured version-3 model cached at `path`, or None where there is none."""
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        if d["version"] == 3 and d["measured"]:
+            return MachineModel.from_json(d)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def _version2_units(path: str) -> dict[int, dict] | None:
@@ -269,7 +311,8 @@ def measure_model(lanes: tuple[int, ...], regs: int,
     memory = _clamp(2 * l3, STREAM_MEMORY)
     return MachineModel(host_cpu()[0], units, round(ghz, 2), caches,
                         _stream_bytes_per_cycle(l3_bytes, ghz, 5),
-                        _stream_bytes_per_cycle(memory, ghz, 2))
+                        _stream_bytes_per_cycle(memory, ghz, 2),
+                        **_streams(lanes[0], regs, ghz, caches))
 
 
 def _clamp(x: int, bounds: tuple[int, int]) -> int:
@@ -296,6 +339,54 @@ def _unit(lanes: int, regs: int, ghz: float) -> VectorUnit:
     return VectorUnit(lanes, max(0.5, round(fma_per_cycle * 4) / 4),
                       float(max(1, round(latency))), _half(loads_per_cycle),
                       _half(fma_per_cycle))
+
+
+def _streams(lanes: int, regs: int, ghz: float, caches: tuple[int, int, int]) -> dict:
+    """a_streams and stream_wait (module docstring). For each row count of STREAM_ROWS
+    that the registers hold (the accumulators, a B vector and a broadcast): a tile of one
+    `lanes`-float vector a row, updated over K steps of A's rows, timed with K short (A
+    in L1) and long (A past L1, within L2). The rows the prefetchers keep up with: the
+    most before the first count that runs STREAM_SLOWER or more slower long than short
+    (and the next count too); the wait: the median, over the slower counts, of the extra
+    cycles an update per row beyond those (the older fixed figure where none is slower)."""
+    l1, l2 = caches[0] or 32 << 10, caches[1] or 1 << 20
+    rows = [r for r in STREAM_ROWS if r + 2 <= regs] or [STREAM_ROWS[0]]
+    long = max(2 * l1 // (4 * rows[0]), 1024) // 1024 * 1024  # twice L1 at the fewest
+    long = min(long, max(1024, 3 * l2 // (16 * rows[-1]) // 1024 * 1024))  # L2 at most
+    found = []
+    for r in rows:
+        per_update = []
+        for k in (64, long):
+            reps = max(1, STREAM_UPDATES // (k * r))
+            per_update.append(_best_ns(_stream_nest(lanes, r, k, reps)) * ghz / (reps * k))
+        found.append((r, per_update[1] - per_update[0], per_update[1] / per_update[0]))
+    # a lone slow count is noise: what rows beyond the prefetchers' cost only grows
+    slow = next((i for i, (_, _, ratio) in enumerate(found) if ratio >= STREAM_SLOWER
+                 and (i + 1 == len(found) or found[i + 1][2] >= STREAM_SLOWER)), None)
+    if slow is None:
+        return {"a_streams": rows[-1], "stream_wait": MachineModel.stream_wait}
+    kept = rows[slow - 1] if slow else rows[0] // 2
+    waits = sorted(max(0.0, extra) / (r - kept) for r, extra, _ in found[slow:])
+    return {"a_streams": kept, "stream_wait": round(waits[len(waits) // 2], 2)}
+
+
+def _stream_nest(lanes: int, rows: int, k: int, reps: int) -> LoopNest:
+    """`reps` passes of a (rows x 1 vector) broadcast-FMA tile over `k` steps (a multiple
+    of 64). A's rows lie a line more than k floats apart, off the L1's set period, so
+    that no set holds more of them than another (set conflicts are priced apart); B
+    cycles through 64 vectors (4 KiB at most), so that it stays in L1 and its loads
+    stay in the loop."""
+    tile = Tile("t", (rows, 1), 1)
+    a = Affine((("kb", 64), ("kq", 8), ("ki", 1)))
+    b = Affine((("kq", 8 * lanes), ("ki", lanes)))
+    update = UpdateTile("t", Access("a", a), (k + 16, 0), Access("b", b), BCAST_FMA)
+    steps = For("kq", 8, SERIAL, (For("ki", 8, UNROLL, (update,)),))
+    body = (ZeroTile("t"),
+            For("r", reps, SERIAL, (For("kb", k // 64, SERIAL, (steps,)),)),
+            StoreTile("t", Access("out", Affine()), (lanes, 0)))
+    bufs = (Buffer("a", rows * (k + 16), "in"), Buffer("b", 64 * lanes, "in"),
+            Buffer("out", rows * lanes, "out"))
+    return LoopNest(f"rk_streams_{lanes}_{rows}_{k}_{reps}", bufs, (tile,), body, lanes)
 
 
 def _half(x: float) -> float:

@@ -169,11 +169,24 @@ def test_tile_rows_that_share_an_l1_set_cost_misses():
 
 
 def test_rows_beyond_the_prefetched_streams_and_short_wide_tiles_cost_more():
-    """16 rows of one vector wait on their A lines, 2 rows of 4 vectors on their B lines;
-    8 rows of 2 vectors keep the FMA pipes busy."""
+    """On a core whose prefetchers keep 8 rows ahead, 16 rows of one vector wait on their
+    A lines; 2 rows of 4 vectors wait on their B lines; 8 rows of 2 vectors keep the FMA
+    pipes busy. On a core that keeps 28 rows ahead, the 16 rows cost their FMAs only."""
+    assert CPU.machine.a_streams == 8
     good = per_flop(768, dense_cfg(32, 8))
     assert per_flop(768, dense_cfg(16, 16)) > 1.3 * good
     assert per_flop(768, dense_cfg(64, 2)) > 1.3 * good
+    task = dense_task(768, 512)
+    nest = lower(task.compute, dense_cfg(16, 16))
+    keeps_up = replace(CPU.machine, a_streams=28)
+    fmas = 128 * 768 * (512 // 16) / keeps_up.unit(16).fma_per_cycle
+    assert cycles(nest, keeps_up) < 1.1 * fmas + _memory_cycles(nest, keeps_up) < \
+        cycles(nest, CPU.machine)
+
+
+def _memory_cycles(nest, machine) -> float:
+    """The cycles a nest's estimate gives its weights' first read from memory."""
+    return cycles(nest, machine) - cycles(nest, replace(machine, dram_bytes_per_cycle=math.inf))
 
 
 def test_weights_reread_per_row_tile_cost_their_traffic_once_they_outgrow_l2(monkeypatch):

@@ -22,6 +22,10 @@ def test_measured_model_is_physical():
     # a core reads 0.5-128 bytes a cycle from L3 or memory, memory no faster than L3 (but
     # for noise)
     assert 0.5 <= model.dram_bytes_per_cycle <= 1.5 * model.l3_bytes_per_cycle <= 192, model
+    # the prefetchers keep 4 or more tile rows ahead (at most the 28 timed, which 32
+    # registers hold), and a row beyond them costs an update a few cycles at most
+    assert 4 <= model.a_streams <= 28 and model.a_streams <= cpu.regs - 2, model
+    assert 0 <= model.stream_wait <= 8, model
 
 
 def test_caches_come_from_the_os():
@@ -88,3 +92,26 @@ def test_an_older_model_keeps_its_latency_and_pipes_so_the_space_stays(tmp_path)
                             str(tmp_path / "none.json"))
     for u in fresh.units:
         assert (u.pipes * 2).is_integer() and abs(u.pipes - u.fma_per_cycle) <= 0.25, u
+
+
+def test_a_version3_model_keeps_every_figure_and_has_its_streams_measured(tmp_path):
+    """This host's version-3 model: version 4 keeps what it measured (the estimate's other
+    figures and the space's chains do not move) and adds the streams, measured here."""
+    cpu = cpu_info()
+    v3 = {**assumed_model(host_cpu()[0], cpu.lanes).to_json(), "ghz": 2.5,
+          "l3_bytes_per_cycle": 5.5, "dram_bytes_per_cycle": 2.5, "measured": True,
+          "version": 3}
+    for key in ("a_streams", "stream_wait"):
+        del v3[key]
+    older = str(tmp_path / "v3.json")
+    with open(older, "w") as f:
+        json.dump(v3, f)
+    model = load_or_measure(str(tmp_path / "v4.json"), cpu.lanes, cpu.regs,
+                            [older, str(tmp_path / "v2.json")])
+    assert model.version == VERSION == 4 and model.measured
+    assert (model.ghz, model.l3_bytes_per_cycle, model.dram_bytes_per_cycle) == \
+        (2.5, 5.5, 2.5)
+    assert model.units == assumed_model(host_cpu()[0], cpu.lanes).units
+    assert 4 <= model.a_streams <= 28
+    with open(tmp_path / "v4.json") as f:
+        assert MachineModel.from_json(json.load(f)) == model
