@@ -353,6 +353,21 @@ def records_ab_row(run: Run) -> dict[str, str]:
             "b's convs": algos(d["b"]), "file": run.path}
 
 
+def estimate_row(run: Run) -> dict[str, str]:
+    d = run.data
+    model = d.get("model", "resnet18")  # runs before --model timed ResNet-18
+    command = ["bench/estimate.py", "--configs", str(d["configs_per_task"])] + \
+        (["--cold"] if d.get("cold") else []) + \
+        (["--model", model] if model != "resnet18" else [])
+    machine = d.get("machine") or {}
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": shlex.join(command), "tasks": str(d["tasks"]),
+            "mean rank corr": f"{d['mean_rank_corr']:.3f}",
+            "first 8 within 5%": f"{d['estimate_hits_95']} (random: "
+                                 f"{d['random_hits_95_expected']:g})",
+            "streams kept": str(machine.get("a_streams", "")), "file": run.path}
+
+
 def spread(ratio: dict) -> str:
     return f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})"
 
@@ -388,6 +403,13 @@ SHAPES = (
           "estimated latency of each run, and each strategy's over the first (model: the "
           "tuner's search; model_one_pick: without its per-family shares).",
           lambda d: d.get("bench") == "search_network", search_network_row),
+    Shape("The estimate against timings (bench/estimate.py)",
+          "per conv and dense task of the model, random configs timed on one thread: the "
+          "rank correlation of the analytic estimate with the timings (mean over tasks), "
+          "and on how many tasks its first 8 picks hold a config within 5% of the best "
+          "(8 random picks: in expectation); streams kept: the machine model's tile rows "
+          "read from L2 at L1's speed (blank: a model from before they were measured).",
+          lambda d: "mean_rank_corr" in d, estimate_row),
     Shape("Faults (bench/chaos.py)", "trials recorded despite the injected faults.",
           lambda d: "faults_injected" in d, chaos_row),
     Shape("Deployment (bench/deploy.py)",

@@ -122,3 +122,16 @@ def test_check_fails_on_a_stale_table_and_passes_once_written(tmp_path):
 def test_the_committed_table_is_current():
     assert (RESULTS / "TABLE.md").read_text() == tables.render(RESULTS), (
         "bench/results/TABLE.md is stale: run python bench/tables.py")
+
+
+def test_an_estimate_run_names_its_model_correlation_and_streams():
+    """A run from before --model timed ResNet-18 and its machine model had no streams."""
+    older = "rocketlake/estimate_resnet18_cold_40configs.json"
+    newer = "rocketlake/estimate_mobilenet_v2_cold_40configs_streams.json"
+    rows = _rows(RESULTS, {older: "2026-11-27", newer: "2026-11-27"})
+    assert (rows[older]["command"], rows[older]["streams kept"]) == (
+        "bench/estimate.py --configs 40 --cold", "")
+    assert rows[older]["mean rank corr"] == "0.389"
+    assert rows[newer]["command"] == \
+        "bench/estimate.py --configs 40 --cold --model mobilenet_v2"
+    assert (rows[newer]["threads"], rows[newer]["streams kept"]) == ("1", "28")
