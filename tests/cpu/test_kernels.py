@@ -381,6 +381,38 @@ def test_epilogue_math_matches_torch_over_a_wide_range(op):
         (op, (got - expected)[finite].abs().max().item())
 
 
+def test_exp_underflows_to_zero_and_a_masked_softmax_writes_no_denormal():
+    """Causal attention's masked scores (finfo.min, -inf, -1e4 added) give probabilities of
+    exactly 0: never a denormal, which would cost every FMA of the next matmul a microcode
+    assist. exp itself is 0 where its value would be a denormal."""
+    from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
+    tiny = torch.finfo(torch.float32).tiny
+    scores = torch.randn(4, 32, 128)
+    mask = torch.ones(128, 128, dtype=torch.bool).tril()[:32]
+    scores[0] = scores[0].masked_fill(~mask, torch.finfo(torch.float32).min)
+    scores[1] = scores[1].masked_fill(~mask, -math.inf)
+    scores[2] = scores[2] + (~mask) * -1e4
+    scores[3] = scores[3] * 30.0  # scores spread wide: tiny probabilities, as torch's
+    softmax = Compute("softmax", (TensorSpec((4, 32, 128)),), TensorSpec((4, 32, 128)),
+                      (("dim", 2),))
+    want = torch.softmax(scores, dim=-1)
+    for cfg in list(dict.fromkeys(space_for(softmax, cpu_info()).sample(random.Random(s))
+                                  for s in range(6))):
+        got = run_candidate(softmax, cfg, [scores], threads=2)
+        masked = got[:3][~mask.expand(3, -1, -1)]
+        assert torch.equal(masked, torch.zeros_like(masked)), cfg
+        assert bool(((got[:3] == 0) | (got[:3] >= tiny)).all()), cfg  # no denormal
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-5), cfg
+    x = torch.linspace(-110.0, -80.0, 16 * 64).reshape(64, 16)
+    exp = Compute("elementwise", (TensorSpec((64, 16)),), TensorSpec((64, 16)), (),
+                  (EpilogueOp("exp"),))
+    cfg = space_for(exp, cpu_info()).sample(random.Random(0))
+    got = run_candidate(exp, cfg, [x], threads=1)
+    assert bool(((got == 0) | (got >= tiny)).all())
+    assert bool((got[x < -87.3] == 0).all()) and bool((got[x > -87.0] > 0).all())
+    assert torch.allclose(got, torch.exp(x), atol=2 * tiny, rtol=2e-6)
+
+
 @pytest.mark.parametrize("anchor", ["dense", "elementwise"])
 @pytest.mark.parametrize("op", ["prelu", "elu"])
 def test_activations_with_a_parameter_match_torch_in_tiles_and_rows(op, anchor):
