@@ -137,7 +137,15 @@ def matmul_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     x, y = tensor_arg(a["input"], ctx), tensor_arg(a["other"], ctx, "other")
     if x.value.dim() < 2 or y.value.dim() < 2:
         raise ctx.unsupported("matmul with a 1-D operand (reshape it to 2-D)")
-    if y.ref in b.params and y.value.dim() == 2:  # x @ W (Falcon's, GPT-2's linears): a dense
+    return _product(b, x, y, out, ctx)
+
+
+def _product(b: Builder, x: T, y: T, out: torch.Tensor, ctx: Ctx) -> T:
+    """x @ y: a dense where y is a 2-D parameter (Falcon's x @ W, GPT-2's addmm), whose
+    weights are packed once into the panels a dense reads (a matmul reads y as it lies:
+    GPT-2's 768x3072 and 3072x768 weights by rows 12 KiB apart, which the caches held
+    badly, at a third of the dense's speed), else a matmul."""
+    if y.ref in b.params and y.value.dim() == 2:
         w = b.param(b.unique(f"{ctx.layer}.weight_t"), y.value.T.contiguous())
         return b.node("dense", [x, w], {}, out, ctx)
     return b.node("matmul", [x, y], {}, out, ctx)
@@ -627,13 +635,14 @@ def masked_fill_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
 
 def addmm_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
     """beta * input + alpha * (x @ w): addmm (GPT-2's Conv1D), baddbmm (WavLM's attention
-    with its position bias): a matmul with the scale and the addition in its epilogue
-    (beta 0 leaves the input out, as PyTorch ignores it then)."""
+    with its position bias): a matmul (a dense where w is a weight: _product) with the
+    scale and the addition in its epilogue (beta 0 leaves the input out, as PyTorch
+    ignores it then)."""
     bias, x = tensor_arg(a["input"], ctx, "bias"), tensor_arg(a["mat1"], ctx)
     w = tensor_arg(a["mat2"], ctx, "mat2")
     alpha, beta = float(a["alpha"]), float(a["beta"])
     product = x.value @ w.value
-    y = b.node("matmul", [x, w], {}, product, ctx)
+    y = _product(b, x, w, product, ctx)
     if alpha != 1.0:
         product = product * alpha
         y = b.node("mul", [y], {"scalar": alpha, "reverse": False}, product, ctx)

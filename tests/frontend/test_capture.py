@@ -234,14 +234,31 @@ class Conv1D(nn.Module):
         return torch.addmm(self.b, x.view(-1, 16), self.w).view(2, 5, 24)
 
 
-def test_addmm_is_a_matmul_with_a_bias_epilogue():
+def test_addmm_of_a_weight_is_a_dense_with_a_bias_epilogue():
+    """GPT-2's Conv1D: its weight [in, out] packed as a dense's, transposed once."""
     model, x = Conv1D(), torch.randn(2, 5, 16)
     graph = rk.capture(model, (x,), strict=True)
-    assert [n.op for n in graph.nodes] == ["reshape", "matmul", "add", "reshape"]
+    assert [n.op for n in graph.nodes] == ["reshape", "dense", "add", "reshape"]
     (task,) = partition(graph).tasks
-    assert task.compute.op == "matmul" and [e.op for e in task.compute.epilogue] == ["add"]
+    assert task.compute.op == "dense" and [e.op for e in task.compute.epilogue] == ["add"]
     with torch.no_grad():
         assert torch.allclose(execute(partition(graph), [x])[0], model(x), atol=1e-5)
+
+
+class Addmm(nn.Module):
+    """addmm of two activations: a matmul."""
+
+    def forward(self, x, y, bias):
+        return torch.addmm(bias, x, y)
+
+
+def test_addmm_of_activations_stays_a_matmul():
+    x, y, bias = torch.randn(5, 16), torch.randn(16, 24), torch.randn(24)
+    graph = rk.capture(Addmm(), (x, y, bias), strict=True)
+    assert [n.op for n in graph.nodes] == ["matmul", "add"]
+    with torch.no_grad():
+        assert torch.allclose(execute(partition(graph), [x, y, bias])[0],
+                              Addmm()(x, y, bias), atol=1e-5)
 
 
 class SqueezeExcite(nn.Module):
