@@ -115,3 +115,36 @@ def test_a_version3_model_keeps_every_figure_and_has_its_streams_measured(tmp_pa
     assert 4 <= model.a_streams <= 28
     with open(tmp_path / "v4.json") as f:
         assert MachineModel.from_json(json.load(f)) == model
+
+
+def _fake_streams(monkeypatch, slow_from: int | None, wait: float = 0.9,
+                  noise: dict | None = None, regs: int = 32) -> dict:
+    """machine._streams on a fake core: an update costs `rows` cycles from L1 and, from L2,
+    `wait` more for each row beyond `slow_from` (None: never slower); `noise` adds
+    cycles to one count's long timing."""
+    from raytune_kernels.cpu import machine
+
+    def best_ns(nest, tries=7):
+        rows, k, reps = (int(v) for v in nest.name.split("_")[-3:])
+        per_update = float(rows)
+        if k > 64:
+            if slow_from is not None and rows > slow_from:
+                per_update += wait * (rows - slow_from)
+            per_update += (noise or {}).get(rows, 0.0)
+        return per_update * k * reps  # at 1 GHz, cycles are ns
+    monkeypatch.setattr(machine, "_best_ns", best_ns)
+    return machine._streams(16, regs, 1.0, (48 << 10, 2 << 20, 32 << 20))
+
+
+def test_streams_are_the_rows_before_the_first_slowdown_and_its_wait(monkeypatch):
+    """A core whose prefetchers keep 12 rows: 16 rows and more run 0.9 cycles an update
+    slower a row beyond 12; one that keeps every row timed; a lone slow count is noise."""
+    assert _fake_streams(monkeypatch, 12) == {"a_streams": 12, "stream_wait": 0.9}
+    assert _fake_streams(monkeypatch, None) == {"a_streams": 28, "stream_wait": 0.875}
+    assert _fake_streams(monkeypatch, None, noise={16: 8.0}) == \
+        {"a_streams": 28, "stream_wait": 0.875}
+    # slower already at the fewest rows timed: half of them are kept
+    assert _fake_streams(monkeypatch, 4, wait=1.5)["a_streams"] == 4
+    # with 16 registers only 8 and 12 rows are timed (and 12 is the most kept)
+    assert _fake_streams(monkeypatch, None, regs=16)["a_streams"] == 12
+    assert _fake_streams(monkeypatch, 8, regs=16) == {"a_streams": 8, "stream_wait": 0.9}
