@@ -288,6 +288,33 @@ def check_natively_and_interpreted(task, configs, native=True):
         yield cfg, nest
 
 
+class Rows(torch.nn.Module):
+    """A softmax, a layer norm with a GELU after it and a sum over rows of 60 floats,
+    which no 8- or 16-float vector divides (Whisper's rows of 1500 frames)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(60)
+
+    def forward(self, x):
+        return torch.softmax(x, -1) + torch.nn.functional.gelu(self.norm(x)) + \
+            x.sum(-1, keepdim=True)
+
+
+def test_rows_no_wide_vector_divides_run_in_4_float_vectors():
+    x = torch.randn(2, 7, 60)
+    tasks = rk.extract_tasks(Rows().eval(), (x,))
+    cpu = cpu_info()
+    seen = set()
+    for task in tasks:
+        space = space_for(task.compute, cpu)
+        configs = list(dict.fromkeys(space.sample(random.Random(s)) for s in range(40)))
+        assert {c["lanes"] for c in configs} == {4, 1}, task.compute.describe()
+        for cfg, nest in check_natively_and_interpreted(task, configs):
+            seen.add((task.compute.op, cfg["lanes"]))
+    assert {op for op, lanes in seen if lanes == 4} >= {"softmax", "layer_norm"}
+
+
 class Head(torch.nn.Module):
     """A conv, a depthwise conv or a max pool whose channels fill 8-lane vectors but not
     16-lane ones (24, 40, 72: MobileNets' and EfficientNets' narrow stages), with a bias,
