@@ -9,7 +9,7 @@ entry:
   %".7" = alloca <4 x float>
   br label %"i.body"
 i.body:
-  %"i" = phi  i64 [0, %"entry"], [%".94", %"i.body"]
+  %"i" = phi  i64 [0, %"entry"], [%".98", %"i.body"]
   store <4 x float> splat (float              0x0), ptr %".6"
   store <4 x float> splat (float              0x0), ptr %".7"
   %".11" = mul nsw i64 %"i", 2
@@ -48,56 +48,60 @@ i.body:
   %".44" = getelementptr inbounds float, ptr %".3", i64 %".43"
   %".45" = load <4 x float>, ptr %".6"
   %".46" = fsub <4 x float> splat (float              0x0), %".45"
-  %".47" = call <4 x float> @"llvm.maxnum.v4f32"(<4 x float> %".46", <4 x float> splat (float 0xc055d33340000000))
-  %".48" = call <4 x float> @"llvm.minnum.v4f32"(<4 x float> %".47", <4 x float> splat (float 0x4056133340000000))
-  %".49" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".48", <4 x float> splat (float 0x3ff7154760000000), <4 x float> splat (float 0x3fe0000000000000))
-  %".50" = call <4 x float> @"llvm.floor.v4f32"(<4 x float> %".49")
-  %".51" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".50", <4 x float> splat (float 0xbfe6300000000000), <4 x float> %".48")
-  %".52" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".50", <4 x float> splat (float 0x3f2bd01060000000), <4 x float> %".51")
-  %".53" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> splat (float 0x3f2a0d2ce0000000), <4 x float> %".52", <4 x float> splat (float 0x3f56e879c0000000))
-  %".54" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".53", <4 x float> %".52", <4 x float> splat (float 0x3f81112100000000))
-  %".55" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".54", <4 x float> %".52", <4 x float> splat (float 0x3fa5553820000000))
-  %".56" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".55", <4 x float> %".52", <4 x float> splat (float 0x3fc5555540000000))
-  %".57" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".56", <4 x float> %".52", <4 x float> splat (float 0x3fe0000000000000))
-  %".58" = fmul <4 x float> %".52", %".52"
-  %".59" = fadd <4 x float> %".52", splat (float 0x3ff0000000000000)
-  %".60" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".57", <4 x float> %".58", <4 x float> %".59")
-  %".61" = fptosi <4 x float> %".50" to <4 x i32>
-  %".62" = add <4 x i32> %".61", splat (i32 127)
-  %".63" = shl <4 x i32> %".62", splat (i32 23)
-  %".64" = bitcast <4 x i32> %".63" to <4 x float>
-  %".65" = fmul <4 x float> %".60", %".64"
-  %".66" = fadd <4 x float> splat (float 0x3ff0000000000000), %".65"
-  %".67" = fdiv <4 x float> splat (float 0x3ff0000000000000), %".66"
-  store <4 x float> %".67", ptr %".44", align 4
-  %".69" = load <4 x float>, ptr %".7"
-  %".70" = fsub <4 x float> splat (float              0x0), %".69"
-  %".71" = call <4 x float> @"llvm.maxnum.v4f32"(<4 x float> %".70", <4 x float> splat (float 0xc055d33340000000))
-  %".72" = call <4 x float> @"llvm.minnum.v4f32"(<4 x float> %".71", <4 x float> splat (float 0x4056133340000000))
-  %".73" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".72", <4 x float> splat (float 0x3ff7154760000000), <4 x float> splat (float 0x3fe0000000000000))
-  %".74" = call <4 x float> @"llvm.floor.v4f32"(<4 x float> %".73")
-  %".75" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".74", <4 x float> splat (float 0xbfe6300000000000), <4 x float> %".72")
-  %".76" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".74", <4 x float> splat (float 0x3f2bd01060000000), <4 x float> %".75")
-  %".77" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> splat (float 0x3f2a0d2ce0000000), <4 x float> %".76", <4 x float> splat (float 0x3f56e879c0000000))
-  %".78" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".77", <4 x float> %".76", <4 x float> splat (float 0x3f81112100000000))
-  %".79" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".78", <4 x float> %".76", <4 x float> splat (float 0x3fa5553820000000))
-  %".80" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".79", <4 x float> %".76", <4 x float> splat (float 0x3fc5555540000000))
-  %".81" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".80", <4 x float> %".76", <4 x float> splat (float 0x3fe0000000000000))
-  %".82" = fmul <4 x float> %".76", %".76"
-  %".83" = fadd <4 x float> %".76", splat (float 0x3ff0000000000000)
-  %".84" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".81", <4 x float> %".82", <4 x float> %".83")
-  %".85" = fptosi <4 x float> %".74" to <4 x i32>
-  %".86" = add <4 x i32> %".85", splat (i32 127)
-  %".87" = shl <4 x i32> %".86", splat (i32 23)
-  %".88" = bitcast <4 x i32> %".87" to <4 x float>
-  %".89" = fmul <4 x float> %".84", %".88"
-  %".90" = fadd <4 x float> splat (float 0x3ff0000000000000), %".89"
-  %".91" = fdiv <4 x float> splat (float 0x3ff0000000000000), %".90"
-  %".92" = getelementptr inbounds float, ptr %".44", i64 4
-  store <4 x float> %".91", ptr %".92", align 4
-  %".94" = add nsw nuw i64 %"i", 1
-  %".95" = icmp slt i64 %".94", 3
-  br i1 %".95", label %"i.body", label %"i.done"
+  %".47" = fcmp olt <4 x float> %".46", splat (float 0xc055d33340000000)
+  %".48" = call <4 x float> @"llvm.maxnum.v4f32"(<4 x float> %".46", <4 x float> splat (float 0xc055d33340000000))
+  %".49" = call <4 x float> @"llvm.minnum.v4f32"(<4 x float> %".48", <4 x float> splat (float 0x4056133340000000))
+  %".50" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".49", <4 x float> splat (float 0x3ff7154760000000), <4 x float> splat (float 0x3fe0000000000000))
+  %".51" = call <4 x float> @"llvm.floor.v4f32"(<4 x float> %".50")
+  %".52" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".51", <4 x float> splat (float 0xbfe6300000000000), <4 x float> %".49")
+  %".53" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".51", <4 x float> splat (float 0x3f2bd01060000000), <4 x float> %".52")
+  %".54" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> splat (float 0x3f2a0d2ce0000000), <4 x float> %".53", <4 x float> splat (float 0x3f56e879c0000000))
+  %".55" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".54", <4 x float> %".53", <4 x float> splat (float 0x3f81112100000000))
+  %".56" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".55", <4 x float> %".53", <4 x float> splat (float 0x3fa5553820000000))
+  %".57" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".56", <4 x float> %".53", <4 x float> splat (float 0x3fc5555540000000))
+  %".58" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".57", <4 x float> %".53", <4 x float> splat (float 0x3fe0000000000000))
+  %".59" = fmul <4 x float> %".53", %".53"
+  %".60" = fadd <4 x float> %".53", splat (float 0x3ff0000000000000)
+  %".61" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".58", <4 x float> %".59", <4 x float> %".60")
+  %".62" = fptosi <4 x float> %".51" to <4 x i32>
+  %".63" = add <4 x i32> %".62", splat (i32 127)
+  %".64" = shl <4 x i32> %".63", splat (i32 23)
+  %".65" = bitcast <4 x i32> %".64" to <4 x float>
+  %".66" = fmul <4 x float> %".61", %".65"
+  %".67" = select  <4 x i1> %".47", <4 x float> splat (float              0x0), <4 x float> %".66"
+  %".68" = fadd <4 x float> splat (float 0x3ff0000000000000), %".67"
+  %".69" = fdiv <4 x float> splat (float 0x3ff0000000000000), %".68"
+  store <4 x float> %".69", ptr %".44", align 4
+  %".71" = load <4 x float>, ptr %".7"
+  %".72" = fsub <4 x float> splat (float              0x0), %".71"
+  %".73" = fcmp olt <4 x float> %".72", splat (float 0xc055d33340000000)
+  %".74" = call <4 x float> @"llvm.maxnum.v4f32"(<4 x float> %".72", <4 x float> splat (float 0xc055d33340000000))
+  %".75" = call <4 x float> @"llvm.minnum.v4f32"(<4 x float> %".74", <4 x float> splat (float 0x4056133340000000))
+  %".76" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".75", <4 x float> splat (float 0x3ff7154760000000), <4 x float> splat (float 0x3fe0000000000000))
+  %".77" = call <4 x float> @"llvm.floor.v4f32"(<4 x float> %".76")
+  %".78" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".77", <4 x float> splat (float 0xbfe6300000000000), <4 x float> %".75")
+  %".79" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".77", <4 x float> splat (float 0x3f2bd01060000000), <4 x float> %".78")
+  %".80" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> splat (float 0x3f2a0d2ce0000000), <4 x float> %".79", <4 x float> splat (float 0x3f56e879c0000000))
+  %".81" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".80", <4 x float> %".79", <4 x float> splat (float 0x3f81112100000000))
+  %".82" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".81", <4 x float> %".79", <4 x float> splat (float 0x3fa5553820000000))
+  %".83" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".82", <4 x float> %".79", <4 x float> splat (float 0x3fc5555540000000))
+  %".84" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".83", <4 x float> %".79", <4 x float> splat (float 0x3fe0000000000000))
+  %".85" = fmul <4 x float> %".79", %".79"
+  %".86" = fadd <4 x float> %".79", splat (float 0x3ff0000000000000)
+  %".87" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".84", <4 x float> %".85", <4 x float> %".86")
+  %".88" = fptosi <4 x float> %".77" to <4 x i32>
+  %".89" = add <4 x i32> %".88", splat (i32 127)
+  %".90" = shl <4 x i32> %".89", splat (i32 23)
+  %".91" = bitcast <4 x i32> %".90" to <4 x float>
+  %".92" = fmul <4 x float> %".87", %".91"
+  %".93" = select  <4 x i1> %".73", <4 x float> splat (float              0x0), <4 x float> %".92"
+  %".94" = fadd <4 x float> splat (float 0x3ff0000000000000), %".93"
+  %".95" = fdiv <4 x float> splat (float 0x3ff0000000000000), %".94"
+  %".96" = getelementptr inbounds float, ptr %".44", i64 4
+  store <4 x float> %".95", ptr %".96", align 4
+  %".98" = add nsw nuw i64 %"i", 1
+  %".99" = icmp slt i64 %".98", 3
+  br i1 %".99", label %"i.body", label %"i.done"
 i.done:
   ret void
 }
