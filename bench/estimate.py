@@ -2,17 +2,17 @@
 
     python bench/estimate.py [--configs 160] [--cold] [--model resnet18] [--dump FILE]
 
-For every conv and dense task of the model (a zoo name; ResNet-18 by default), `configs` random configs are built (2
-processes) and timed here on 1 thread (with --cold, with the weights out of cache, as
-tune_network times them). Per task: the rank correlation between estimated cycles and
-measured time, and whether the estimate's first 8 picks hold a config within 5% of the
-best measured, against the chance that 8 random picks do. The estimate reads the host's
-measured machine model (cpu/machine.py), reported beside the figures, so that a poor
-correlation can be told apart as a model problem (wrong pipes, latency or loads for this
-CPU) or an estimate problem. `--dump` writes every timed config as a JSON line (task key,
-compute, config, measured seconds, estimated cycles), so that a change to the estimate can
-be weighed against the same timings. No PyTorch baseline: this checks a search heuristic, not
-kernels. Last line of stdout: one JSON object.
+For every conv and dense task of the model (a zoo name; ResNet-18 by default), `configs`
+random configs are built (2 processes) and timed here on 1 thread (with --cold, with the
+weights out of cache, as tune_network times them). Per task: the rank correlation between
+estimated cycles and measured time, and whether the estimate's first 8 picks hold a config
+within 5% of the best measured, against the chance that 8 random picks do. The estimate
+reads the host's measured machine model (cpu/machine.py), reported beside the figures, so
+that a poor correlation can be told apart as a model problem (wrong pipes, latency or loads
+for this CPU) or an estimate problem. `--dump` writes every timed config as a JSON line
+(task key, compute, config, measured seconds, estimated cycles), so that a change to the
+estimate can be weighed against the same timings. No PyTorch baseline: this checks a search
+heuristic, not kernels. Last line of stdout: one JSON object.
 """
 from __future__ import annotations
 
@@ -93,7 +93,8 @@ def main() -> None:
     if args.dump:
         with open(args.dump, "w") as f:
             f.writelines(json.dumps(d) + "\n" for d in dumped)
-    print(json.dumps({"model": args.model, "tasks": len(rows), "configs_per_task": args.configs, "cold": args.cold,
+    print(json.dumps({"model": args.model, "tasks": len(rows), "configs_per_task": args.configs,
+                      "cold": args.cold,
                       "mean_rank_corr": round(statistics.mean(r for r, _, _ in rows), 3),
                       "estimate_hits_95": sum(h for _, h, _ in rows),
                       "random_hits_95_expected": round(sum(c for _, _, c in rows), 1),
