@@ -182,12 +182,14 @@ def _cycles(body, tiles: dict, u: VectorUnit, ctx: tuple) -> float:
             ops, loads = _expr_cost(s.expr)
             per_step = max((ops + 1) / u.fma_per_cycle, loads / u.loads_per_cycle,
                            u.fma_latency / s.accs)
-            total += s.extent * per_step + u.fma_latency * 3  # then across the lanes
+            total += (s.extent + bool(s.tail)) * per_step + u.fma_latency * 3  # then across
+            # the lanes (a partial last vector costs a whole one)
         elif isinstance(s, (Map, MapGroup)):
             ops, loads = _expr_cost(s.expr) if isinstance(s, Map) else \
                 _exprs_cost(tuple(e for _, e in s.outs), shared=True)
-            total += s.extent * (max(ops / u.fma_per_cycle, loads / u.loads_per_cycle, 1.0)
-                                 + LOOP_CYCLES)
+            steps = s.extent + bool(getattr(s, "tail", 0))  # a partial last vector: whole
+            total += steps * (max(ops / u.fma_per_cycle, loads / u.loads_per_cycle, 1.0)
+                              + LOOP_CYCLES)
     return total
 
 

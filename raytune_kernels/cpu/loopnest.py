@@ -181,7 +181,9 @@ Expr = Union[Ld, LdScalar, Reg, Num, Bin, Un]
 @dataclass(frozen=True)
 class Reduce:
     """reg = op over var in [0, extent) of expr (vectors), then across lanes: sum or max.
-    `accs` independent vector accumulators hide the add latency (extent % accs == 0)."""
+    `accs` independent vector accumulators hide the add latency (extent % accs == 0).
+    With `tail`, one more step at var = extent whose first `tail` lanes count (its loads
+    read nothing past them): a row no vector divides."""
 
     reg: str
     op: str
@@ -189,6 +191,7 @@ class Reduce:
     var: str
     extent: int
     accs: int = 1
+    tail: int = 0
 
 
 @dataclass(frozen=True)
@@ -202,13 +205,15 @@ class Let:
 @dataclass(frozen=True)
 class Map:
     """For var in [0, extent): store the vector expr at out (whose index includes var);
-    `scalar`: store only its first lane (a reduction's one value per row)."""
+    `scalar`: store only its first lane (a reduction's one value per row). With `tail`,
+    one more step at var = extent that reads and writes its first `tail` lanes only."""
 
     out: Access
     expr: Expr
     var: str
     extent: int
     scalar: bool = False
+    tail: int = 0
 
 
 @dataclass(frozen=True)
@@ -338,9 +343,15 @@ _EXPR_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np
                 "max": np.maximum, "min": np.minimum}
 
 
-def _eval(nest: LoopNest, e, env: dict, bufs) -> np.ndarray:
+def _eval(nest: LoopNest, e, env: dict, bufs, live: int = 0) -> np.ndarray:
+    """A row expression's vector; with `live`, its loads read their first `live` lanes
+    (the rest read as 0), as a row's tail step does."""
     if isinstance(e, Ld):
         i = e.access.index.eval(env)
+        if live:
+            out = np.zeros(nest.lanes, np.float32)
+            out[:live] = bufs[e.access.buffer][i: i + live]
+            return out
         return bufs[e.access.buffer][i: i + nest.lanes].astype(np.float32)
     if isinstance(e, LdScalar):
         return np.float32(bufs[e.access.buffer][e.access.index.eval(env)])
@@ -349,10 +360,17 @@ def _eval(nest: LoopNest, e, env: dict, bufs) -> np.ndarray:
     if isinstance(e, Num):
         return np.float32(e.value)
     if isinstance(e, Bin):
-        return _EXPR_BINARY[e.op](_eval(nest, e.x, env, bufs), _eval(nest, e.y, env, bufs))
-    x = _eval(nest, e.x, env, bufs)
+        return _EXPR_BINARY[e.op](_eval(nest, e.x, env, bufs, live),
+                                  _eval(nest, e.y, env, bufs, live))
+    x = _eval(nest, e.x, env, bufs, live)
     fn = _EXPR_UNARY.get(e.op) or UNARY_NP[e.op]
     return np.asarray(fn(x), np.float32)
+
+
+def _steps(s) -> list[tuple[int, int]]:
+    """(var's value, live lanes: 0 for all) of a row statement's steps, its tail last."""
+    tail = getattr(s, "tail", 0)  # a MapGroup (Winograd's transforms) has none
+    return [(j, 0) for j in range(s.extent)] + ([(s.extent, tail)] if tail else [])
 
 
 def _row_stmt(nest: LoopNest, s, env: dict, bufs) -> None:
@@ -360,28 +378,30 @@ def _row_stmt(nest: LoopNest, s, env: dict, bufs) -> None:
         env["%" + s.reg] = np.float32(_eval(nest, s.expr, env, bufs))
     elif isinstance(s, Reduce):
         parts = []
-        for j in range(s.extent):
+        for j, live in _steps(s):
             env[s.var] = j
-            parts.append(np.broadcast_to(_eval(nest, s.expr, env, bufs), (nest.lanes,)))
+            value = np.broadcast_to(_eval(nest, s.expr, env, bufs, live), (nest.lanes,))
+            parts.append(value[:live] if live else value)
         whole = np.concatenate(parts)
         env["%" + s.reg] = np.float32(whole.sum() if s.op == "sum" else whole.max())
     elif isinstance(s, MapGroup):
-        for j in range(s.extent):
+        for j, live in _steps(s):
             env[s.var] = j
-            values = [np.broadcast_to(_eval(nest, e, env, bufs), (nest.lanes,))
+            values = [np.broadcast_to(_eval(nest, e, env, bufs, live), (nest.lanes,))
                       for _, e in s.outs]
             for (out, _), value in zip(s.outs, values):
-                i = out.index.eval(env)
-                bufs[out.buffer][i: i + nest.lanes] = value
+                i, n = out.index.eval(env), live or nest.lanes
+                bufs[out.buffer][i: i + n] = value[:n]
     else:
-        for j in range(s.extent):
+        for j, live in _steps(s):
             env[s.var] = j
             i = s.out.index.eval(env)
-            value = np.broadcast_to(_eval(nest, s.expr, env, bufs), (nest.lanes,))
+            value = np.broadcast_to(_eval(nest, s.expr, env, bufs, live), (nest.lanes,))
             if s.scalar:
                 bufs[s.out.buffer][i] = value[0]
             else:
-                bufs[s.out.buffer][i: i + nest.lanes] = value
+                n = live or nest.lanes
+                bufs[s.out.buffer][i: i + n] = value[:n]
 
 
 def _run(nest: LoopNest, body, env, bufs, accs) -> None:

@@ -77,23 +77,25 @@ SSE_LANES = 4  # 128-bit vectors: every x86-64 core has them
 
 
 def row_space(c: Compute, lanes_options: tuple[int, ...]) -> Space:
-    """Vector widths that divide the row; where none of the CPU's does (Whisper's 1500
-    frames), 4-float vectors where they divide it (a softmax over 1500 ran 36 ms scalar),
-    and scalars, whose configs earlier records hold."""
+    """Vector widths that divide the row. Where none of the CPU's does (Whisper's 1500
+    frames, ViT's 197 tokens), every one of its widths ending the row in a partial vector
+    (masked loads and stores), 4-float vectors where they divide it, and scalars, whose
+    configs earlier records hold: a softmax over 1500 ran 36 ms a layer in scalars."""
     n = row_shape(c).n
     widths = [lanes for lanes in lanes_options if n % lanes == 0] or \
+        [lanes for lanes in lanes_options if lanes <= n] + \
         [w for w in (SSE_LANES, 1) if n % w == 0]
-    combos = tuple((lanes, accs) for lanes in widths for accs in (1, 2, 4)
+    combos = tuple((lanes, accs) for lanes in dict.fromkeys(widths) for accs in (1, 2, 4)
                    if (n // lanes) % accs == 0)
     return Space(("lanes", "accs"), combos, (("parallel", (True, False)),))
 
 
 def lower_rows(c: Compute, cfg) -> LoopNest:
     shape, lanes = row_shape(c), cfg["lanes"]
-    steps = shape.n // lanes
+    steps, tail = divmod(shape.n, lanes)  # a partial last vector where lanes do not divide
     row = Affine((("r", shape.n), ("j", lanes)))
     x = Ld(Access("x", row))
-    body, value, extra = _anchor(c, x, cfg["accs"], steps, lanes)
+    body, value, extra = _anchor(c, x, cfg["accs"], steps, lanes, tail)
     names = [f"e{i}" for i in range(sum(len(e.operands) for e in c.epilogue))]
     total = shape.rows * shape.n
     if c.op == "reduce":  # one value per row: the epilogue reads per-row operands
@@ -103,7 +105,7 @@ def lower_rows(c: Compute, cfg) -> LoopNest:
         out_size, total = shape.rows, shape.rows
     else:
         value = _epilogue(c, value, names, shape, row, lanes)
-        body.append(Map(Access("out", row), value, "j", steps))
+        body.append(Map(Access("out", row), value, "j", steps, tail=tail))
         out_size = total
     buffers = [Buffer("x", shape.rows * shape.n, "in")] + extra
     buffers += [Buffer(n, _operand_size(c, i, shape, total), "in") for i, n in enumerate(names)]
@@ -112,30 +114,32 @@ def lower_rows(c: Compute, cfg) -> LoopNest:
     return LoopNest(f"k_{c.key()}", tuple(buffers), (), (loop,), lanes)
 
 
-def _anchor(c: Compute, x, accs: int, steps: int, lanes: int):
+def _anchor(c: Compute, x, accs: int, steps: int, lanes: int, tail: int = 0):
+    n = steps * lanes + tail
     if c.op == "elementwise":
         return [], x, []
     if c.op == "reduce":
-        kind, n = c.attr("kind"), steps * lanes
+        kind = c.attr("kind")
         if kind == "min":  # the max of the negated row, negated
-            return [Reduce("m", "max", Un("neg", x), "j", steps, accs)], Un("neg", Reg("m")), []
+            return [Reduce("m", "max", Un("neg", x), "j", steps, accs, tail)], \
+                Un("neg", Reg("m")), []
         op = "max" if kind == "max" else "sum"
         value = Bin("mul", Reg("m"), Num(1.0 / n)) if kind == "mean" else Reg("m")
-        return [Reduce("m", op, x, "j", steps, accs)], value, []
+        return [Reduce("m", op, x, "j", steps, accs, tail)], value, []
     if c.op == "softmax":  # exp once per element: kept in the output row, then scaled
         row = x.access.index
         kept = Ld(Access("out", row))
-        body = [Reduce("max", "max", x, "j", steps, accs),
-                Map(Access("out", row), Un("exp", Bin("sub", x, Reg("max"))), "j", steps),
-                Reduce("sum", "sum", kept, "j", steps, accs),
+        body = [Reduce("max", "max", x, "j", steps, accs, tail),
+                Map(Access("out", row), Un("exp", Bin("sub", x, Reg("max"))), "j", steps,
+                    tail=tail),
+                Reduce("sum", "sum", kept, "j", steps, accs, tail),
                 Let("inv", Bin("div", Num(1.0), Reg("sum")))]
         return body, Bin("mul", kept, Reg("inv")), []
-    n = steps * lanes
     centred = Bin("sub", x, Reg("mean"))
     var = Bin("add", Bin("mul", Reg("sq"), Num(1.0 / n)), Num(c.attr("eps")))
-    body = [Reduce("sum", "sum", x, "j", steps, accs),
+    body = [Reduce("sum", "sum", x, "j", steps, accs, tail),
             Let("mean", Bin("mul", Reg("sum"), Num(1.0 / n))),
-            Reduce("sq", "sum", Bin("mul", centred, centred), "j", steps, accs),
+            Reduce("sq", "sum", Bin("mul", centred, centred), "j", steps, accs, tail),
             Let("rstd", Bin("div", Num(1.0), Un("sqrt", var)))]
     vec = Affine((("j", lanes),))
     value = Bin("add", Bin("mul", Bin("mul", centred, Reg("rstd")), Ld(Access("w", vec))),

@@ -290,7 +290,7 @@ def check_natively_and_interpreted(task, configs, native=True):
 
 class Rows(torch.nn.Module):
     """A softmax, a layer norm with a GELU after it and a sum over rows of 60 floats,
-    which no 8- or 16-float vector divides (Whisper's rows of 1500 frames)."""
+    which no 8- or 16-float vector divides (Whisper's rows of 1500 frames, ViT's 197)."""
 
     def __init__(self):
         super().__init__()
@@ -301,18 +301,21 @@ class Rows(torch.nn.Module):
             x.sum(-1, keepdim=True)
 
 
-def test_rows_no_wide_vector_divides_run_in_4_float_vectors():
+def test_rows_no_wide_vector_divides_end_in_a_partial_vector_or_run_in_4_floats():
+    """Rows of 60: the CPU's widths end each row in a masked vector (12 of 16 lanes, 4 of
+    8), 4-float vectors divide it; every config natively and interpreted."""
     x = torch.randn(2, 7, 60)
     tasks = rk.extract_tasks(Rows().eval(), (x,))
     cpu = cpu_info()
     seen = set()
     for task in tasks:
         space = space_for(task.compute, cpu)
-        configs = list(dict.fromkeys(space.sample(random.Random(s)) for s in range(40)))
-        assert {c["lanes"] for c in configs} == {4, 1}, task.compute.describe()
+        configs = list(dict.fromkeys(space.sample(random.Random(s)) for s in range(60)))
+        assert {c["lanes"] for c in configs} == {*cpu.lanes, 4, 1}, task.compute.describe()
         for cfg, nest in check_natively_and_interpreted(task, configs):
             seen.add((task.compute.op, cfg["lanes"]))
-    assert {op for op, lanes in seen if lanes == 4} >= {"softmax", "layer_norm"}
+    for lanes in (*cpu.lanes, 4):
+        assert {op for op, w in seen if w == lanes} >= {"softmax", "layer_norm", "reduce"}
 
 
 class Head(torch.nn.Module):
@@ -466,7 +469,8 @@ def test_activations_with_a_parameter_match_torch_in_tiles_and_rows(op, anchor):
 def test_reductions_match_the_reference_in_every_config(kind, n):
     """A "reduce" row task (rows of n floats, one value out per row) with a per-row
     epilogue operand, run by the interpreter and by the built kernel in every config of
-    its space (every vector width that divides the row, else 1; 1 to 4 accumulators)."""
+    its space (every vector width that divides the row; else each of the CPU's widths
+    ending the row in a partial vector, and 1; 1 to 4 accumulators)."""
     from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
     x, out = TensorSpec((3, 5, n)), TensorSpec((3, 5, 1))
     compute = Compute("reduce", (x,), out, (("kind", kind),),
@@ -475,7 +479,8 @@ def test_reductions_match_the_reference_in_every_config(kind, n):
     ops[0] = ops[0] + 4.0 * (kind == "min")  # a min of positives: the sign trick must hold
     expected = reference(compute, *ops)
     space = space_for(compute, cpu_info())
-    assert max(c["lanes"] for c in space) == (1 if n == 45 else max(cpu_info().lanes))
+    widths = {c["lanes"] for c in space}
+    assert widths == (set(cpu_info().lanes) | {1} if n == 45 else set(cpu_info().lanes))
     for cfg in space:
         bufs = pack(compute, cfg, ops)
         interpret(lower(compute, cfg), bufs)

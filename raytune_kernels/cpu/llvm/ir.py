@@ -85,6 +85,7 @@ class _Emitter:
         self.b = Builder(fn, self.entry)
         self.env: dict[str, object] = {}
         self.regs: dict[str, object] = {}  # scalar registers of row statements
+        self.live = 0  # in a row statement's tail step: the lanes its loads read
         # (buffer, loop terms) -> pointer, valid in the loop body that computed it (loop())
         self.bases: dict[tuple, object] = {}
         self.accs = {t.name: [[self.alloca(mod.vt) for _ in range(t.vecs)] for _ in range(t.rows)]

@@ -19,6 +19,11 @@ def emit(em, s) -> None:
             if s.scalar:
                 value = em.b.extract_element(value, const(I32, 0))
             em.b.store(value, em.pointer(s.out), align=4)
+        if s.tail:  # the row's last, partial vector: its lanes past the row untouched
+            em.env[s.var] = const(I64, s.extent)
+            em.live = s.tail
+            em.vstore(vector(em, s.expr), em.pointer(s.out), mask=s.tail)
+            em.live = 0
     elif isinstance(s, MapGroup):
         with em.loop(const(I64, 0), const(I64, s.extent), s.var) as iv:
             em.env[s.var] = iv
@@ -40,6 +45,12 @@ def _reduce(em, s: Reduce) -> None:
             em.env[s.var] = j
             x, old = vector(em, s.expr), b.load(acc, typ=em.mod.vt)
             b.store(_combine(em, s.op, old, x), acc)
+    if s.tail:  # the row's last, partial vector: its dead lanes count as the identity
+        em.env[s.var] = const(I64, s.extent)
+        em.live = s.tail
+        x = b.select(em.lane_mask(s.tail), vector(em, s.expr), em.const(start))
+        em.live = 0
+        b.store(_combine(em, s.op, b.load(accs[0], typ=em.mod.vt), x), accs[0])
     total = b.load(accs[0], typ=em.mod.vt)
     for acc in accs[1:]:
         total = _combine(em, s.op, total, b.load(acc, typ=em.mod.vt))
@@ -76,8 +87,8 @@ def vector(em, e, seen: dict | None = None):
 
 
 def _vector(em, e, seen: dict | None):
-    if isinstance(e, Ld):
-        return em.vload(em.pointer(e.access))
+    if isinstance(e, Ld):  # in a tail step, its live lanes only
+        return em.vload(em.pointer(e.access), mask=em.live)
     if isinstance(e, (LdScalar, Reg, Num)):
         return em.splat(_scalar(em, e))
     if isinstance(e, Bin):
