@@ -182,14 +182,13 @@ def _cycles(body, tiles: dict, u: VectorUnit, ctx: tuple) -> float:
             ops, loads = _expr_cost(s.expr)
             per_step = max((ops + 1) / u.fma_per_cycle, loads / u.loads_per_cycle,
                            u.fma_latency / s.accs)
-            total += (s.extent + bool(s.tail)) * per_step + u.fma_latency * 3  # then across
-            # the lanes (a partial last vector costs a whole one)
+            # a partial last vector costs a whole one; then the lanes are combined
+            total += (s.extent + bool(s.tail)) * per_step + u.fma_latency * 3
         elif isinstance(s, (Map, MapGroup)):
             ops, loads = _expr_cost(s.expr) if isinstance(s, Map) else \
                 _exprs_cost(tuple(e for _, e in s.outs), shared=True)
-            steps = s.extent + bool(getattr(s, "tail", 0))  # a partial last vector: whole
-            total += steps * (max(ops / u.fma_per_cycle, loads / u.loads_per_cycle, 1.0)
-                              + LOOP_CYCLES)
+            total += (s.extent + bool(s.tail)) * (  # a partial last vector: a whole one
+                max(ops / u.fma_per_cycle, loads / u.loads_per_cycle, 1.0) + LOOP_CYCLES)
     return total
 
 

@@ -226,6 +226,7 @@ class MapGroup:
     outs: tuple[tuple[Access, "Expr"], ...]
     var: str
     extent: int
+    tail: int = 0  # as Map's
 
     def __post_init__(self) -> None:
         written = {out.buffer for out, _ in self.outs}
@@ -369,8 +370,7 @@ def _eval(nest: LoopNest, e, env: dict, bufs, live: int = 0) -> np.ndarray:
 
 def _steps(s) -> list[tuple[int, int]]:
     """(var's value, live lanes: 0 for all) of a row statement's steps, its tail last."""
-    tail = getattr(s, "tail", 0)  # a MapGroup (Winograd's transforms) has none
-    return [(j, 0) for j in range(s.extent)] + ([(s.extent, tail)] if tail else [])
+    return [(j, 0) for j in range(s.extent)] + ([(s.extent, s.tail)] if s.tail else [])
 
 
 def _row_stmt(nest: LoopNest, s, env: dict, bufs) -> None:

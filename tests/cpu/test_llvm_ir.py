@@ -80,6 +80,29 @@ def test_a_map_group_computes_a_shared_subexpression_once():
     np.testing.assert_array_equal(got, want["out"])
 
 
+def test_a_map_group_ends_in_a_partial_vector_that_writes_its_live_lanes_only():
+    """10 floats in 4-float vectors: two whole steps, then 2 lanes; nothing past them is
+    read or written, natively and interpreted."""
+    import numpy as np
+
+    from raytune_kernels.cpu.build import LoadedKernel, build
+    from raytune_kernels.cpu.loopnest import Bin, Ld, MapGroup, Num, interpret
+
+    x = Ld(Access("a", Affine((("j", 4),))))
+    outs = ((Access("out", Affine((("j", 4),))), Bin("mul", Num(2.0), x)),)
+    nest = LoopNest("tailgroup", (Buffer("a", 10, "in"), Buffer("out", 10, "out")), (),
+                    (MapGroup(outs, "j", 2, tail=2),), 4)
+    a = np.arange(12, dtype=np.float32)  # two floats past the buffer: never read
+    want = {"a": a[:10], "out": np.zeros(10, np.float32)}
+    interpret(nest, want)
+    np.testing.assert_array_equal(want["out"], 2 * a[:10])
+    got = np.full(12, -1.0, np.float32)  # two floats past the buffer: never written
+    built = build(render(nest))
+    assert built.library, built.error
+    LoadedKernel(built.library, nest.name, 2)([a.ctypes.data, got.ctypes.data], 1)
+    np.testing.assert_array_equal(got, np.concatenate([2 * a[:10], [-1.0, -1.0]]))
+
+
 def test_a_map_group_may_not_read_what_it_writes():
     from raytune_kernels.cpu.loopnest import Ld, MapGroup
 

@@ -30,6 +30,12 @@ def emit(em, s) -> None:
             seen: dict = {}  # subexpression -> its value in this iteration
             for out, e in s.outs:
                 em.b.store(vector(em, e, seen), em.pointer(out), align=4)
+        if s.tail:  # as Map's
+            em.env[s.var] = const(I64, s.extent)
+            em.live, seen = s.tail, {}
+            for out, e in s.outs:
+                em.vstore(vector(em, e, seen), em.pointer(out), mask=s.tail)
+            em.live = 0
     else:
         raise TypeError(f"cannot render {type(s).__name__}")
 
