@@ -143,8 +143,8 @@ def matmul_handler(b: Builder, a: dict, out: torch.Tensor, ctx: Ctx) -> T:
 def _product(b: Builder, x: T, y: T, out: torch.Tensor, ctx: Ctx) -> T:
     """x @ y: a dense where y is a 2-D parameter (Falcon's x @ W, GPT-2's addmm), whose
     weights are packed once into the panels a dense reads (a matmul reads y as it lies:
-    GPT-2's 768x3072 and 3072x768 weights by rows 12 KiB apart, which the caches held
-    badly, at a third of the dense's speed), else a matmul."""
+    GPT-2's 768x3072 and 3072x768 weights by rows 12 KiB apart; untuned GPT2Model ran 2.65x
+    faster with them as denses), else a matmul."""
     if y.ref in b.params and y.value.dim() == 2:
         w = b.param(b.unique(f"{ctx.layer}.weight_t"), y.value.T.contiguous())
         return b.node("dense", [x, w], {}, out, ctx)
