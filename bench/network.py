@@ -334,6 +334,15 @@ def refined_fields(refined) -> dict | None:
             "recalled": refined.recalled}
 
 
+def agreed_fields(agreed) -> dict | None:
+    """compile_network's split agreement report as JSON (None: it did not run)."""
+    if agreed is None:
+        return None
+    return {"steps": agreed.steps, "kept": agreed.kept, "seconds": round(agreed.seconds, 1),
+            "end_to_end": None if agreed.speedup is None else round(agreed.speedup, 3),
+            "recalled": agreed.recalled}
+
+
 def best_other_ratios(rounds_s: dict[str, list[float]]) -> list[float]:
     """Per round, the fastest variant other than ours (and our single-layout plan) over
     ours: above 1, ours is faster."""
@@ -573,8 +582,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--refine", type=int, default=8,
                     help="CPU: compile_network's refine (each step's best N records "
-                         "clocked in the running network); above 1, the network without it "
-                         "is timed too, as 'unrefined'")
+                         "clocked in the running network, then the split agreement); above "
+                         "1, the network without both is timed too, as 'unrefined'")
     ap.add_argument("--compile-precisions", type=precision_list, default=PRECISIONS,
                     metavar="LIST", help="cuda only: torch.compile's variants in these "
                     "precisions alone (comma-separated; default all: each takes a minute "
@@ -666,8 +675,10 @@ def main() -> None:
               "uniform_over_ours_rounds": spread([u / o for u, o in
                                                   zip(rounds["uniform"], rounds["ours"])]),
               # compile_network's refine: the plan's kernels against those kept after
-              # clocking each step's best records in the running network
+              # clocking each step's best records in the running network, and the split
+              # agreement after it ('unrefined' runs neither)
               "refine": args.refine, "refined": refined_fields(net.refined),
+              "agreed": agreed_fields(net.agreed),
               "unrefined_over_ours_rounds": spread([u / o for u, o in
                                                     zip(rounds["unrefined"], rounds["ours"])])
               if "unrefined" in rounds else None,

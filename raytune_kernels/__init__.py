@@ -241,7 +241,9 @@ def compile_network(model: "torch.nn.Module",
         On "llvm", from records: weigh up to `refine` of each step's best records that read
         and write the plan's layouts by clocking them inside the running network, and keep
         the fastest as it runs (compile/refine.py), remembered on this machine for the next
-        compile of the same plan; 0 or 1 keeps each layout pair's best record as timed
+        compile of the same plan; then, at 2 threads or more, give the steps whose threads
+        split channels their best record that splits rows, where the network runs faster
+        so (the split agreement). 0 or 1 keeps each layout pair's best record as timed
         alone.
     """
     from actors.driver import layout_solver

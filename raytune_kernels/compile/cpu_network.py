@@ -5,7 +5,9 @@
    PyTorch's own kernel at its measured time). The layout ILP picks one per step, with
    edges costed by measured transform kernels, borders of windowed inputs included.
    From records, each step's best few records of the chosen layouts are then clocked
-   inside the running network and the fastest as it runs is kept (compile/refine.py).
+   inside the running network and the fastest as it runs is kept; then the steps whose
+   threads split channels get records that split rows instead, where the network runs
+   faster with its threads reading what they wrote (compile/refine.py).
 3. Build the chosen kernels, pack weights once, plan buffers (a buffer is reused once its
    value is dead, by any later value; a bordered buffer whose memory other values share
    gets its border written again before its writer), and run each stretch of native calls
@@ -222,6 +224,8 @@ class CompiledNetwork(Reporting):
         return net
 
     examples: "Sequence[torch.Tensor] | None" = None  # the inputs it was compiled with
+    refined = None  # compile/refine.py's reports: Refined, Agreed (None: not run)
+    agreed = None
     mcpu: str | None = None  # the CPU its kernels were built for (None: the host)
 
     def random_inputs(self, seed: int = 0) -> list[torch.Tensor]:
@@ -527,13 +531,16 @@ def compile_network_cpu(model: torch.nn.Module,
         outputs = planner.outputs()
         return CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
                                estimated, planner.value_of, planner.aliases)
-    refined, net = None, None
-    if refine > 1 and recs:  # it may hand back the network of its plan, built and timed
-        chosen, refined, net = _refine(part, chosen, recs, assemble, kernels, inputs,
-                                       threads, refine, tgt.mcpu)
+    refined, agreed, net = None, None, None
+    if refine > 1 and recs:  # each may hand back the network of its plan, built and timed
+        prebuild = functools.partial(_prebuild, part, kernels, tgt.mcpu)
+        chosen, refined, net = _refine(part, chosen, recs, assemble, prebuild, inputs,
+                                       threads, refine)
+        chosen, agreed, net = _agree(part, chosen, recs, assemble, prebuild, inputs,
+                                     threads, net)
     if net is None:
         net = assemble(chosen)
-    net.examples, net.mcpu, net.refined = inputs, tgt.mcpu, refined
+    net.examples, net.mcpu, net.refined, net.agreed = inputs, tgt.mcpu, refined, agreed
     if verbose:
         print(f"compiled {len(net.steps)} steps "
               f"({sum(s.kind == 'kernel' for s in net.steps)} kernels, "
@@ -542,16 +549,35 @@ def compile_network_cpu(model: torch.nn.Module,
               f"{plan.cost * 1e3:.3f} ms by {plan.solver} in {plan.seconds:.2f} s")
         if refined is not None:
             print(refined.describe())
+        if agreed is not None:
+            print(agreed.describe())
     if check:
         check_network(net, model, inputs, atol)
     return net
 
 
+def _prebuild(part: Partition, kernels: dict, mcpu: str | None, pairs) -> set:
+    """Build the kernels of (task key, config) pairs at once (in parallel) into `kernels`,
+    the Planner's table of loaded kernels; returns the pairs that failed to build."""
+    from raytune_kernels.cpu.build import LoadedKernel
+    from raytune_kernels.cpu.llvm.ir import render
+    from raytune_kernels.cpu.parallel_build import build_all
+    todo = [(key, cfg, lower(part.task(key).compute, cfg)) for key, cfg in pairs
+            if (key, cfg) not in kernels]
+    built = build_all([render(nest) for _, _, nest in todo], mcpu, persist=True)
+    failed = set()
+    for (key, cfg, nest), b in zip(todo, built):
+        if b.error:
+            failed.add((key, cfg))
+        else:
+            kernels[(key, cfg)] = (LoadedKernel(b.library, nest.name, len(nest.buffers)), nest)
+    return failed
+
+
 def _refine(part: Partition, chosen: list[Candidate], recs: list[Record], assemble,
-            kernels: dict, inputs, threads: int, most: int, mcpu: str | None):
+            prebuild, inputs, threads: int, most: int):
     """compile/refine.py's pass over the plan: the kernels each step runs fastest as the
-    network runs, among the best `most` records of its layouts. Their kernels are built
-    at once (in parallel) into `kernels`, the Planner's table of loaded kernels."""
+    network runs, among the best `most` records of its layouts."""
     from raytune_kernels.compile import refine as rf
 
     alts = rf.alternatives(part, chosen, recs, layouts_of, threads, most,
@@ -559,25 +585,24 @@ def _refine(part: Partition, chosen: list[Candidate], recs: list[Record], assemb
     weight_bytes = sum(p.numel() * p.element_size() for p in part.graph.params.values()
                        if isinstance(p, torch.Tensor))
     xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
-
-    def prebuild(pairs) -> set:
-        from raytune_kernels.cpu.build import LoadedKernel
-        from raytune_kernels.cpu.llvm.ir import render
-        from raytune_kernels.cpu.parallel_build import build_all
-        todo = [(key, cfg, lower(part.task(key).compute, cfg)) for key, cfg in pairs
-                if (key, cfg) not in kernels]
-        built = build_all([render(nest) for _, _, nest in todo], mcpu, persist=True)
-        failed = set()
-        for (key, cfg, nest), b in zip(todo, built):
-            if b.error:
-                failed.add((key, cfg))
-            else:
-                kernels[(key, cfg)] = (LoadedKernel(b.library, nest.name, len(nest.buffers)),
-                                       nest)
-        return failed
     return rf.refine(part, chosen, alts, assemble, xs,
                      rf.variant_count(alts, most, weight_bytes), prebuild,
                      key=rf.decision_key(part, chosen, alts, threads))
+
+
+def _agree(part: Partition, chosen: list[Candidate], recs: list[Record], assemble,
+           prebuild, inputs, threads: int, net):
+    """compile/refine.py's split agreement over the (refined) plan: steps splitting rows
+    first between the threads, where the network runs faster so."""
+    from raytune_kernels.compile import refine as rf
+
+    if threads < 2:  # one thread splits nothing
+        return chosen, None, net
+    rows = rf.row_alternatives(part, chosen, recs, layouts_of, threads,
+                               functools.partial(_writes_bordered, part))
+    xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
+    return rf.agree(part, chosen, rows, assemble, xs, prebuild,
+                    key=rf.decision_key(part, chosen, rows, threads, kind="agree"), net=net)
 
 
 def _writes_bordered(part: Partition, step: TaskStep, cand: Candidate) -> bool:

@@ -206,6 +206,144 @@ def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Ca
     return current, report, net
 
 
+# ------------------------------------------------- threads agreeing on what they split
+
+# the loops whose split hands each thread a band of the output's rows (pixel tiles run in
+# row order): a consumer that splits its rows as well finds most of its input in the
+# cache of the core that wrote it
+ROW_AXES = ("oh", "pt")
+
+
+def split_axis(config) -> str | None:
+    """The loop a kernel's threads split first (the first of its config's spatial_order;
+    None for kernels without one: row kernels, denses, transforms)."""
+    order = config.get("spatial_order") if isinstance(config, Config) else None
+    return order[0] if order else None
+
+
+@dataclass
+class Agreed:
+    """What agree() did: the steps it could make split rows and what it kept."""
+
+    steps: int = 0  # steps with a record of their layouts that splits rows first
+    kept: int = 0  # of those, the steps now running it
+    speedup: float | None = None  # the given plan's network over the kept one's
+    seconds: float = 0.0
+    recalled: bool = False
+
+    def describe(self) -> str:
+        if not self.steps:
+            return "split agreement: every kernel already splits rows, or none can"
+        head = f"split agreement: {self.steps} steps could split rows first"
+        when = ("recalled: weighed by an earlier compile of these records on this machine"
+                if self.recalled else f"in {self.seconds:.1f} s")
+        if not self.kept:
+            return f"{head}; the plan's splits kept, {when}"
+        return (f"{head}, {self.kept} now do (end to end {self.speedup:.3f}x the plan's "
+                f"network); {when}")
+
+
+def row_alternatives(part: Partition, chosen: Sequence[Candidate],
+                     records: Sequence[Record], layouts: Callable, threads: int,
+                     bordered: Callable[[TaskStep, Candidate], bool]
+                     ) -> dict[int, list[Candidate]]:
+    """Per step whose kernel splits something other than rows first (ROW_AXES): [the
+    plan's candidate, its task's fastest record at `threads` with the same layouts and
+    bordered output that splits rows first]; steps without one are left out."""
+    by_task: dict[str, list[Record]] = {}
+    for r in records:
+        if r.ok and r.threads == threads:
+            by_task.setdefault(r.task_key, []).append(r)
+    out: dict[int, list[Candidate]] = {}
+    for i, (step, cand) in enumerate(zip(part.steps, chosen)):
+        if not isinstance(step, TaskStep) or cand.config in (None, TORCH) or \
+                step.key not in by_task or split_axis(cand.config) in (None, *ROW_AXES):
+            continue
+        task = part.task(step.key)
+        for r in sorted(by_task[step.key], key=lambda r: r.median):
+            cfg = Config.from_json(r.config)
+            if split_axis(cfg) not in ROW_AXES:
+                continue
+            alt = Candidate(*layouts(task, cfg), r.median, cfg)
+            if (alt.in_layout, alt.out_layout) == (cand.in_layout, cand.out_layout) and \
+                    bordered(step, alt) == bordered(step, cand):
+                out[i] = [cand, alt]
+                break
+    return out
+
+
+def agree(part: Partition, chosen: Sequence[Candidate], rows: dict[int, list[Candidate]],
+          assemble: Callable[[list[Candidate]], object], inputs: Sequence[torch.Tensor],
+          prebuild: Callable[[list[tuple[str, Config]]], set] | None = None,
+          rounds: int = ROUNDS, budget_s: float = BUDGET_S / 2, key: str | None = None,
+          net: object | None = None) -> tuple[list[Candidate], Agreed, object | None]:
+    """The plan with the steps of `rows` (row_alternatives) splitting rows first, where the
+    network runs faster so, and the report, and the network of what it returns where it
+    built one (None: assemble it); `net`: the plan's network where the caller has it.
+
+    A kernel that splits its output's channels between the threads hands the next one,
+    which splits rows (or reduces over every channel, as a 1x1 conv does), half its input
+    in the other core's cache; read from there it can take twice as long as in its
+    record, where its input sits in the cache of the core that reads it. A step's own
+    time does not show this: its consumer pays. So the weighing is of whole networks:
+    the plan, every step of `rows` splitting rows first, and that with the steps whose
+    own clocked time rose by more than MARGIN in every round going back to the plan's
+    kernel; the fastest end to end is kept where it runs faster than the plan by a third
+    of MARGIN (interleaved rounds, as refine confirms). It runs after refine, on a plan
+    whose kernels were already weighed as they run, so it clocks and confirms on half of
+    refine's budget each. With `key`, a choice this machine made under it is recalled,
+    and this one remembered."""
+    start = time.perf_counter()
+    report = Agreed(steps=len(rows))
+    if not rows:
+        return list(chosen), report, None
+    if key is not None and (kept := recall(key, rows)) is not None:
+        out = variant(chosen, {i: rows[i] for i, _ in kept["picks"]}, 1)
+        report.kept, report.speedup, report.recalled = len(kept["picks"]), kept["speedup"], True
+        report.seconds = time.perf_counter() - start
+        return out, report, None
+    if prebuild is not None:
+        failed = prebuild([(part.steps[i].key, a[1].config) for i, a in rows.items()])
+        rows = {i: a for i, a in rows.items() if (part.steps[i].key, a[1].config) not in failed}
+        if not rows:
+            report.seconds = time.perf_counter() - start
+            return list(chosen), report, None
+    xs = list(inputs)
+    plan_net = net if net is not None else assemble(list(chosen))
+    every = assemble(variant(chosen, rows, 1))
+    laps = _clock_rounds([plan_net, every], xs, rounds, budget_s)
+    where = [task_positions(part, n) for n in (plan_net, every)]
+    slower = [i for i in rows if np.all(laps[1][:, where[1][i]] >
+                                        laps[0][:, where[0][i]] * (1 + MARGIN))]
+    tries = {tuple(rows): every}
+    if slower and len(slower) < len(rows):
+        some = tuple(i for i in rows if i not in slower)
+        tries[some] = assemble(variant(chosen, {i: rows[i] for i in some}, 1))
+    speedups = {picks: _confirm(plan_net, net, xs, budget_s) for picks, net in tries.items()}
+    picks = max(speedups, key=speedups.get)
+    out, net = list(chosen), plan_net
+    if speedups[picks] >= 1 + MARGIN / 3:
+        out, net = variant(chosen, {i: rows[i] for i in picks}, 1), tries[picks]
+        report.kept, report.speedup = len(picks), speedups[picks]
+    if key is not None:
+        remember(key, [(i, 1) for i in picks] if report.kept else [], 2, report.speedup)
+    report.seconds = time.perf_counter() - start
+    return out, report, net
+
+
+def _clock_rounds(nets: list, xs: list[torch.Tensor], rounds: int, budget_s: float
+                  ) -> list[np.ndarray]:
+    """Per network: its steps clocked inside it (round x step seconds), the networks taking
+    turns each round, in alternating order."""
+    once = min(_seconds_per_run(n, xs) for n in nets)
+    runs = int(min(50, max(5, budget_s / max(once * rounds * len(nets), 1e-6))))
+    laps: list[list[np.ndarray]] = [[] for _ in nets]
+    for r in range(rounds):
+        for j in (range(len(nets)) if r % 2 == 0 else reversed(range(len(nets)))):
+            laps[j].append(np.asarray(nets[j]._clock_steps(xs, runs)))
+    return [np.stack(lap) for lap in laps]
+
+
 # ------------------------------------------------------------- what this machine kept
 
 # the code a refinement's outcome depends on: the kernels, how they are built and run
@@ -223,14 +361,14 @@ def fingerprint() -> str:
 
 
 def decision_key(part: Partition, chosen: Sequence[Candidate],
-                 alts: dict[int, list[Candidate]], threads: int) -> str:
-    """What a refinement's outcome depends on besides the moment: the machine and code
-    (fingerprint), the threads, the plan (every step's task, layouts and kernel) and every
-    step's alternatives in rank order."""
+                 alts: dict[int, list[Candidate]], threads: int, kind: str = "refine") -> str:
+    """What a refinement's (or, with kind="agree", a split agreement's) outcome depends on
+    besides the moment: the machine and code (fingerprint), the threads, the plan (every
+    step's task, layouts and kernel) and every step's alternatives in rank order."""
     plan = [[getattr(step, "key", None), c.in_layout, c.out_layout, _config_json(c.config)]
             for step, c in zip(part.steps, chosen)]
     steps = [[i, [c.config.to_json() for c in a]] for i, a in sorted(alts.items())]
-    text = json.dumps([fingerprint(), threads, MARGIN, plan, steps], sort_keys=True)
+    text = json.dumps([kind, fingerprint(), threads, MARGIN, plan, steps], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -313,14 +451,7 @@ def _weigh(part: Partition, chosen: list[Candidate], alts: dict[int, list[Candid
     clocked times)."""
     nets = [assemble(variant(chosen, alts, j)) for j in range(variants)]
     where = [task_positions(part, n) for n in nets]
-    once = min(_seconds_per_run(n, xs) for n in nets)
-    runs = int(min(50, max(5, budget_s / max(once * rounds * len(nets), 1e-6))))
-    laps: list[list[np.ndarray]] = [[] for _ in nets]
-    for r in range(rounds):
-        order = range(len(nets)) if r % 2 == 0 else reversed(range(len(nets)))
-        for j in order:
-            laps[j].append(np.asarray(nets[j]._clock_steps(xs, runs)))
-    step_s = [np.stack(lap) for lap in laps]  # per variant: round x step
+    step_s = _clock_rounds(nets, xs, rounds, budget_s)  # per variant: round x step
     out = list(chosen)
     before_s = after_s = float(np.median(step_s[0], axis=0).sum())
     for i, a in alts.items():

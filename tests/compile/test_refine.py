@@ -1,4 +1,5 @@
 """compile/refine.py: each step's kernel chosen as the network runs it."""
+import dataclasses
 import json
 import random
 import time
@@ -230,6 +231,137 @@ def test_a_variant_runs_each_steps_jth_alternative_or_keeps_its_choice():
     assert rf.variant(chosen, alts, 1) == ["a1", "b", "c1"]
 
 
+# ----------------------------------------------------- split agreement, on fake networks
+
+class RowsNet:
+    """A fake network of the plan `p` (fake_plan's steps): `rows` is the set of its task
+    steps (0, 2) running their row-splitting kernel; its kernel steps clock as
+    `took(rows, kernel index)` says."""
+
+    def __init__(self, part, p, took):
+        self.rows = frozenset(i for i in (0, 2) if str(p[i].config).endswith("rows"))
+        self.steps = FakeNet(part, 0, None).steps
+        self.took = took
+
+    def __call__(self, *xs):
+        return None
+
+    def _clock_steps(self, xs, runs):
+        kernels = iter(range(len(self.steps)))
+        return [0.001 if s.key is None else self.took(self.rows, next(kernels))
+                for s in self.steps]
+
+
+def run_agree(monkeypatch, took, speedups, key=None, assemble=None, prebuild=None):
+    """agree() over fake networks: `speedups` maps the set of steps splitting rows in a
+    network to what the end-to-end check says of it against the plan."""
+    part, chosen, _ = fake_plan(1)
+    rows = {i: [chosen[i], Candidate("NHWC", "NHWC", 2.0, f"c{i}.rows")] for i in (0, 2)}
+    confirmed = []
+
+    def confirm(plan, net, xs, budget_s):
+        assert plan.rows == frozenset()
+        confirmed.append(net.rows)
+        return speedups[net.rows]
+    monkeypatch.setattr(rf, "_confirm", confirm)
+    assemble = assemble or (lambda p: RowsNet(part, p, took))
+    out, report, net = rf.agree(part, chosen, rows, assemble, [torch.zeros(1)], prebuild,
+                                budget_s=0.0, key=key)
+    return out, report, net, rows, chosen, confirmed
+
+
+def rows_slow_at_step2(rows, k):
+    """Step 2 runs 20% slower splitting rows (its own time); step 0 the same either way."""
+    return 10e-6 * (1.2 if k == 1 and 2 in rows else 1.0)
+
+
+def test_agreement_keeps_every_step_splitting_rows_where_that_runs_fastest(monkeypatch):
+    out, report, net, rows, chosen, confirmed = run_agree(
+        monkeypatch, rows_slow_at_step2, {frozenset({0, 2}): 1.10, frozenset({0}): 1.05})
+    # step 2's own time rose in every round: the network without it was weighed too
+    assert set(confirmed) == {frozenset({0, 2}), frozenset({0})}
+    assert out[0] is rows[0][1] and out[2] is rows[2][1] and out[1] is chosen[1]
+    assert net.rows == frozenset({0, 2})
+    assert report.steps == 2 and report.kept == 2 and report.speedup == 1.10
+    assert "2 now do (end to end 1.100x" in report.describe()
+
+
+def test_agreement_sends_back_the_steps_that_ran_slower_where_that_wins(monkeypatch):
+    out, report, net, rows, chosen, _ = run_agree(
+        monkeypatch, rows_slow_at_step2, {frozenset({0, 2}): 1.02, frozenset({0}): 1.08})
+    assert out[0] is rows[0][1] and out[2] is chosen[2] and net.rows == frozenset({0})
+    assert report.kept == 1 and report.speedup == 1.08
+
+
+def test_agreement_keeps_the_plan_unless_a_network_runs_faster_by_the_margin(monkeypatch):
+    same = lambda rows, k: 10e-6  # noqa: E731 (no step slower: one network weighed)
+    out, report, net, rows, chosen, confirmed = run_agree(
+        monkeypatch, same, {frozenset({0, 2}): 1 + rf.MARGIN / 4})
+    assert confirmed == [frozenset({0, 2})]
+    assert out == chosen and net.rows == frozenset() and report.kept == 0
+    assert "the plan's splits kept" in report.describe()
+
+
+def test_agreement_is_recalled_and_skips_what_does_not_build(monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    speedups = {frozenset({0, 2}): 1.10, frozenset({0}): 1.05}
+    out, report, *_ = run_agree(monkeypatch, rows_slow_at_step2, speedups, key="p")
+    assert report.kept == 2 and not report.recalled
+
+    def never(p):
+        raise AssertionError("a recalled agreement assembles no network")
+    again, report, net, *_ = run_agree(monkeypatch, rows_slow_at_step2, speedups, key="p",
+                                       assemble=never)
+    assert report.recalled and report.kept == 2 and net is None
+    assert [c.config for c in again] == [c.config for c in out]
+    # step 2's row kernel does not build: step 0 alone is weighed
+    out, report, net, rows, chosen, confirmed = run_agree(
+        monkeypatch, rows_slow_at_step2, speedups, prebuild=lambda pairs: {("k1", "c2.rows")})
+    assert confirmed == [frozenset({0})] and out[2] is chosen[2] and report.kept == 1
+
+
+def test_agreement_with_nothing_to_split_builds_nothing():
+    part, chosen, _ = fake_plan(1)
+    built = []
+    out, report, net = rf.agree(part, chosen, {}, built.append, [])
+    assert out == chosen and built == [] and net is None and report.steps == 0
+    assert "every kernel already splits rows, or none can" in report.describe()
+
+
+def test_a_kernels_split_axis_is_the_first_of_its_spatial_order():
+    assert rf.split_axis(Config((("spatial_order", ("ko", "oh", "ow")),))) == "ko"
+    assert rf.split_axis(Config((("spatial_order", ("pt", "ko")),))) == "pt"
+    assert rf.split_axis(Config((("lanes", 16),))) is None
+    assert rf.split_axis("torch") is None
+
+
+def test_row_alternatives_are_the_fastest_row_split_record_of_the_plans_layouts():
+    part, _, _ = fake_plan(1)
+    part.task = lambda key: SimpleNamespace(key=key)
+
+    def cfg(first, tag):
+        return Config((("spatial_order", (first, "ow")), ("tag", tag)))
+    layouts = lambda task, c: ("NHWC", "NCHW16c" if c["tag"] == "other" else "NHWC")  # noqa
+    chosen = [Candidate("NHWC", "NHWC", 1.0, cfg("ko", "plan")), Candidate("NHWC", "NHWC", 0),
+              Candidate("NHWC", "NHWC", 1.0, cfg("oh", "plan"))]
+
+    def rec(key, first, tag, median, threads=2, ok=True):
+        return SimpleNamespace(task_key=key, config=cfg(first, tag).to_json(), median=median,
+                               threads=threads, ok=ok)
+    records = [rec("k0", "oh", "slow", 3.0), rec("k0", "oh", "other", 1.0),
+               rec("k0", "oh", "fast", 2.0), rec("k0", "oh", "bad", 0.5, ok=False),
+               rec("k0", "oh", "one thread", 0.5, threads=1), rec("k0", "ow", "cols", 0.5),
+               rec("k1", "ko", "x", 1.0)]
+    alts = rf.row_alternatives(part, chosen, records, layouts, 2, lambda s, c: False)
+    # step 2 already splits rows; step 0's fastest row record of its layouts, ok, 2 threads
+    assert list(alts) == [0] and alts[0][0] is chosen[0]
+    assert alts[0][1].config["tag"] == "fast"
+    # one whose output would be bordered where the plan's is not is no alternative
+    bordered = rf.row_alternatives(part, chosen, records, layouts, 2,
+                                   lambda s, c: c.config["tag"] == "fast")
+    assert bordered[0][1].config["tag"] == "slow" and bordered[0][1].seconds == 3.0
+
+
 # ------------------------------------------------------------------------- for real
 
 class Convs(torch.nn.Module):
@@ -317,6 +449,56 @@ def test_a_refined_network_is_checked_and_says_what_it_weighed(convs, monkeypatc
     plain = compile_network(model, inputs, records, refine=0)
     assert plain.refined is None
     assert torch.allclose(plain(x), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def split_records():
+    """Per task of Convs, two direct configs of one layout pair measured at 2 threads: one
+    splitting channels first between the threads, its times halved so the plan picks it,
+    and one splitting rows first."""
+    torch.manual_seed(0)
+    model, inputs = Convs().eval(), (torch.randn(1, 8, 14, 14),)
+    cpu, rng, out = cpu_info(), random.Random(1), []
+    opts = MeasureOptions(threads=2, min_repeat_ms=1, repeats=3)
+    for task in rk.extract_tasks(model, inputs):
+        space, found = space_for(task.compute, cpu), {}
+        for _ in range(5000):
+            cfg = space.sample(rng)
+            axis, pair = rf.split_axis(cfg), layouts_of(task, cfg)
+            if cfg.get("algorithm", "direct") == "direct" and axis in ("ko", "oh") and \
+                    axis not in found and pair == found.get("ko", (None, pair))[1]:
+                found[axis] = (cfg, pair)
+            if len(found) == 2:
+                break
+        assert set(found) == {"ko", "oh"}, task.key
+        for axis, (cfg, _) in found.items():
+            built = build_for(task.compute, cfg)
+            r = record_of(task.key, "llvm", cpu.name, cfg.to_json(),
+                          measure_built(task.compute, cfg, built.library, opts, built.seconds),
+                          2)
+            out.append(dataclasses.replace(r, times=tuple(t / 2 for t in r.times))
+                       if axis == "ko" else r)
+    return model, inputs, out
+
+
+def test_an_agreed_network_is_checked_and_recalled(split_records, monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    model, inputs, records = split_records
+    net = compile_network(model, inputs, records, threads=2, refine=2)  # checked
+    # every step with another record of its layouts (and bordering) was offered its row
+    # split: by refine (its only other record) or by the agreement
+    assert net.agreed is not None and not net.agreed.recalled
+    assert net.agreed.steps + len(net.refined.changed) == net.refined.steps >= 1
+    assert net.agreed.kept <= net.agreed.steps
+    again = compile_network(model, inputs, records, threads=2, refine=2)
+    assert again.agreed.recalled == (net.agreed.steps > 0)
+    assert again.agreed.kept == net.agreed.kept
+    assert [s.kernel.library for s in again.steps if s.kernel] == \
+        [s.kernel.library for s in net.steps if s.kernel]
+    x = torch.randn(1, 8, 14, 14)
+    with torch.no_grad():
+        assert torch.allclose(again(x), model(x), atol=1e-4, rtol=1e-4)
+    assert compile_network(model, inputs, records, threads=2, refine=0).agreed is None
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True, "8"])
