@@ -32,7 +32,9 @@ PARALLEL_FLOATS = 32 * 1024  # transforms of tensors this large run their outer 
 
 def layouts_of(task: Task, cfg: Config) -> tuple[str, str]:
     """(input layout, output layout) a config's kernel reads and writes. Windowed kernels
-    read their input with its padding as a border: NCHW16c/p1x1."""
+    read their input with its padding as a border: NCHW16c/p1x1. A block of every channel
+    is NHWC (NCHW64c of 64 channels is the same memory as NHWC), so that no transform is
+    planned between the two and a reader's border is written by the producer itself."""
     c = task.compute
     if c.op not in ("conv2d", "max_pool2d", "avg_pool2d") or len(c.output.shape) != 4:
         return PLAIN, PLAIN
@@ -40,12 +42,17 @@ def layouts_of(task: Task, cfg: Config) -> tuple[str, str]:
     pad = tuple(c.attr("padding") or (0, 0))
     if "cb" not in dict(cfg.knobs):  # depthwise and pooling: one layout in and out, blocked
         # by the vector block or NHWC
-        lay = "NHWC" if cfg.get("out_layout") == "nhwc" else f"NCHW{ob}c"
+        lay = "NHWC" if cfg.get("out_layout") == "nhwc" else _blocked(ob, c.output.shape[1])
         return Layout(lay, pad).label, lay
     cb, channels = cfg["cb"], c.inputs[0].shape[1]
-    src = PLAIN if cb == 1 else "NHWC" if cb == channels else f"NCHW{cb}c"
-    dst = "NHWC" if cfg.get("out_layout") == "nhwc" else f"NCHW{ob}c"
+    src = PLAIN if cb == 1 else _blocked(cb, channels)
+    dst = "NHWC" if cfg.get("out_layout") == "nhwc" else _blocked(ob, c.output.shape[1])
     return Layout(src, pad).label, dst
+
+
+def _blocked(block: int, channels: int) -> str:
+    """The label of channels in blocks of `block`: NHWC where one block holds them all."""
+    return "NHWC" if block == channels else f"NCHW{block}c"
 
 
 def transform_seconds(shape: tuple[int, ...], src: str, dst: str,

@@ -1,9 +1,11 @@
 import math
 
+import numpy as np
 import torch
 
 import raytune_kernels as rk
 from raytune_kernels.space import Config
+from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.layout.costs import layouts_of, transform_seconds
 from raytune_kernels.measure import MeasureOptions
 
@@ -25,7 +27,26 @@ def test_layouts_follow_the_config():
     task = conv_task()
     assert layouts_of(task, direct(1, 32)) == ("NCHW/p1x1", "NCHW32c")
     assert layouts_of(task, direct(32, 16, "nhwc")) == ("NHWC/p1x1", "NHWC")
-    assert layouts_of(task, direct(8, 64)) == ("NCHW8c/p1x1", "NCHW64c")
+    # a block of all 64 output channels is NHWC: no transform between the two is planned
+    assert layouts_of(task, direct(8, 64)) == ("NCHW8c/p1x1", "NHWC")
+    assert layouts_of(task, direct(32, 32)) == ("NHWC/p1x1", "NCHW32c")
+    dw = rk.extract_tasks(torch.nn.Conv2d(32, 32, 3, padding=1, groups=32).eval(),
+                          (torch.randn(1, 32, 8, 8),))[0]
+
+    def window(ob):
+        return Config.of(lanes=16, ob=ob, tile_h=1, tile_w=8, out_layout="blocked",
+                         spatial_order=("ko", "oh", "ow"), reduce_order=("kh", "kw"),
+                         parallel=1, unroll=False)
+    assert layouts_of(dw, window(32)) == ("NHWC/p1x1", "NHWC")
+    assert layouts_of(dw, window(16)) == ("NCHW16c/p1x1", "NCHW16c")
+
+
+def test_a_block_of_every_channel_is_the_memory_of_nhwc():
+    x = torch.randn(1, 64, 5, 7)
+    for pad in ((0, 0), (1, 1)):
+        nhwc, blocked = Layout("NHWC", pad), Layout("NCHW64c", pad)
+        assert np.array_equal(nhwc.pack(x, -1.0), blocked.pack(x, -1.0))
+        assert nhwc.size(x.shape) == blocked.size(x.shape)
 
 
 def test_transform_costs_are_measured_and_checked():
