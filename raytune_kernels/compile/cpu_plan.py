@@ -19,7 +19,8 @@ from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.row_kernels import ROW_OPS
-from raytune_kernels.cpu.schedules import lower, pack, writes_bordered
+from raytune_kernels.cpu.schedules import (lower, pack, reads_bordered_residual,
+                                           writes_bordered)
 from raytune_kernels.space import Config
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cpu.transform import Layout, concat_nest, strided_nest
@@ -146,13 +147,19 @@ class Planner:
             # written straight into its readers' bordered buffer: no copy adds the border
             out_label, out_border = want
             cfg = Config(tuple(sorted(cfg.knobs + (("out_pad", Layout.parse(want[0]).pad),))))
+        n_in = len(compute.inputs)
+        kinds = [k.kind for k in operand_kinds(compute)] if compute.op not in ROW_OPS else []
+        residuals = [a for a, k in zip(step.args[n_in:], kinds)
+                     if k == "output" and a not in self.graph.params]
+        res_label = self._bordered_residual(residuals, compute, cfg, cand.out_layout)
+        if res_label:  # read where its other reader wants it, bordered: no copy drops it
+            cfg = Config(tuple(sorted(cfg.knobs + (("res_pad",
+                                                     Layout.parse(res_label).pad),))))
         kernel, nest = self._kernel(compute, cfg, step.key)
         holders = [self.graph.params[a] if a in self.graph.params
                    else torch.zeros(self.graph.shape_of(a)) for a in step.args]
         packed = pack(compute, cfg, holders)
         names = operand_names(compute, cfg)
-        n_in = len(compute.inputs)
-        kinds = [k.kind for k in operand_kinds(compute)] if compute.op not in ROW_OPS else []
         bound: dict[str, Buf | np.ndarray] = {}
         reads = []
         for i, (arg, bname) in enumerate(zip(step.args, names)):
@@ -165,8 +172,8 @@ class Planner:
                 buf = self.value(arg, cand.in_layout, border)
             elif i < n_in or compute.op in ROW_OPS or kinds[i - n_in] == "channel":
                 buf = self.value(arg, NCHW)
-            else:
-                buf = self.value(arg, cand.out_layout)  # a residual, in the output's layout
+            else:  # a residual, in the output's layout (with the border it lives in)
+                buf = self.value(arg, res_label or cand.out_layout)
             if buf.size != packed[bname].size:
                 raise CompileError(f"{step.layer}: operand {arg} holds {buf.size} floats in "
                                    f"{cand.in_layout if i == 0 else 'its layout'}, the kernel "
@@ -202,6 +209,18 @@ class Planner:
                         Narrow(rows, n, tuple(out_shape)), 0.0, None)
             out = final
         self._produce(step.output, out, NCHW if internal else out_label)
+
+    def _bordered_residual(self, residuals: list[str], compute, cfg: Config,
+                           label: str) -> str | None:
+        """The bordered layout the residuals of a step that reads them in `label` already
+        live in (its producer wrote its other reader's border), where the kernel can read
+        them there (reads_bordered_residual) and they share it; None: read an unbordered
+        copy."""
+        lives = {self.produced[a][1] for a in residuals}
+        if len(lives) != 1 or not reads_bordered_residual(compute, cfg):
+            return None
+        lay = Layout.parse(next(iter(lives)))
+        return lay.label if lay.pad != (0, 0) and lay.name == label else None
 
     def glue(self, step: GlueStep) -> None:
         node = self.graph.node_map()[step.node]
@@ -301,9 +320,11 @@ def _view_of(node, args: list) -> tuple[tuple, tuple, int] | None:
 
 def borders_wanted(part: Partition, chosen: list[Candidate]) -> dict[str, tuple[str, float]]:
     """Values that every reader reads in one and the same bordered layout (a windowed
-    kernel's input with its padding as a border), and that are no graph output: value ->
-    (that layout, its border value). Their producer may write into that buffer directly
-    (Planner.task) instead of a transform copying them into it."""
+    kernel's input with its padding as a border), or reads as a residual in that layout
+    unbordered with a kernel that can read it bordered, and that are no graph output:
+    value -> (that layout, its border value). Their producer may write into that buffer
+    directly (Planner.task) instead of a transform copying them into it, and the
+    residual's readers read its interior (res_pad)."""
     reads: dict[str, set] = {}
     nodes = part.graph.node_map()
     for step, cand in zip(part.steps, chosen):
@@ -318,10 +339,38 @@ def borders_wanted(part: Partition, chosen: list[Candidate]) -> dict[str, tuple[
             bordered = i == 0 and cand.config != TORCH and \
                 Layout.parse(cand.in_layout).pad != (0, 0)
             border = -math.inf if op == "max_pool2d" else 0.0
-            reads.setdefault(arg, set()).add((cand.in_layout, border) if bordered else None)
+            if bordered:
+                read = (cand.in_layout, border)
+            elif _residual_at(part, step, cand, i):  # read from any border of its layout
+                read = (RESIDUAL, cand.out_layout)
+            else:
+                read = None
+            reads.setdefault(arg, set()).add(read)
     for v in part.graph.outputs:
         reads.setdefault(v, set()).add(None)
-    return {v: next(iter(r)) for v, r in reads.items() if len(r) == 1 and None not in r}
+    out = {}
+    for v, r in reads.items():
+        strict = [x for x in r if x is None or x[0] != RESIDUAL]
+        if len(strict) == 1 and strict[0] is not None and \
+                all(Layout.parse(strict[0][0]).name == x[1] for x in r if x not in strict):
+            out[v] = strict[0]
+    return out
+
+
+RESIDUAL = "residual"  # borders_wanted: a read of a residual its kernel reads bordered too
+
+
+def _residual_at(part: Partition, step: TaskStep, cand: Candidate, i: int) -> bool:
+    """Whether a step's i-th argument is a residual (an epilogue operand laid out like the
+    output) that its candidate's kernel can read from a bordered buffer."""
+    if cand.config in (None, TORCH):
+        return False
+    compute = part.task(step.key).compute
+    n_in = len(compute.inputs)
+    if i < n_in or compute.op in ROW_OPS or \
+            operand_kinds(compute)[i - n_in].kind != "output":
+        return False
+    return reads_bordered_residual(compute, cand.config)
 
 
 def via_layout(src: str, dst: str) -> str | None:

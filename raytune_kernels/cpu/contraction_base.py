@@ -9,6 +9,7 @@ import numpy as np
 
 from raytune_kernels.cpu.loopnest import BCAST_FMA
 from raytune_kernels.cpu.transform import Layout
+from raytune_kernels.space import Config
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +46,22 @@ def out_pad(cfg) -> tuple[int, int]:
     direct conv or window whose only reader wants that border, never one the search
     tunes (the kernel does the same work; only its output strides and offset change)."""
     return tuple(cfg.get("out_pad", (0, 0)))
+
+
+def res_pad(cfg) -> tuple[int, int]:
+    """The border (rows, columns) of the buffer a residual operand (an epilogue tensor laid
+    out like the output) is read from: a knob compile_network sets where that value lives
+    in the bordered buffer its other reader wants, never one the search tunes (the kernel
+    reads the interior, where it would read an unbordered copy)."""
+    return tuple(cfg.get("res_pad", (0, 0)))
+
+
+def residual_cfg(cfg):
+    """`cfg` as its residual operands are laid out: the output's layout, with res_pad for
+    its border (the output's own border, out_pad, is no residual's)."""
+    knobs = tuple(kv for kv in cfg.knobs if kv[0] not in ("out_pad", "res_pad"))
+    pad = res_pad(cfg)
+    return Config(tuple(sorted(knobs + ((("out_pad", pad),) if pad != (0, 0) else ()))))
 
 
 def written_layout(cfg) -> Layout:

@@ -13,6 +13,7 @@ import numpy as np
 
 from raytune_kernels.task import Compute, EpilogueOp
 from raytune_kernels.cpu.contraction import contraction
+from raytune_kernels.cpu.contraction_base import residual_cfg
 from raytune_kernels.cpu.loopnest import (PARALLEL, SERIAL, UNROLL, Access, Affine, Buffer,
                                           EpiStep, UpdateTile, For, LoopNest, Split, StoreTile,
                                           Tile, ZeroTile)
@@ -72,8 +73,9 @@ def lower(compute: Compute, cfg: Config) -> LoopNest:
     buffers = [Buffer("a", sizes["a"], "in")]
     buffers += [Buffer("b", sizes["b"], "in")] if con.has_b else []
     chan_len = con.channel_len(cfg)
+    res_size = con.buffer_sizes(residual_cfg(cfg))["out"]
     for i, k in enumerate(kinds):
-        buffers.append(Buffer(f"e{i}", chan_len if k.kind == "channel" else sizes["out"], "in"))
+        buffers.append(Buffer(f"e{i}", chan_len if k.kind == "channel" else res_size, "in"))
     buffers.append(Buffer("out", sizes["out"], "out"))
     oh_ext, ow_ext = con.tile_extents
     tiles, body = [], []
@@ -138,16 +140,15 @@ def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, rows: tuple, co
     blocks (see _vector_runs)."""
     ext = dict(con.extents(cfg))
     ext["oh"], ext["ow"], ext["ko"] = rows[0], cols[0], blocks[0]
-    strides = con.strides(cfg)
-    col = strides["ow"]
-    row = tuple(s // cfg["tile_h"] for s in strides["oh"])  # per output row
-    strides["ow"] = tuple(s * tile.shape[1] for s in col)
-    consts = tuple(c * cols[2] + r * rows[2] + k * blocks[1]
-                   for c, r, k in zip(col, row, strides["ko"]))
     live = {v: e for v, e in ext.items() if e > 1}
-    consts = consts[:2] + (consts[2] + con.out_offset(cfg),)  # past the output's border
-    a_idx, b_idx, o_idx = (_affine(live, strides, i, consts[i]) for i in range(3))
+    strides = _tile_strides(con, cfg, tile)
+    a_idx, b_idx, o_idx = (_tile_index(con, cfg, live, strides, rows, cols, blocks, i)
+                           for i in range(3))
     a_ts, o_ts = con.tile_strides(cfg)
+    rcfg = residual_cfg(cfg)  # residuals: the output's layout in a buffer of their own
+    r_idx = _tile_index(con, rcfg, live, _tile_strides(con, rcfg, tile), rows, cols, blocks,
+                        2)
+    r_ts = con.tile_strides(rcfg)[1]
     inner = _channel_block(con, cfg, tile, a_idx, b_idx, a_ts, strides)
     for var in reversed(cfg["reduce_order"]):
         if var in live:
@@ -155,10 +156,32 @@ def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, rows: tuple, co
             inner = (For(var, live[var], kind, inner),)
     groups = con.vector_extent if "grp" in live else 0
     epilogue = con.pre_epilogue() + epilogue_steps(compute, kinds, o_idx, o_ts, live, cfg,
-                                                   groups, blocks[1] * cfg["ob"])
+                                                   groups, blocks[1] * cfg["ob"],
+                                                   (r_idx, r_ts))
     store = StoreTile(tile.name, Access("out", o_idx), o_ts, epilogue)
     stmts: tuple = (ZeroTile(tile.name, con.init),) + inner + (store,)
     return _spatial_loops(cfg, live, stmts)
+
+
+def _tile_strides(con, cfg: Config, tile: Tile) -> dict:
+    """The contraction's (A, B, output) strides per loop variable, a column step being a
+    whole tile of columns."""
+    strides = con.strides(cfg)
+    strides["ow"] = tuple(s * tile.shape[1] for s in strides["ow"])
+    return strides
+
+
+def _tile_index(con, cfg: Config, live: dict, strides: dict, rows: tuple, cols: tuple,
+                blocks: tuple[int, int], which: int) -> Affine:
+    """Operand `which`'s (0: A, 1: B, 2: output) index of a tile's first element: the
+    tiles of `rows`, `cols` and `blocks` start at their offsets, and the output past its
+    border."""
+    col = con.strides(cfg)["ow"][which]
+    row = con.strides(cfg)["oh"][which] // cfg["tile_h"]  # per output row
+    const = col * cols[2] + row * rows[2] + strides["ko"][which] * blocks[1]
+    if which == 2:
+        const += con.out_offset(cfg)
+    return _affine(live, strides, which, const)
 
 
 def _channel_block(con, cfg: Config, tile: Tile, a_idx: Affine, b_idx: Affine, a_ts,
@@ -211,9 +234,13 @@ def _spatial_loops(cfg: Config, live: dict, stmts: tuple) -> list:
 
 
 def epilogue_steps(compute: Compute, kinds, o_idx: Affine, o_ts, live, cfg,
-                   group_channels: int = 0, first_channel: int = 0) -> tuple:
+                   group_channels: int = 0, first_channel: int = 0,
+                   residual: tuple | None = None) -> tuple:
     """Epilogue ops on the tile; channel operands are read at the output-channel block
-    (first_channel + ko * ob, plus grp * channels-per-group for grouped convs)."""
+    (first_channel + ko * ob, plus grp * channels-per-group for grouped convs), residuals
+    at `residual` (index, tile strides) where their buffer has a border of its own
+    (res_pad), else as the output is written."""
+    r_idx, r_ts = residual or (o_idx, o_ts)
     steps, i = [], 0
     chan = Affine(tuple(t for t in (("ko", cfg["ob"]), ("grp", group_channels))
                         if t[0] in live and t[1]), first_channel)
@@ -223,7 +250,7 @@ def epilogue_steps(compute: Compute, kinds, o_idx: Affine, o_ts, live, cfg,
             if kinds[i].kind == "channel":
                 operands.append((Access(f"e{i}", chan), (0, 0)))
             else:
-                operands.append((Access(f"e{i}", o_idx), o_ts))
+                operands.append((Access(f"e{i}", r_idx), r_ts))
             i += 1
         name = "add" if op.op == "bias" else op.op
         steps.append(EpiStep(name, tuple(operands), op.scalar, op.reverse))
@@ -244,7 +271,7 @@ def pack_operands(compute: Compute, cfg: Config, operands) -> dict[str, np.ndarr
             flat[: x.numel()] = x.detach().reshape(-1).numpy()
             bufs[f"e{i}"] = flat
         else:
-            bufs[f"e{i}"] = con.pack_out(x, cfg)
+            bufs[f"e{i}"] = con.pack_out(x, residual_cfg(cfg))
     bufs["out"] = np.zeros(con.buffer_sizes(cfg)["out"], np.float32)
     return bufs
 

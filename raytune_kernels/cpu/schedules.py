@@ -97,20 +97,30 @@ def no_kernel_reason(compute: Compute, cpu: CpuInfo) -> str | None:
 
 def writes_bordered(compute: Compute, cfg: Config) -> bool:
     """Whether this kernel can write its output into a bordered buffer (knob out_pad): a
-    direct or Winograd conv, depthwise conv or pool whose epilogue reads nothing laid out
-    like the output (a residual would have to be bordered too)."""
+    direct or Winograd conv, depthwise conv or pool (their output strides and offset
+    follow the border; a residual they read has its own, res_pad)."""
     if compute.op in ROW_OPS or cfg.get("algorithm", "direct") not in ("direct", *WINOGRAD):
         return False
-    con = contraction(compute)
-    return hasattr(con, "out_layout") and \
-        all(k.kind == "channel" for k in operand_kinds(compute))
+    return hasattr(contraction(compute), "out_layout")
+
+
+def reads_bordered_residual(compute: Compute, cfg: Config) -> bool:
+    """Whether this kernel reads a residual (an epilogue tensor laid out like its output)
+    and can read it from a bordered buffer (knob res_pad): the kernels that can write one."""
+    return writes_bordered(compute, cfg) and \
+        any(k.kind == "output" for k in operand_kinds(compute))
 
 
 def lower(compute: Compute, cfg: Config) -> LoopNest:
-    if "out_pad" in dict(cfg.knobs) and not writes_bordered(compute, cfg):
+    knobs = dict(cfg.knobs)
+    if "out_pad" in knobs and not writes_bordered(compute, cfg):
         raise LoweringError(f"{compute.describe()}: config {cfg.to_json()} cannot write a "
                             f"bordered output (out_pad): a direct or Winograd conv or a window "
-                            f"without a residual operand can")
+                            f"can")
+    if "res_pad" in knobs and not reads_bordered_residual(compute, cfg):
+        raise LoweringError(f"{compute.describe()}: config {cfg.to_json()} cannot read a "
+                            f"bordered residual (res_pad): a direct or Winograd conv or a "
+                            f"window with a residual operand can")
     if compute.op in ROW_OPS:
         return lower_rows(compute, cfg)
     if cfg.get("algorithm") == "im2col":

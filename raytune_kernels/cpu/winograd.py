@@ -42,6 +42,7 @@ import numpy as np
 from raytune_kernels.cpu.machine import CpuInfo
 from raytune_kernels.task import Compute
 from raytune_kernels.cpu.contraction import Conv2dContraction
+from raytune_kernels.cpu.contraction_base import residual_cfg
 from raytune_kernels.cpu.im2col import gemm_outer, tile_variants, gemm_combos
 from raytune_kernels.cpu.loopnest import (BCAST_FMA, PARALLEL, SERIAL, UNROLL, Access, Affine, Bin,
                                           Buffer, For, Ld, LoopNest, MapGroup, Num, Split,
@@ -154,7 +155,8 @@ def lower_winograd(c: Compute, cfg) -> LoopNest:
     kinds = operand_kinds(c)
     sizes = con.buffer_sizes(cfg)
     bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", v.xi * con.c * con.k, "in")]
-    bufs += [Buffer(f"e{i}", con.k if k.kind == "channel" else sizes["out"], "in")
+    res_size = con.buffer_sizes(residual_cfg(cfg))["out"]
+    bufs += [Buffer(f"e{i}", con.k if k.kind == "channel" else res_size, "in")
              for i, k in enumerate(kinds)]
     bufs += [Buffer("out", sizes["out"], "out"),
              Buffer("v", v.xi * tiles * con.c, "scratch"),
@@ -258,19 +260,28 @@ def _gemm_stage(con: Conv2dContraction, cfg, tiles: int, tile_list: list, v: Var
 def _output_stage(c: Compute, con: Conv2dContraction, cfg, tiles: int, kinds, v: Variant):
     """Y = A^T M A for every tile and output-channel vector, separably (S = A^T M, then
     each output from S's row), then the fused epilogue, in one MapGroup."""
-    # the direct conv's output layouts, in a bordered buffer where the plan gives one
+    # the direct conv's output layouts, in a bordered buffer where the plan gives one;
+    # residuals in theirs (res_pad)
+    rcfg = residual_cfg(cfg)
     return _output_stage_of(c, con, cfg["lanes"], cfg["ob"], con.out_steps(cfg),
-                            con.out_offset(cfg), tiles, tuple(kinds), v)
+                            con.out_offset(cfg), tiles, tuple(kinds), v,
+                            con.out_steps(rcfg), con.out_offset(rcfg))
 
 
 @functools.lru_cache(maxsize=512)
 def _output_stage_of(c: Compute, con: Conv2dContraction, lanes: int, ob: int,
                      steps: tuple[int, int, int], start: int, tiles: int, kinds: tuple,
-                     v: Variant):
+                     v: Variant, r_steps: tuple[int, int, int], r_start: int):
     k, m, a = con.k, v.m, v.a
     cols = tile_grid(con.oh, con.ow, m)[1]
-    s_block, s_row, s_col = steps
     stages = []
+
+    def at(steps: tuple[int, int, int], start: int, i: int, j: int, r0: int, c0: int,
+           nr: int, nc: int) -> Affine:
+        s_block, s_row, s_col = steps
+        return _terms((("ko", s_block), ("ty", m * s_row, nr), ("tx", m * s_col, nc),
+                       ("kv", lanes)),
+                      (i + r0 * m) * s_row + (j + c0 * m) * s_col + start)
     for (r0, nr), (c0, nc) in _regions(con, m):
         def mv(xi: int) -> Ld:
             return Ld(Access("m", _terms((("ty", cols * k, nr), ("tx", k, nc), ("ko", ob),
@@ -284,10 +295,9 @@ def _output_stage_of(c: Compute, con: Conv2dContraction, lanes: int, ob: int,
                 continue  # past the output's edge: not stored
             value = _weighted_sum([(v.at[j][nu], rows[i][nu]) for nu in range(a)
                                    if v.at[j][nu]])
-            o = _terms((("ko", s_block), ("ty", m * s_row, nr), ("tx", m * s_col, nc),
-                        ("kv", lanes)),
-                       (i + r0 * m) * s_row + (j + c0 * m) * s_col + start)
-            outs.append((Access("out", o), _epilogue(c, value, kinds, o, ob, lanes)))
+            o = at(steps, start, i, j, r0, c0, nr, nc)
+            r = at(r_steps, r_start, i, j, r0, c0, nr, nc)
+            outs.append((Access("out", o), _epilogue(c, value, kinds, r, ob, lanes)))
         stages.append(_tile_loops((("ko", k // ob), ("ty", nr)), ("tx", nc),
                                   MapGroup(tuple(outs), "kv", ob // lanes)))
     return tuple(stages)
@@ -295,7 +305,7 @@ def _output_stage_of(c: Compute, con: Conv2dContraction, lanes: int, ob: int,
 
 def _epilogue(c: Compute, value, kinds, o: Affine, ob: int, lanes: int):
     """The fused epilogue as a vector expression: channel operands at the output-channel
-    vector, output-shaped ones (residuals) at the output element, in its layout."""
+    vector, output-shaped ones (residuals) at `o`, the output element in their buffer."""
     chan = Affine((("ko", ob), ("kv", lanes)))
     n = 0
     for op in c.epilogue:

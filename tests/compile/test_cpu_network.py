@@ -173,6 +173,48 @@ def test_bordered_buffers_share_memory_and_get_their_border_written_again(small)
         assert not torch.allclose(net._out_views[0], model(x), atol=1e-4, rtol=1e-4)
 
 
+class Block(torch.nn.Module):
+    """A residual block: y is read by conv1 (with its padding as a border) and by conv2's
+    residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv0 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.conv1 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv0(x))
+        return torch.relu(self.conv2(torch.relu(self.conv1(y))) + y)
+
+
+def test_a_residual_is_read_where_its_producer_wrote_the_next_convs_border():
+    """Every conv reads and writes NHWC (one direct record each): y's producer writes it
+    into conv1's bordered buffer and conv2 reads its residual from there (res_pad), so no
+    transform copies y; the network still matches the model."""
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(1, 16, 10, 12)
+    cpu, rng, records = cpu_info(), random.Random(0), []
+    for task in rk.extract_tasks(model, (x,)):
+        space = space_for(task.compute, cpu)
+        cfg = next(c for c in (space.sample(rng) for _ in range(2000))
+                   if _direct_in(task, c, "nhwc"))
+        built = build_for(task.compute, cfg)
+        records.append(record_of(task.key, "llvm", cpu.name, cfg.to_json(),
+                                 measure_built(task.compute, cfg, built.library, QUICK,
+                                               built.seconds), 1))
+    net = compile_network(model, (x,), records)  # checked against the model
+    convs = {s.name: s for s in net.steps if s.kind == "kernel"}
+    y = convs["conv0"].writes[0]
+    assert y.bordered and y.layout.label == "NHWC/p1x1"
+    assert y in convs["conv1"].reads and y in convs["conv2"].reads
+    assert not any(y in s.reads for s in net.steps if s.kind == "transform")
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(1, 16, 10, 12)
+            assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+
+
 def _span(net, b: Buf) -> tuple[int, int]:
     """The bytes a buffer's values occupy."""
     start = net._arrays[id(b)].ctypes.data

@@ -9,7 +9,7 @@ import raytune_kernels as rk
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cpu.kernel import run_candidate
 from raytune_kernels.cpu.loopnest import interpret
-from raytune_kernels.cpu.lower import LoweringError
+from raytune_kernels.cpu.lower import LoweringError, operand_kinds
 from raytune_kernels.cpu.schedules import lower, pack, space_for, unpack, unsupported_reason
 from raytune_kernels.space import Config
 from raytune_kernels.measure import random_operands
@@ -539,8 +539,7 @@ class Residual(torch.nn.Module):
 @pytest.mark.parametrize("layout", ["blocked", "nhwc"])
 def test_kernels_write_into_a_bordered_buffer_and_leave_its_border(layout):
     """out_pad (set by compile_network, never tuned): the output lands inside a border
-    that the kernel never touches (windows, direct and Winograd convs); a residual epilogue
-    cannot be written so."""
+    that the kernel never touches (windows, direct and Winograd convs)."""
     from raytune_kernels.cpu.build import LoadedKernel, aligned
     from raytune_kernels.cpu.contraction import contraction
     from raytune_kernels.cpu.kernel import build_for
@@ -572,8 +571,50 @@ def test_kernels_write_into_a_bordered_buffer_and_leave_its_border(layout):
             (task.compute.describe(), cfg)
         untouched = int((bufs["out"] == -7.0).sum())
         assert untouched == bufs["out"].size - math.prod(shape), (task.compute.describe(), cfg)
-    residual = rk.extract_tasks(Residual().eval(), (torch.randn(1, 16, 6, 6),))[-1]
-    cfg = space_for(residual.compute, cpu_info()).sample(random.Random(0))
-    cfg = Config(tuple(sorted(cfg.knobs + (("out_pad", (1, 1)),))))
-    with pytest.raises(LoweringError, match="cannot write a bordered output"):
-        lower(residual.compute, cfg)
+
+
+@pytest.mark.parametrize("layout", ["blocked", "nhwc"])
+def test_a_residual_is_read_from_a_bordered_buffer_of_its_own(layout):
+    """res_pad (set by compile_network, never tuned): the residual lives in the bordered
+    buffer its other reader wants and the kernel reads its interior, whatever its own
+    output's border (direct and Winograd convs; im2col is refused by name)."""
+    from raytune_kernels.cpu.build import LoadedKernel, aligned
+    from raytune_kernels.cpu.contraction import contraction
+    from raytune_kernels.cpu.contraction_base import residual_cfg
+    from raytune_kernels.cpu.kernel import build_for
+    from raytune_kernels.cpu.schedules import pack
+
+    task = rk.extract_tasks(Residual().eval(), (torch.randn(1, 16, 8, 12),))[-1]
+    space = space_for(task.compute, cpu_info())
+    shape = task.compute.output.shape
+    for i, (algorithm, out_pad) in enumerate([("direct", (0, 0)), ("direct", (1, 2)),
+                                              ("winograd", (0, 0)), ("winograd4", (1, 1))]):
+        part, rng = dict(space.parts)[algorithm], random.Random(i)
+        cfg = next(c for c in (part.sample(rng) for _ in range(500))
+                   if c["out_layout"] == layout)
+        pads = (("res_pad", (1, 1)),) + ((("out_pad", out_pad),) if out_pad != (0, 0) else ())
+        cfg = Config(tuple(sorted(space._tag(algorithm, cfg).knobs + pads)))
+        ops = operands(task.compute, i)
+        bufs = {k: aligned(v) for k, v in pack(task.compute, cfg, ops).items()}
+        res = contraction(task.compute).out_layout(residual_cfg(cfg))
+        e = f"e{[k.kind for k in operand_kinds(task.compute)].index('output')}"
+        assert res.pad == (1, 1) and bufs[e].size == res.size(shape)
+        inside = res.pack(torch.ones(shape)) == 1.0  # the residual's interior
+        bufs[e][~inside] = 1e6  # a border the kernel must not read
+        built, nest = build_for(task.compute, cfg), lower(task.compute, cfg)
+        assert built.library, built.error
+        kernel = LoadedKernel(built.library, nest.name, len(nest.buffers))
+        kernel([bufs[b.name].ctypes.data for b in nest.buffers], 2)
+        lay = contraction(task.compute).out_layout(cfg)
+        assert lay.pad == out_pad
+        got = lay.unpack(bufs["out"], shape)
+        assert torch.allclose(got, reference(task.compute, *ops), rtol=1e-4, atol=1e-4), \
+            (algorithm, cfg)
+    im2col = space._tag("im2col", dict(space.parts)["im2col"].sample(random.Random(0)))
+    with pytest.raises(LoweringError, match="cannot read a bordered residual"):
+        lower(task.compute, Config(tuple(sorted(im2col.knobs + (("res_pad", (1, 1)),)))))
+    plain = rk.extract_tasks(torch.nn.Conv2d(16, 16, 3, padding=1).eval(),
+                             (torch.randn(1, 16, 6, 10),))[0]
+    cfg = space_for(plain.compute, cpu_info()).sample(random.Random(0))
+    with pytest.raises(LoweringError, match="cannot read a bordered residual"):
+        lower(plain.compute, Config(tuple(sorted(cfg.knobs + (("res_pad", (1, 1)),)))))
