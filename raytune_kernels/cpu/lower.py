@@ -13,7 +13,7 @@ import numpy as np
 
 from raytune_kernels.task import Compute, EpilogueOp
 from raytune_kernels.cpu.contraction import contraction
-from raytune_kernels.cpu.contraction_base import residual_cfg
+from raytune_kernels.cpu.contraction_base import out_pad, res_pad, residual_cfg
 from raytune_kernels.cpu.loopnest import (PARALLEL, SERIAL, UNROLL, Access, Affine, Buffer,
                                           EpiStep, UpdateTile, For, LoopNest, Split, StoreTile,
                                           Tile, ZeroTile)
@@ -141,14 +141,18 @@ def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, rows: tuple, co
     ext = dict(con.extents(cfg))
     ext["oh"], ext["ow"], ext["ko"] = rows[0], cols[0], blocks[0]
     live = {v: e for v, e in ext.items() if e > 1}
-    strides = _tile_strides(con, cfg, tile)
-    a_idx, b_idx, o_idx = (_tile_index(con, cfg, live, strides, rows, cols, blocks, i)
+    base = con.strides(cfg)
+    strides = _tile_strides(base, tile)
+    a_idx, b_idx, o_idx = (_tile_index(con, cfg, live, base, strides, rows, cols, blocks, i)
                            for i in range(3))
     a_ts, o_ts = con.tile_strides(cfg)
-    rcfg = residual_cfg(cfg)  # residuals: the output's layout in a buffer of their own
-    r_idx = _tile_index(con, rcfg, live, _tile_strides(con, rcfg, tile), rows, cols, blocks,
-                        2)
-    r_ts = con.tile_strides(rcfg)[1]
+    r_idx, r_ts = o_idx, o_ts  # residuals: the output's layout, in a buffer of their own
+    if res_pad(cfg) != out_pad(cfg):  # whose border is not the output's
+        rcfg = residual_cfg(cfg)
+        r_base = con.strides(rcfg)
+        r_idx = _tile_index(con, rcfg, live, r_base, _tile_strides(r_base, tile), rows, cols,
+                            blocks, 2)
+        r_ts = con.tile_strides(rcfg)[1]
     inner = _channel_block(con, cfg, tile, a_idx, b_idx, a_ts, strides)
     for var in reversed(cfg["reduce_order"]):
         if var in live:
@@ -163,22 +167,19 @@ def _nest(con, cfg: Config, compute: Compute, kinds, tile: Tile, rows: tuple, co
     return _spatial_loops(cfg, live, stmts)
 
 
-def _tile_strides(con, cfg: Config, tile: Tile) -> dict:
-    """The contraction's (A, B, output) strides per loop variable, a column step being a
-    whole tile of columns."""
-    strides = con.strides(cfg)
-    strides["ow"] = tuple(s * tile.shape[1] for s in strides["ow"])
-    return strides
+def _tile_strides(base: dict, tile: Tile) -> dict:
+    """The contraction's (A, B, output) strides per loop variable (`base`), a column step
+    being a whole tile of columns."""
+    return {**base, "ow": tuple(s * tile.shape[1] for s in base["ow"])}
 
 
-def _tile_index(con, cfg: Config, live: dict, strides: dict, rows: tuple, cols: tuple,
-                blocks: tuple[int, int], which: int) -> Affine:
+def _tile_index(con, cfg: Config, live: dict, base: dict, strides: dict, rows: tuple,
+                cols: tuple, blocks: tuple[int, int], which: int) -> Affine:
     """Operand `which`'s (0: A, 1: B, 2: output) index of a tile's first element: the
-    tiles of `rows`, `cols` and `blocks` start at their offsets, and the output past its
-    border."""
-    col = con.strides(cfg)["ow"][which]
-    row = con.strides(cfg)["oh"][which] // cfg["tile_h"]  # per output row
-    const = col * cols[2] + row * rows[2] + strides["ko"][which] * blocks[1]
+    tiles of `rows`, `cols` and `blocks` start at their offsets (`base` strides per
+    column, row and block), and the output past its border."""
+    row = base["oh"][which] // cfg["tile_h"]  # per output row
+    const = base["ow"][which] * cols[2] + row * rows[2] + base["ko"][which] * blocks[1]
     if which == 2:
         const += con.out_offset(cfg)
     return _affine(live, strides, which, const)
