@@ -582,11 +582,9 @@ def _refine(part: Partition, chosen: list[Candidate], recs: list[Record], assemb
 
     alts = rf.alternatives(part, chosen, recs, layouts_of, threads, most,
                            functools.partial(_writes_bordered, part))
-    weight_bytes = sum(p.numel() * p.element_size() for p in part.graph.params.values()
-                       if isinstance(p, torch.Tensor))
     xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
     return rf.refine(part, chosen, alts, assemble, xs,
-                     rf.variant_count(alts, most, weight_bytes), prebuild,
+                     rf.variant_count(alts, most, _weight_bytes(part)), prebuild,
                      key=rf.decision_key(part, chosen, alts, threads))
 
 
@@ -602,7 +600,14 @@ def _agree(part: Partition, chosen: list[Candidate], recs: list[Record], assembl
                                functools.partial(_writes_bordered, part))
     xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
     return rf.agree(part, chosen, rows, assemble, xs, prebuild,
-                    key=rf.decision_key(part, chosen, rows, threads, kind="agree"), net=net)
+                    key=rf.decision_key(part, chosen, rows, threads, kind="agree"), net=net,
+                    networks=rf.MEMORY_BYTES // max(_weight_bytes(part), 1))
+
+
+def _weight_bytes(part: Partition) -> int:
+    """The graph's weights: about what each network built from its plan packs."""
+    return sum(p.numel() * p.element_size() for p in part.graph.params.values()
+               if isinstance(p, torch.Tensor))
 
 
 def _writes_bordered(part: Partition, step: TaskStep, cand: Candidate) -> bool:

@@ -276,10 +276,13 @@ def agree(part: Partition, chosen: Sequence[Candidate], rows: dict[int, list[Can
           assemble: Callable[[list[Candidate]], object], inputs: Sequence[torch.Tensor],
           prebuild: Callable[[list[tuple[str, Config]]], set] | None = None,
           rounds: int = ROUNDS, budget_s: float = BUDGET_S / 2, key: str | None = None,
-          net: object | None = None) -> tuple[list[Candidate], Agreed, object | None]:
+          net: object | None = None, networks: int = 3
+          ) -> tuple[list[Candidate], Agreed, object | None]:
     """The plan with the steps of `rows` (row_alternatives) splitting rows first, where the
     network runs faster so, and the report, and the network of what it returns where it
-    built one (None: assemble it); `net`: the plan's network where the caller has it.
+    built one (None: assemble it); `net`: the plan's network where the caller has it;
+    `networks`: how many networks' packed weights may be alive at once (the plan's
+    included; under 2, nothing is weighed).
 
     A kernel that splits its output's channels between the threads hands the next one,
     which splits rows (or reduces over every channel, as a 1x1 conv does), half its input
@@ -295,7 +298,7 @@ def agree(part: Partition, chosen: Sequence[Candidate], rows: dict[int, list[Can
     and this one remembered."""
     start = time.perf_counter()
     report = Agreed(steps=len(rows))
-    if not rows:
+    if not rows or networks < 2:
         return list(chosen), report, None
     if key is not None and (kept := recall(key, rows)) is not None:
         out = variant(chosen, {i: rows[i] for i, _ in kept["picks"]}, 1)
@@ -316,10 +319,10 @@ def agree(part: Partition, chosen: Sequence[Candidate], rows: dict[int, list[Can
     slower = [i for i in rows if np.all(laps[1][:, where[1][i]] >
                                         laps[0][:, where[0][i]] * (1 + MARGIN))]
     tries = {tuple(rows): every}
-    if slower and len(slower) < len(rows):
+    if slower and len(slower) < len(rows) and networks >= 3:
         some = tuple(i for i in rows if i not in slower)
         tries[some] = assemble(variant(chosen, {i: rows[i] for i in some}, 1))
-    speedups = {picks: _confirm(plan_net, net, xs, budget_s) for picks, net in tries.items()}
+    speedups = {picks: _confirm(plan_net, n, xs, budget_s) for picks, n in tries.items()}
     picks = max(speedups, key=speedups.get)
     out, net = list(chosen), plan_net
     if speedups[picks] >= 1 + MARGIN / 3:

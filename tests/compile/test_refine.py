@@ -320,12 +320,31 @@ def test_agreement_is_recalled_and_skips_what_does_not_build(monkeypatch, tmp_pa
     assert confirmed == [frozenset({0})] and out[2] is chosen[2] and report.kept == 1
 
 
-def test_agreement_with_nothing_to_split_builds_nothing():
+def test_agreement_with_nothing_to_split_or_no_memory_builds_nothing():
     part, chosen, _ = fake_plan(1)
     built = []
     out, report, net = rf.agree(part, chosen, {}, built.append, [])
     assert out == chosen and built == [] and net is None and report.steps == 0
     assert "every kernel already splits rows, or none can" in report.describe()
+    rows = {0: [chosen[0], Candidate("NHWC", "NHWC", 2.0, "c0.rows")]}
+    out, report, net = rf.agree(part, chosen, rows, built.append, [], networks=1)
+    assert out == chosen and built == [] and net is None and report.kept == 0
+
+
+def test_agreement_weighs_the_network_sending_steps_back_only_where_memory_allows(
+        monkeypatch):
+    part, chosen, _ = fake_plan(1)
+    rows = {i: [chosen[i], Candidate("NHWC", "NHWC", 2.0, f"c{i}.rows")] for i in (0, 2)}
+    confirmed = []
+
+    def confirm(plan, net, xs, budget_s):
+        confirmed.append(net.rows)
+        return 1.10
+    monkeypatch.setattr(rf, "_confirm", confirm)
+    out, report, net = rf.agree(part, chosen, rows,
+                                lambda p: RowsNet(part, p, rows_slow_at_step2),
+                                [torch.zeros(1)], budget_s=0.0, networks=2)
+    assert confirmed == [frozenset({0, 2})] and report.kept == 2
 
 
 def test_a_kernels_split_axis_is_the_first_of_its_spatial_order():
