@@ -147,10 +147,8 @@ class Planner:
             # written straight into its readers' bordered buffer: no copy adds the border
             out_label, out_border = want
             cfg = Config(tuple(sorted(cfg.knobs + (("out_pad", Layout.parse(want[0]).pad),))))
-        n_in = len(compute.inputs)
-        kinds = [k.kind for k in operand_kinds(compute)] if compute.op not in ROW_OPS else []
-        residuals = [a for a, k in zip(step.args[n_in:], kinds)
-                     if k == "output" and a not in self.graph.params]
+        residuals = [step.args[i] for i in residual_positions(compute)
+                     if step.args[i] not in self.graph.params]
         res_label = self._bordered_residual(residuals, compute, cfg, cand.out_layout)
         if res_label:  # read where its other reader wants it, bordered: no copy drops it
             cfg = Config(tuple(sorted(cfg.knobs + (("res_pad",
@@ -160,6 +158,8 @@ class Planner:
                    else torch.zeros(self.graph.shape_of(a)) for a in step.args]
         packed = pack(compute, cfg, holders)
         names = operand_names(compute, cfg)
+        n_in = len(compute.inputs)
+        kinds = [k.kind for k in operand_kinds(compute)] if compute.op not in ROW_OPS else []
         bound: dict[str, Buf | np.ndarray] = {}
         reads = []
         for i, (arg, bname) in enumerate(zip(step.args, names)):
@@ -332,7 +332,10 @@ def borders_wanted(part: Partition, chosen: list[Candidate]) -> dict[str, tuple[
             for v in nodes[step.node].inputs:
                 reads.setdefault(v, set()).add(None)
             continue
-        op = part.task(step.key).compute.op
+        compute = part.task(step.key).compute
+        op = compute.op
+        residual = set(residual_positions(compute)) if cand.config not in (None, TORCH) and \
+            reads_bordered_residual(compute, cand.config) else set()
         for i, arg in enumerate(step.args):
             if arg in part.graph.params:
                 continue
@@ -341,7 +344,7 @@ def borders_wanted(part: Partition, chosen: list[Candidate]) -> dict[str, tuple[
             border = -math.inf if op == "max_pool2d" else 0.0
             if bordered:
                 read = (cand.in_layout, border)
-            elif _residual_at(part, step, cand, i):  # read from any border of its layout
+            elif i in residual:  # read from any border of its layout
                 read = (RESIDUAL, cand.out_layout)
             else:
                 read = None
@@ -360,17 +363,13 @@ def borders_wanted(part: Partition, chosen: list[Candidate]) -> dict[str, tuple[
 RESIDUAL = "residual"  # borders_wanted: a read of a residual its kernel reads bordered too
 
 
-def _residual_at(part: Partition, step: TaskStep, cand: Candidate, i: int) -> bool:
-    """Whether a step's i-th argument is a residual (an epilogue operand laid out like the
-    output) that its candidate's kernel can read from a bordered buffer."""
-    if cand.config in (None, TORCH):
-        return False
-    compute = part.task(step.key).compute
+def residual_positions(compute) -> list[int]:
+    """The positions, among a task step's arguments, of its residuals: epilogue operands
+    laid out like the output."""
+    if compute.op in ROW_OPS:
+        return []
     n_in = len(compute.inputs)
-    if i < n_in or compute.op in ROW_OPS or \
-            operand_kinds(compute)[i - n_in].kind != "output":
-        return False
-    return reads_bordered_residual(compute, cand.config)
+    return [n_in + j for j, k in enumerate(operand_kinds(compute)) if k.kind == "output"]
 
 
 def via_layout(src: str, dst: str) -> str | None:
