@@ -34,7 +34,7 @@ from raytune_kernels.cuda.features import featurize_cuda
 from raytune_kernels.cuda.gpu import GpuInfo, arch_has_mma, gpu_info
 from raytune_kernels.cuda.render import (cuda_layouts, cuda_pack, cuda_space_for, cuda_unpack,
                                          cuda_unsupported_reason, default_config,
-                                         split_seed)
+                                         fill_seed, split_seed)
 from raytune_kernels.errors import UnknownTargetError
 from raytune_kernels.layout.costs import layouts_of
 from raytune_kernels.precision import DEFAULT
@@ -211,10 +211,12 @@ def _cuda_analyze(compute: Compute, cfgs: list[Config], features: bool = True,
 
 
 def _cuda_seeds(compute: Compute, precision: str, gpu: GpuInfo) -> list[Config]:
-    """What an untuned task runs, and that with split-K where its grid is small."""
+    """What an untuned task runs, and beside it the tensor-core config of small blocks
+    that fills the GPU (fill_seed), or, in fp32, the default with split-K where its grid
+    is small."""
     default = default_config(compute, precision)
-    split = split_seed(compute, default, gpu.sms)
-    return [default] + ([split] if split is not None else [])
+    second = fill_seed(compute, precision, gpu.sms) or split_seed(compute, default, gpu.sms)
+    return [default] + ([second] if second not in (None, default) else [])
 
 
 def _cuda_pack(compute: Compute, cfg: Config, operands) -> list[np.ndarray]:

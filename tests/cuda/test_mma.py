@@ -141,6 +141,18 @@ def test_sampled_tensor_core_configs_of_every_gemm_case_match_the_reference(prec
 
 
 @needs_cxx
+@pytest.mark.parametrize("precision", MMA_PRECISIONS)
+def test_the_fill_seed_of_every_gemm_case_matches_the_reference(precision):
+    """The small-block seed a search measures first (cuda.render.fill_seed), on an H100's
+    SM count, so that several cases split their reduction."""
+    from raytune_kernels.cuda.render import fill_seed
+    pairs = [(n, fill_seed(CASES[n], precision, 132)) for n in GEMM_CASES]
+    assert sum(cfg["split"] > 1 for _, cfg in pairs) >= 3
+    for name, cfg, got, want in _run(pairs):
+        assert _within(cfg, got, want), (name, cfg.to_json(), (got - want).abs().max().item())
+
+
+@needs_cxx
 def test_the_emulator_catches_a_missing_wait_a_wrong_fragment_and_a_missing_barrier():
     c = CASES["conv3x3_bias_relu"]
     rng = random.Random(7)

@@ -354,34 +354,67 @@ def test_a_gemm_config_from_before_split_k_renders_as_split_1():
 
 
 def test_small_grids_are_seeded_with_the_default_split_to_cover_the_gpu():
-    """A GEMM whose default grid leaves most SMs idle gets a second seed, the default with
-    the smallest split that covers them (or the largest the space has); one whose grid
-    already covers half of them, and any other kernel, gets the default alone."""
+    """In fp32, a GEMM whose default grid leaves most SMs idle gets a second seed, the
+    default with the smallest split that covers them (or the largest the space has); one
+    whose grid already covers half of them, and any other kernel, gets the default alone."""
     from raytune_kernels.backend import _cuda_seeds
     from raytune_kernels.cuda.gpu import gpu_info
     from raytune_kernels.cuda.render import default_config, split_seed
     c = CASES["dense_long_k"]  # K = 512: 2 x 24 outputs, a grid of one or two blocks
     h100 = gpu_info("sm_90")
-    for precision in ("fp32", "tf32", "fp16"):
-        default = default_config(c, precision)
-        seeds = _cuda_seeds(c, precision, h100)
-        assert seeds[0] == default and len(seeds) == 2
-        seed = seeds[1]
-        assert seed in cuda_space_for(c, precision) and seed["split"] > 1
-        assert {k: v for k, v in seed.knobs if k != "split"} == \
-            {k: v for k, v in default.knobs if k != "split"}
-        blocks = math.prod(render_cuda(c, default).grid)
-        factors = sorted({cfg["split"] for cfg in cuda_space_for(c, precision)
-                          if Config(tuple(kv for kv in cfg.knobs if kv[0] != "split")) ==
-                          Config(tuple(kv for kv in default.knobs if kv[0] != "split"))})
-        covering = [f for f in factors if f > 1 and blocks * f >= h100.sms]
-        assert seed["split"] == (covering[0] if covering else factors[-1])
-        assert math.prod(render_cuda(c, seed).grid) == blocks * seed["split"]
-        assert split_seed(c, default, sms=blocks) is None  # the grid already covers them
+    default = default_config(c, "fp32")
+    seeds = _cuda_seeds(c, "fp32", h100)
+    assert seeds[0] == default and len(seeds) == 2
+    seed = seeds[1]
+    assert seed in cuda_space_for(c, "fp32") and seed["split"] > 1
+    assert {k: v for k, v in seed.knobs if k != "split"} == \
+        {k: v for k, v in default.knobs if k != "split"}
+    blocks = math.prod(render_cuda(c, default).grid)
+    factors = sorted({cfg["split"] for cfg in cuda_space_for(c, "fp32")
+                      if Config(tuple(kv for kv in cfg.knobs if kv[0] != "split")) ==
+                      Config(tuple(kv for kv in default.knobs if kv[0] != "split"))})
+    covering = [f for f in factors if f > 1 and blocks * f >= h100.sms]
+    assert seed["split"] == (covering[0] if covering else factors[-1])
+    assert math.prod(render_cuda(c, seed).grid) == blocks * seed["split"]
+    assert split_seed(c, default, sms=blocks) is None  # the grid already covers them
     pool = CASES["maxpool3x3_s2"]
     assert split_seed(pool, default_config(pool), 132) is None
-    assert _cuda_seeds(CASES["maxpool3x3_s2"], "tf32", h100) == \
-        [default_config(CASES["maxpool3x3_s2"], "tf32")]
+    for precision in ("fp32", "tf32"):
+        assert _cuda_seeds(pool, precision, h100) == [default_config(pool, precision)]
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+def test_tensor_core_gemms_are_seeded_with_small_blocks_that_fill_the_gpu(precision):
+    """With tensor cores the second seed is the config of ~FILL_TILE-output blocks of 4
+    warps, NHWC for a convolution, split no further than it takes to cover the SMs: on a
+    grid that covers them unsplit it stays unsplit, and on one that cannot be covered it
+    takes the largest split its tiling has."""
+    from raytune_kernels.backend import _cuda_seeds
+    from raytune_kernels.cuda.gpu import gpu_info
+    from raytune_kernels.cuda.render import FILL_TILE, block_tile, default_config, fill_seed
+    h100 = gpu_info("sm_90")
+    late = conv((1, 256, 14, 14), 512, 3, 2, 1)  # 49 x 512 outputs, K = 2304
+    for c in (CASES["conv3x3_bias_relu"], CASES["dense_long_k"], late):
+        seeds = _cuda_seeds(c, precision, h100)
+        assert seeds == [default_config(c, precision), fill_seed(c, precision, h100.sms)]
+        fill = seeds[1]
+        assert fill in cuda_space_for(c, precision) and fill["kernel"] == "mma"
+        bm, bn = block_tile(fill)
+        view = gemm_view(c, fill.get("layout", "NCHW"))
+        if c is late:  # tiny GEMMs cap the tile and the warps
+            assert bm * bn == FILL_TILE and view.m == 49 and view.n == 512
+            assert fill["warps_m"] * fill["warps_n"] == 4 and fill["stages"] == 3
+        if c.op == "conv2d":
+            assert fill["layout"] == "NHWC"
+        blocks = math.prod(render_cuda(c, fill).grid)
+        if fill["split"] > 1:  # split because the unsplit grid does not cover the SMs
+            assert blocks // fill["split"] < h100.sms
+        if c is late:  # 32 tiles: split 4 (128 blocks) is as near 132 SMs as 8 is past
+            assert fill["split"] in (4, 8) and blocks >= 128
+        # on a GPU of one SM nothing needs splitting
+        assert fill_seed(c, precision, 1)["split"] == 1
+    assert fill_seed(CASES["maxpool3x3_s2"], precision, 132) is None
+    assert fill_seed(late, "fp32", 132) is None
 
 
 def _emulation_cost(c, kernel, cfg) -> int:
