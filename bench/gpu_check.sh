@@ -116,7 +116,8 @@ if [[ $DRY == 0 ]] && ! python -c "import ray, pulp, xgboost" 2>/dev/null; then
 fi
 
 for t in "${TESTS[@]}"; do [[ -e $t ]] || say "missing test path: $t"; done
-step "$(share 1 1 "$TESTS_S")" python -m pytest -v -m "gpu and not slow" -rfE --durations=10 \
+step "$(share 1 1 "$TESTS_S")" env RK_FAILURES_AT_ONCE=1 python -m pytest -v -m "gpu and not slow" -rfE \
+  --durations=10 \
   "${DESELECT[@]/#/--deselect=}" "${TESTS[@]}"
 rc=$?
 [[ $DRY == 1 ]] || { cat "$STEP" >> "$LOG"; tail -n 1 "$STEP"; say "GPU tests: exit status $rc"; }

@@ -67,6 +67,7 @@ OURS = ("ours", "uniform", "unrefined")  # our own variants: never "the best oth
 GPU_FULL = TimingOptions(warmup=10, min_repeat_ms=100, repeats=7)  # GpuNetwork.benchmark's
 GPU_QUICK = TimingOptions(warmup=3, min_repeat_ms=10, repeats=3)  # --quick: a check only
 GPU_STEPS = TimingOptions(warmup=2, min_repeat_ms=2, repeats=3)  # --quick: each step alone
+SLOWEST = 10  # steps the cuda report names, slowest alone first
 
 
 def torch_variants(model, x, use_compile: bool) -> dict:
@@ -494,6 +495,9 @@ def report_cuda(args, gpu: str, target: Target, tuned, nets: dict, rounds: dict,
         prof = nets["ours"].profile(png=args.png, end_to_end=ms["ours"] / 1e3)
         print(nets["ours"].fidelity(ms["ours"] / 1e3, prof))
     steps_ms = sum(r.alone_s for r in prof.rows) * 1e3
+    slowest = sorted(prof.rows, key=lambda r: -r.alone_s)[:SLOWEST]
+    print("slowest steps alone (us, the plan's estimate): " + ", ".join(
+        f"{r.name} {r.kind} {r.alone_s * 1e6:.1f} ({r.estimate_s * 1e6:.1f})" for r in slowest))
     # a variant whose output is not finite (or does not line up) is no baseline to beat
     comparable = {k: p for k, p in precisions.items() if finite3(errors[k]) is not None}
     print(json.dumps({**run_fields(args, gpu, tuned, nets["ours"], target),
@@ -501,6 +505,10 @@ def report_cuda(args, gpu: str, target: Target, tuned, nets: dict, rounds: dict,
                       "errors": {k: finite3(e) for k, e in errors.items()},
                       "error_reference": yardstick, "steps_alone_ms": round(steps_ms, 3),
                       "ours_over_steps": round(ms["ours"] / steps_ms, 3),
+                      "slowest_steps": [{"name": r.name, "kind": r.kind,
+                                         "alone_us": round(r.alone_s * 1e6, 1),
+                                         "estimate_us": round(r.estimate_s * 1e6, 1)}
+                                        for r in slowest],
                       **speedups(rounds, comparable, precision)}), flush=True)
 
 

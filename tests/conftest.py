@@ -46,3 +46,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if GPU_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.gpu)
+
+
+class _FailuresAtOnce:
+    """Prints each failure's report as it happens rather than at the session's end, which a
+    time limit may never let pytest reach (bench/gpu_check.sh sets RK_FAILURES_AT_ONCE)."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_runtest_logreport(self, report):
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if report.failed and terminal is not None:
+            terminal.write_line(f"\n{report.nodeid} failed ({report.when}):\n"
+                                f"{report.longreprtext[-4000:]}")
+
+
+def pytest_configure(config):
+    if os.environ.get("RK_FAILURES_AT_ONCE"):
+        config.pluginmanager.register(_FailuresAtOnce(config), "rk-failures-at-once")

@@ -546,7 +546,8 @@ def test_gpu_check_dry_run_plans_every_step_within_8_minutes(tmp_path):
     steps = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("$ ")]
     assert all(s[:2] == ["timeout", "-k"] for s in steps)
     # the tests that need a GPU, one line each (the dry run prints -m's words apart)
-    assert " ".join(steps[0][4:]) == "python -m pytest -v -m gpu and not slow -rfE " \
+    assert " ".join(steps[0][4:]) == "env RK_FAILURES_AT_ONCE=1 python -m pytest -v -m gpu " \
+        "and not slow -rfE " \
         "--durations=10 --deselect=tests/test_bench.py::test_network_bench_on_the_gpu " + \
         " ".join(CHECK_TESTS)
     assert all(os.path.exists(os.path.join(ROOT, p)) for p in CHECK_TESTS)
@@ -561,6 +562,24 @@ def test_gpu_check_dry_run_plans_every_step_within_8_minutes(tmp_path):
     # each step's limit plus the grace of its kill, all together, within 480 s
     assert sum(int(s[2]) + int(s[3]) for s in steps) <= 480
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_the_gpu_check_sees_a_failure_as_it_happens(tmp_path):
+    """With RK_FAILURES_AT_ONCE (the GPU check's tests) a failing test's report is printed
+    when it fails, before the next test runs, so a time limit that kills pytest later
+    leaves the reason in the log."""
+    (tmp_path / "test_two.py").write_text(
+        "def test_a():\n    assert 1 + 1 == 3, 'arithmetic broke'\n\n"
+        "def test_b():\n    print('second test ran')\n")
+    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-q", "-s",
+            "-p", "no:cacheprovider", str(tmp_path / "test_two.py")]
+    for env, at_once in (({"RK_FAILURES_AT_ONCE": "1"}, True), ({}, False)):
+        env = {k: v for k, v in os.environ.items() if k != "RK_FAILURES_AT_ONCE"} | env
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env=env)
+        out = proc.stdout
+        assert proc.returncode == 1 and "second test ran" in out
+        assert ("arithmetic broke" in out.split("second test ran")[0]) == at_once
 
 
 def test_gpu_check_writes_to_OUT_by_default():
@@ -710,6 +729,8 @@ def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys, 
     assert out["error_reference"] == "fp64 eager on the CPU" and out["quick"] is True
     assert len(out["rounds_ms"]["ours"]) == 3
     assert out["steps_alone_ms"] == 1.0 and out["ours_over_steps"] == 1.2
+    assert [(x["name"], x["alone_us"]) for x in out["slowest_steps"]] == [("b", 600.0),
+                                                                         ("a", 400.0)]
 
 
 def test_search_benches_refuse_bad_strategies_and_a_history_without_records(tmp_path):
