@@ -211,11 +211,15 @@ def _cuda_analyze(compute: Compute, cfgs: list[Config], features: bool = True,
 
 
 def _cuda_seeds(compute: Compute, precision: str, gpu: GpuInfo) -> list[Config]:
-    """What an untuned task runs, and beside it the tensor-core config of small blocks
-    that fills the GPU (fill_seed), or, in fp32, the default with split-K where its grid
-    is small."""
-    default = default_config(compute, precision)
-    second = fill_seed(compute, precision, gpu.sms) or split_seed(compute, default, gpu.sms)
+    """What an untuned task runs, and beside it: with tensor cores, a convolution's small
+    blocks in the other layout (the layout plan weighs a record of each); in fp32, the
+    default with split-K where its grid is small."""
+    default = default_config(compute, precision, gpu.sms)
+    if default.get("kernel") == "mma":
+        second = fill_seed(compute, precision, gpu.sms, "NCHW") \
+            if default.get("layout") is not None else None
+    else:
+        second = split_seed(compute, default, gpu.sms)
     return [default] + ([second] if second not in (None, default) else [])
 
 

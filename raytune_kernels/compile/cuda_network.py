@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 import torch
 
 from raytune_kernels.cuda.render import cuda_layouts, cuda_unsupported_reason, default_config
+from raytune_kernels.cuda.gpu import gpu_info
 from raytune_kernels.frontend.capture import capture
 from raytune_kernels.layout.problem import solve_ilp
 from raytune_kernels.compile.choose import TORCH, Solver, estimated_latency
@@ -468,7 +469,8 @@ def compile_network_cuda(model: torch.nn.Module,
     if fallback:
         torch_s = {t.key: device.torch_seconds(t.compute) for t in part.tasks}
     cands = step_candidates(part, recs, torch_s)
-    defaults = {t.key: default_config(t.compute, tgt.precision) for t in untuned}
+    sms = gpu_info(arch).sms  # the arch's figures: the untuned default is a rule
+    defaults = {t.key: default_config(t.compute, tgt.precision, sms) for t in untuned}
     for step, options in zip(part.steps, cands):
         if isinstance(step, TaskStep) and step.key in defaults:
             cfg = defaults[step.key]

@@ -140,14 +140,20 @@ def _space(compute: Compute) -> Space | UnionSpace:
     return gemm_space(gemm_view(compute))
 
 
-def default_config(compute: Compute, precision: str = DEFAULT) -> Config:
+def default_config(compute: Compute, precision: str = DEFAULT,
+                   sms: int | None = None) -> Config:
     """The config an untuned task runs on a GPU: a middle-of-the-road point of its space,
     chosen by rule, not measured. Every point of a space obeys the space's limits
-    (registers, threads, vector alignment), so any is safe; this one prefers 256 threads
-    per block (128 for windows), 64x64 GEMM blocks of 4x4 per thread, K slices of 16,
-    the widest vector loads, no prefetch, an unroll of 4, no split-K, and NCHW. In a
-    precision with tensor cores a GEMM takes them: 4 warps of 32x32, K slices of 32, 3
-    stages, 16-byte copies, no split-K, NCHW. Tuning replaces it."""
+    (registers, threads, vector alignment), so any is safe. In a precision with tensor
+    cores, on a GPU of `sms` SMs, a GEMM runs fill_seed's small blocks that cover them.
+    Otherwise this prefers 256 threads per block (128 for windows), 64x64 GEMM blocks of
+    4x4 per thread, K slices of 16, the widest vector loads, no prefetch, an unroll of 4,
+    no split-K, and NCHW; without `sms`, a tensor-core GEMM takes 4 warps of 32x32, K
+    slices of 32, 3 stages, 16-byte copies, no split-K, NCHW. Tuning replaces it."""
+    if sms is not None:
+        fill = fill_seed(compute, precision, sms)
+        if fill is not None:
+            return fill
     space = cuda_space_for(compute, precision)
     if isinstance(space, UnionSpace) and space.key == "kernel":
         name, part = space.parts[-1]
@@ -184,33 +190,37 @@ def split_seed(compute: Compute, cfg: Config, sms: int) -> Config | None:
 FILL_TILE = 1024
 
 
-def fill_seed(compute: Compute, precision: str, sms: int) -> Config | None:
+def fill_seed(compute: Compute, precision: str, sms: int,
+              layout: str = "NHWC") -> Config | None:
     """The tensor-core config of small blocks that fills `sms` SMs: a block tile of about
-    FILL_TILE outputs from 4 warps, 3 stages of 32-deep slices, the widest copies, NHWC
-    for a convolution, and the smallest split whose grid covers every SM (the largest the
-    space has, where none does). None where the task has no tensor-core GEMM (fp32, or
-    not a GEMM). A rule, not a measurement: a search measures it beside the default
-    (Backend.seeds), so that a task given one or two trials is not left with a block tile
-    whose grid leaves most SMs idle."""
+    FILL_TILE outputs from 4 warps, 3 stages of 32-deep slices, the widest copies, a
+    convolution in `layout`, and the smallest split whose grid covers every SM (the
+    largest the space has, where none does); a convolution whose tensor-core space lacks
+    `layout` takes the layout it has. None where the task has no tensor-core GEMM
+    (fp32, or not a GEMM). A rule, not a measurement: what an untuned GEMM runs with
+    tensor cores (default_config) and what a search measures first (Backend.seeds)."""
     space = cuda_space_for(compute, precision)
     if not (isinstance(space, UnionSpace) and space.key == "kernel"):
         return None
     part = dict(space.parts).get("mma")
     if part is None:
         return None
-    views: dict[str, object] = {}
+    if "layout" in part.coupled_names:  # `layout` where the space has it
+        at = part.coupled_names.index("layout")
+        have = {c[at] for c in part.coupled}
+        layout = layout if layout in have else min(have)
+        part = Space(part.coupled_names, tuple(c for c in part.coupled if c[at] == layout),
+                     part.independent)
+    view = gemm_view(compute, layout)
 
     def penalty(cfg: Config) -> float:
         d, log2 = dict(cfg.knobs), np.log2
-        layout = d.get("layout", "NCHW")
-        view = views.setdefault(layout, gemm_view(compute, layout))
         bm, bn = d["wm"] * d["warps_m"], d["wn"] * d["warps_n"]
         blocks = split_k.tiles(view, bm, bn) * d["split"]
         p = abs(log2(bm * bn / FILL_TILE)) + abs(log2(d["warps_m"] * d["warps_n"] / 4))
         p += 0.5 * abs(log2(d["bk"] / 32)) + 0.3 * (3 - d["stages"])
         p -= 0.25 * log2(d["va"] * d["vb"])
-        p += 4 * max(0.0, log2(sms / blocks)) + 0.25 * log2(d["split"])
-        return float(p + 0.01 * (layout != "NHWC"))
+        return float(p + 4 * max(0.0, log2(sms / blocks)) + 0.25 * log2(d["split"]))
     best = min(part, key=penalty)
     return Config(tuple(sorted(best.knobs + ((space.key, "mma"),))))
 

@@ -384,36 +384,41 @@ def test_small_grids_are_seeded_with_the_default_split_to_cover_the_gpu():
 
 
 @pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
-def test_tensor_core_gemms_are_seeded_with_small_blocks_that_fill_the_gpu(precision):
-    """With tensor cores the second seed is the config of ~FILL_TILE-output blocks of 4
-    warps, NHWC for a convolution, split no further than it takes to cover the SMs: on a
-    grid that covers them unsplit it stays unsplit, and on one that cannot be covered it
-    takes the largest split its tiling has."""
+def test_tensor_core_gemms_default_to_small_blocks_that_fill_the_gpu(precision):
+    """With tensor cores, on a GPU of known SMs, the untuned default is the config of
+    ~FILL_TILE-output blocks of 4 warps, NHWC for a convolution, split no further than it
+    takes to cover the SMs; the search's second seed is the same rule in NCHW."""
     from raytune_kernels.backend import _cuda_seeds
     from raytune_kernels.cuda.gpu import gpu_info
     from raytune_kernels.cuda.render import FILL_TILE, block_tile, default_config, fill_seed
     h100 = gpu_info("sm_90")
     late = conv((1, 256, 14, 14), 512, 3, 2, 1)  # 49 x 512 outputs, K = 2304
     for c in (CASES["conv3x3_bias_relu"], CASES["dense_long_k"], late):
-        seeds = _cuda_seeds(c, precision, h100)
-        assert seeds == [default_config(c, precision), fill_seed(c, precision, h100.sms)]
-        fill = seeds[1]
+        fill = default_config(c, precision, h100.sms)
+        assert fill == fill_seed(c, precision, h100.sms)
         assert fill in cuda_space_for(c, precision) and fill["kernel"] == "mma"
-        bm, bn = block_tile(fill)
-        view = gemm_view(c, fill.get("layout", "NCHW"))
-        if c is late:  # tiny GEMMs cap the tile and the warps
-            assert bm * bn == FILL_TILE and view.m == 49 and view.n == 512
-            assert fill["warps_m"] * fill["warps_n"] == 4 and fill["stages"] == 3
+        assert default_config(c, precision) != fill  # no GPU named: the old rule
+        seeds = _cuda_seeds(c, precision, h100)
         if c.op == "conv2d":
             assert fill["layout"] == "NHWC"
+            assert seeds == [fill, fill_seed(c, precision, h100.sms, "NCHW")]
+            assert seeds[1]["layout"] == "NCHW"
+        else:
+            assert seeds == [fill]
+        bm, bn = block_tile(fill)
         blocks = math.prod(render_cuda(c, fill).grid)
+        if c is late:  # tiny GEMMs cap the tile and the warps
+            view = gemm_view(c, "NHWC")
+            assert bm * bn == FILL_TILE and view.m == 49 and view.n == 512
+            assert fill["warps_m"] * fill["warps_n"] == 4 and fill["stages"] == 3
+            # 32 tiles: split 4 (128 blocks) is as near 132 SMs as 8 is past them
+            assert fill["split"] in (4, 8) and blocks >= 128
         if fill["split"] > 1:  # split because the unsplit grid does not cover the SMs
             assert blocks // fill["split"] < h100.sms
-        if c is late:  # 32 tiles: split 4 (128 blocks) is as near 132 SMs as 8 is past
-            assert fill["split"] in (4, 8) and blocks >= 128
-        # on a GPU of one SM nothing needs splitting
-        assert fill_seed(c, precision, 1)["split"] == 1
-    assert fill_seed(CASES["maxpool3x3_s2"], precision, 132) is None
+        assert fill_seed(c, precision, 1)["split"] == 1  # one SM: nothing to cover
+    pool = CASES["maxpool3x3_s2"]
+    assert fill_seed(pool, precision, 132) is None
+    assert default_config(pool, precision, 132) == default_config(pool, precision)
     assert fill_seed(late, "fp32", 132) is None
 
 
