@@ -6,8 +6,10 @@ directly, and Ray only when called."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
+import time
 import warnings
 from typing import Sequence
 
@@ -373,7 +375,9 @@ def host_fault_error(exc: BaseException) -> TuneError | None:
 
 def _rounds(ray, actor, request: TuneRequest, callbacks: list[Callback]) -> TuningResult:
     """Every round of the scheduler actor, each told to the callbacks once its records are
-    written; the result, with the PyTorch part added to its estimates."""
+    written, until the trials are spent or, with request.seconds, that long after the
+    first began (what is in flight then is dropped unrecorded); the result, with the
+    PyTorch part added to its estimates."""
     records, torch_s = request.records, request.torch_s
     first = _initial(ray, actor)
     others = ray.get(actor.other_devices.remote())
@@ -382,7 +386,8 @@ def _rounds(ray, actor, request: TuneRequest, callbacks: list[Callback]) -> Tuni
                       f"{request.target!r} measured on another device "
                       f"({describe_devices(others)}); this run tunes its own", stacklevel=6)
     notify(callbacks, "on_start", _with_torch(first, torch_s), stopped(0, first.trials, records))
-    while (step := ray.get(actor.step.remote())) is not None:
+    end = math.inf if request.seconds is None else time.monotonic() + request.seconds
+    while time.monotonic() < end and (step := ray.get(actor.step.remote())) is not None:
         summary, new = _with_torch(step[0], torch_s), step[1]
         where = stopped(summary.round, summary.trials, records)
         notify(callbacks, "on_records", new, where)

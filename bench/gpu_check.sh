@@ -22,18 +22,16 @@
 # does on real models), and the rest shared by the runs, in order. A run is one process
 # (bench/network.py --precision P,Q --rounds 2 --quick --no-compile): Ray, the model and
 # PyTorch's eager and CUDA-graph baselines are set up once, and each precision is tuned,
-# compiled and checked in turn, then all timed interleaved. Starting the tuning actors
-# costs most of a precision's tuning, whatever its trials (docs/gpu.md, "Checking on a GPU
-# machine"; a precision whose records already hold its trials starts none), so the first
-# runs are the ones users run, tf32 and fp16, of every model, sharing by weight; fp32 and
-# bf16 follow in the time they leave, a run with less than MIN_RUN_S left skipped and
-# logged.
+# compiled and checked in turn, then all timed interleaved. The runs users run come
+# first, tf32 and fp16 of every model, sharing by weight; fp32 and bf16 follow in the
+# time they leave, a run with less than MIN_RUN_S left skipped and logged.
 # Each run is under `timeout` for its share less KILL_S, the grace its kill may take, so
 # the whole never passes 480 s; a run that ends early leaves its time to the next.
-# Records already in bench/results/<gpu>/ count toward the trials (resumed), so each
-# model's trials exceed what is there by a round or so a task: a task's first round
-# measures its untuned default (tensor cores in tf32 and fp16) before anything else, also
-# where the records hold other configs of it.
+# Tuning is bounded by time, not trials (--tune-seconds): each precision gets what its
+# run's share leaves after RUN_FIXED_S and PRECISION_S a precision (at least MIN_TUNE_S),
+# resuming the records already in bench/results/<gpu>/, so every check tunes a little
+# further and still reaches its timing. A task's first round measures its untuned
+# default (with tensor cores, small blocks that fill the GPU) before anything else.
 set -uo pipefail
 
 TOTAL_S=480
@@ -41,11 +39,16 @@ RESERVE_S=10
 TESTS_S=110
 KILL_S=3
 MIN_RUN_S=60
+# what a run spends besides tuning, on an H100: Ray, the model and PyTorch's baselines
+# once, then each precision's compile, check, timing and steps alone (17-38 s measured)
+RUN_FIXED_S=25
+PRECISION_S=30
+MIN_TUNE_S=5
 # model:precisions, one process each, in the order they run: the main runs share what is
 # left by weight, the extra runs what the main ones leave
 RUNS=(resnet18:tf32,fp16 mobilenet_v2:tf32,fp16 hf/BertModel:tf32,fp16)
 EXTRA=(resnet18:fp32,bf16 mobilenet_v2:fp32,bf16 hf/BertModel:fp32,bf16)
-declare -A TRIALS=([resnet18]=72 [mobilenet_v2]=64 [hf/BertModel]=32)
+TRIALS=100000  # a cap the time budget reaches first
 declare -A WEIGHT=([resnet18]=12 [mobilenet_v2]=11 [hf/BertModel]=11)
 TESTS=(tests/cuda tests/compile/test_cuda_network.py tests/actors/test_tune_cuda.py
        tests/test_bench.py tests/test_cli.py)
@@ -142,8 +145,11 @@ EOF
 
 run_model() {  # model:precisions, seconds: one bench/network.py run, its lines collected
   local m=${1%:*} p=${1#*:} s=$2
+  local n=$(( $(tr -cd , <<< "$p" | wc -c) + 1 ))  # precisions in the run
+  local tune=$(( (s - KILL_S - RUN_FIXED_S - n * PRECISION_S) / n ))
+  ((tune < MIN_TUNE_S)) && tune=$MIN_TUNE_S
   step "$s" python bench/network.py "$m" --target cuda --precision "$p" \
-    --trials "${TRIALS[$m]}" --rounds 2 --quick --no-compile
+    --trials "$TRIALS" --tune-seconds "$tune" --rounds 2 --quick --no-compile
   local rc=$?
   [[ $DRY == 1 ]] && return
   cat "$STEP" >> "$LOG"

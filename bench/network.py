@@ -398,7 +398,7 @@ def tune_gpu(args, model, inputs, target: Target, records: str, gpu: str):
     """Tune `target` (resuming `records`) in the running Ray, or one it starts."""
     start = time.perf_counter()
     tuned = tune_network(model, inputs, target=str(target), trials=args.trials,
-                         records=records, verbose=False)
+                         records=records, verbose=False, seconds=args.tune_seconds)
     print(f"tuned {tuned.trials} trials for target {str(target)!r} on {gpu} "
           f"({time.perf_counter() - start:.0f} s this run), estimated "
           f"{tuned.estimated_latency_s * 1e3:.3f} ms")
@@ -567,6 +567,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="llvm (default: this CPU), cuda (this machine's GPU), "
                          "'cuda -arch=sm_XY' or 'cuda -precision=tf32'")
     ap.add_argument("--trials", type=int, default=1000)
+    ap.add_argument("--tune-seconds", type=float, default=None,
+                    help="a time budget for each tuning run as well (of each precision)")
     ap.add_argument("--threads", type=int, default=2, help="CPU only")
     ap.add_argument("--records", default=None, help="default bench/results/CPU/network_MODEL_"
                                                     "<threads>threads.jsonl (cuda: GPU/"
@@ -623,8 +625,8 @@ def main() -> None:
     x = inputs[0]
 
     start = time.perf_counter()
-    tuned = tune_network(model, inputs, trials=args.trials, records=records,
-                         threads=args.threads, verbose=False)
+    tuned = tune_network(model, inputs, trials=args.trials, seconds=args.tune_seconds,
+                         records=records, threads=args.threads, verbose=False)
     tune_s = time.perf_counter() - start
     import ray
     ray.shutdown()  # nothing of Ray's running while we time

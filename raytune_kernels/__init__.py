@@ -93,8 +93,10 @@ def tune_network(model: "torch.nn.Module",
                  num_measurers: int | None = None, num_builders: int | None = None,
                  search_actors: int | None = None, batch: int = 8, seed: int = 0,
                  threads: int = 1, verbose: bool = True, strict: bool = False,
-                 callbacks: Sequence[Callback] = ()) -> "TuningResult":
-    """Tune every task of `model` for `target` with a budget of `trials` measurements.
+                 callbacks: Sequence[Callback] = (),
+                 seconds: float | None = None) -> "TuningResult":
+    """Tune every task of `model` for `target` with a budget of `trials` measurements
+    (and, with `seconds`, of time).
 
     Starts a local Ray when none is running, or joins `address`; everything that can fail
     (the target, the address, a GPU for cuda, the records, the cores) fails before any
@@ -113,6 +115,10 @@ def tune_network(model: "torch.nn.Module",
         then carry "cuda -arch=sm_XY"), "cuda -arch=sm_XY", "cuda -precision=P".
     trials
         Measurements in all, shared by the tasks.
+    seconds
+        A time budget as well: no round starts this long after the first one began (Ray
+        and the actors starting are not counted); the rounds then in flight are dropped,
+        unrecorded. The run ends at whichever budget runs out first.
     records
         A JSON-lines file or a record store (directory, file://, s3://, gs://) that every
         measurement is written to; None keeps none.
@@ -148,7 +154,8 @@ def tune_network(model: "torch.nn.Module",
     request = TuneRequest(target=target, trials=trials, records=records, resume=resume,
                           address=address, num_measurers=num_measurers,
                           num_builders=num_builders, search_actors=search_actors,
-                          batch=batch, seed=seed, threads=threads, verbose=verbose)
+                          batch=batch, seed=seed, threads=threads, verbose=verbose,
+                          seconds=seconds)
     return tune_model(request, model, example_inputs, strict=strict, callbacks=callbacks)
 
 
@@ -157,7 +164,8 @@ def tune_tasks(tasks: Sequence[Task], *, target: str = "llvm", trials: int = 200
                num_measurers: int | None = None, num_builders: int | None = None,
                search_actors: int | None = None, batch: int = 8, seed: int = 0,
                threads: int = 1, verbose: bool = True,
-               callbacks: Sequence[Callback] = ()) -> "TuningResult":
+               callbacks: Sequence[Callback] = (),
+               seconds: float | None = None) -> "TuningResult":
     """tune_network() for a chosen list of tasks (e.g. some of extract_tasks(model, x)):
     the same checks, pipeline, records, callbacks and result, with `trials` shared by
     these tasks. On "llvm", the estimate's PyTorch part is that of the tasks without a
@@ -170,7 +178,7 @@ def tune_tasks(tasks: Sequence[Task], *, target: str = "llvm", trials: int = 200
     target, trials, records, resume, address, num_measurers, num_builders, search_actors,
     batch, seed
         As for tune_network.
-    threads, verbose, callbacks
+    threads, verbose, callbacks, seconds
         As for tune_network.
     """
     from actors.driver import tune
@@ -178,7 +186,8 @@ def tune_tasks(tasks: Sequence[Task], *, target: str = "llvm", trials: int = 200
     return tune(TuneRequest(target=target, tasks=tuple(tasks), trials=trials, records=records,
                             resume=resume, address=address, num_measurers=num_measurers,
                             num_builders=num_builders, search_actors=search_actors,
-                            batch=batch, seed=seed, threads=threads, verbose=verbose),
+                            batch=batch, seed=seed, threads=threads, verbose=verbose,
+                            seconds=seconds),
                  callbacks=callbacks)
 
 

@@ -54,7 +54,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                           address=args.address, num_measurers=args.measurers,
                           num_builders=args.builders, search_actors=args.search_actors,
                           batch=args.batch, seed=args.seed,
-                          threads=args.threads, strict=args.strict)
+                          threads=args.threads, strict=args.strict, seconds=args.seconds)
     return 0 if result.best else 1
 
 
@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "'cuda -arch=sm_XY', with -precision=tf32|fp16|bf16 for tensor "
                         "cores (default fp32)")
     p.add_argument("--trials", type=int, default=200, help="measurement budget (all tasks)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="time budget as well: no round starts this long after the first")
     p.add_argument("--records", default=None, help=f"{RECORDS}, resumed")
     p.add_argument("--no-resume", action="store_true", help="ignore what --records holds")
     p.add_argument("--address", default=None, help="Ray cluster address (default: local)")

@@ -557,6 +557,9 @@ def test_gpu_check_dry_run_plans_every_step_within_8_minutes(tmp_path):
     assert runs == CHECK_RUNS[:3]
     assert all(s[4:6] == ["python", "bench/network.py"] and "--quick" in s
                for s in steps[1:])
+    # tuning bounded by time: each precision's slice leaves the run its compile and timing
+    tune = [int(s[s.index("--tune-seconds") + 1]) for s in steps[1:]]
+    assert all(5 <= t <= (int(s[3]) - 25 - 2 * 30) / 2 for t, s in zip(tune, steps[1:]))
     assert [line for line in proc.stdout.splitlines() if "skipped" in line] == \
         [f"{m} {p}: skipped, 0 s left (a run needs 60)" for m, p in CHECK_RUNS[3:]]
     # each step's limit plus the grace of its kill, all together, within 480 s
@@ -689,8 +692,8 @@ def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys, 
 
     tuned = type("Tuned", (), {"trials": 8, "estimated_latency_s": 1e-3, "best": {}})()
     calls = collections.Counter()
-    monkeypatch.setattr(network, "tune_network",
-                        lambda *a, target, **k: calls.update(["tune " + target]) or tuned)
+    monkeypatch.setattr(network, "tune_network", lambda *a, target, seconds, **k: calls.update(
+        ["tune " + target, f"for {seconds} s"]) or tuned)
     def compile_network(model, *a, target, **k):  # of several precisions, tf32's fails
         if "tf32" in target:
             raise CompileError("no kernel for this in tf32")
@@ -704,13 +707,13 @@ def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys, 
                         lambda fn, opts, precision: [clock[precision]])
     args = network.parse_args([f"{factory}:make", "--target", "cuda", "--precision",
                                precision, "--quick", "--no-compile", "--records",
-                               str(tmp_path / "r.jsonl")])
+                               str(tmp_path / "r.jsonl"), "--tune-seconds", "30"])
     assert network.bench_cuda(args, "NVIDIA Fake GPU") == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()
              if line.startswith("{")]
     assert [x["precision"] for x in lines] == precision.split(",")
-    assert calls == {"baselines": 1, **{f"tune cuda -precision={p}": 1
-                                        for p in precision.split(",")}}
+    assert calls == {"baselines": 1, "for 30.0 s": len(precision.split(",")),
+                     **{f"tune cuda -precision={p}": 1 for p in precision.split(",")}}
     assert [x["error"] for x in lines[:-1]] == \
         ["CompileError: no kernel for this in tf32"] * (len(lines) - 1)  # the others go on
     out = lines[-1]

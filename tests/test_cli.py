@@ -52,6 +52,7 @@ def test_tasks_runs_unknown_ops_as_islands_and_strict_refuses_them(tmp_path, cap
     (["tune", "resnet18", "--batch", "-1"], "batch must be a positive integer, got -1"),
     (["tune", "resnet18", "--builders", "-1"], "num_builders must be a positive integer"),
     (["tune", "resnet18", "--measurers", "-1"], "num_measurers must be a positive integer"),
+    (["tune", "resnet18", "--seconds", "0"], "seconds must be a positive number or None"),
     (["compile", "resnet18", "--records", "r.jsonl", "--threads", "0"],
      "threads must be a positive integer, got 0"),
     (["compile", "resnet18", "--records", "r.jsonl", "--refine", "-1"],

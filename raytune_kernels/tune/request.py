@@ -38,6 +38,7 @@ class TuneRequest:
     seed: int = 0
     threads: int = 1
     verbose: bool = True
+    seconds: float | None = None  # no round starts after this long (None: trials alone)
     # what measures an llvm target: the CPU code is built for, the measuring CPU's name and
     # vector ISA (None on cuda: the measuring GPU names itself)
     cpu: CpuInfo | None = None
@@ -53,6 +54,10 @@ class TuneRequest:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TuneError(f"{name} must be a positive integer, got {value!r}")
+        s = self.seconds
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))
+                              or not 0 < s < float("inf")):
+            raise TuneError(f"seconds must be a positive number or None, got {s!r}")
 
     def tune_options(self) -> TuneOptions:
         from raytune_kernels.tune.tuner import TuneOptions

@@ -1,6 +1,7 @@
 """tune_network end to end on a tiny model, through the real actors."""
 import collections
 import dataclasses
+import time
 import warnings
 
 import pytest
@@ -210,6 +211,10 @@ def test_bad_inputs_fail_before_any_work(tmp_path):
             rk.tune_network(model, (x,), **bad)
         with pytest.raises(TuneError, match=f"{name} must be a positive integer"):
             rk.tune_tasks(tasks, **bad)
+    for seconds in (0, -1.0, float("inf"), "60", True):
+        with pytest.raises(TuneError, match="seconds must be a positive number or None, "
+                                            f"got {seconds!r}"):
+            rk.tune_network(model, (x,), seconds=seconds)
 
 
 class Heard(rk.Callback):
@@ -252,6 +257,37 @@ def test_callbacks_hear_the_rounds_and_a_raising_one_keeps_the_records(ray_sessi
     from actors.driver import TuneError
     with pytest.raises(TuneError, match="callbacks must be a list of raytune_kernels.Callback"):
         rk.tune_tasks([conv], callbacks=print)
+
+
+class Slow(rk.Callback):
+    """Takes a second over each round it hears of, and notes when it let each go."""
+
+    def __init__(self):
+        self.started, self.done = None, []
+
+    def on_start(self, summary):
+        self.started = time.monotonic()
+
+    def on_round(self, summary):
+        time.sleep(1.0)
+        self.done.append(time.monotonic() - self.started)
+
+
+@pytest.mark.e2e
+def test_a_time_budget_ends_the_run_with_every_round_recorded(ray_session, tmp_path):
+    """With `seconds`, no round starts once that long has passed since the first began:
+    every round but the last was let go within the budget, the last past it, and the run
+    ends well short of its trials with a result of those rounds and exactly their records
+    in the file."""
+    model, x = Tiny().eval(), torch.randn(1, 16, 8, 8)
+    path = str(tmp_path / "timed.jsonl")
+    slow = Slow()
+    result = rk.tune_network(model, (x,), trials=200, records=path, batch=2, verbose=False,
+                             callbacks=[slow], seconds=3.0)
+    assert slow.done[-1] >= 3.0 and all(t < 3.0 + 0.5 for t in slow.done[:-1])
+    assert len(result.rounds) == len(slow.done) and result.trials < 200
+    assert len(load_records(path).records) == result.trials == result.rounds[-1].trials
+    assert result.best
 
 
 def test_a_host_fault_in_the_scheduler_actor_reaches_the_caller_by_name(ray_session):
