@@ -13,6 +13,7 @@ NHWC; everything else reads and writes torch's contiguous layouts. cuda_pack / c
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -190,6 +191,7 @@ def split_seed(compute: Compute, cfg: Config, sms: int) -> Config | None:
 FILL_TILE = 1024
 
 
+@functools.lru_cache(maxsize=1024)
 def fill_seed(compute: Compute, precision: str, sms: int,
               layout: str = "NHWC") -> Config | None:
     """The tensor-core config of small blocks that fills `sms` SMs: a block tile of about
@@ -198,31 +200,35 @@ def fill_seed(compute: Compute, precision: str, sms: int,
     largest the space has, where none does); a convolution whose tensor-core space lacks
     `layout` takes the layout it has. None where the task has no tensor-core GEMM
     (fp32, or not a GEMM). A rule, not a measurement: what an untuned GEMM runs with
-    tensor cores (default_config) and what a search measures first (Backend.seeds)."""
+    tensor cores (default_config) and what a search measures first (Backend.seeds).
+    Cached: it walks the whole tensor-core space."""
     space = cuda_space_for(compute, precision)
     if not (isinstance(space, UnionSpace) and space.key == "kernel"):
         return None
     part = dict(space.parts).get("mma")
     if part is None:
         return None
-    if "layout" in part.coupled_names:  # `layout` where the space has it
-        at = part.coupled_names.index("layout")
-        have = {c[at] for c in part.coupled}
+    names = part.coupled_names
+    combos = part.coupled
+    if "layout" in names:  # `layout` where the space has it
+        at = names.index("layout")
+        have = {c[at] for c in combos}
         layout = layout if layout in have else min(have)
-        part = Space(part.coupled_names, tuple(c for c in part.coupled if c[at] == layout),
-                     part.independent)
+        combos = [c for c in combos if c[at] == layout]
     view = gemm_view(compute, layout)
+    log2 = math.log2
 
-    def penalty(cfg: Config) -> float:
-        d, log2 = dict(cfg.knobs), np.log2
+    def penalty(combo: tuple) -> float:
+        d = dict(zip(names, combo))
         bm, bn = d["wm"] * d["warps_m"], d["wn"] * d["warps_n"]
         blocks = split_k.tiles(view, bm, bn) * d["split"]
         p = abs(log2(bm * bn / FILL_TILE)) + abs(log2(d["warps_m"] * d["warps_n"] / 4))
         p += 0.5 * abs(log2(d["bk"] / 32)) + 0.3 * (3 - d["stages"])
         p -= 0.25 * log2(d["va"] * d["vb"])
-        return float(p + 4 * max(0.0, log2(sms / blocks)) + 0.25 * log2(d["split"]))
-    best = min(part, key=penalty)
-    return Config(tuple(sorted(best.knobs + ((space.key, "mma"),))))
+        return p + 4 * max(0.0, log2(sms / blocks)) + 0.25 * log2(d["split"])
+    knobs = dict(zip(names, min(combos, key=penalty)))
+    knobs.update({name: values[0] for name, values in part.independent})  # the precision
+    return Config(tuple(sorted({**knobs, space.key: "mma"}.items())))
 
 
 def _default_penalty(cfg: Config) -> float:
