@@ -519,6 +519,7 @@ def run_fields(args, gpu: str, tuned, net, target: Target | None = None) -> dict
             "record_targets": sorted({r.target for r in tuned.best.values()}),
             "device": gpu, "trials": tuned.trials, "graph": net.graph,
             "layouts": net.plan.summary(), "estimated_ms": round(net.estimated_s * 1e3, 3),
+            "compile_phases_s": {k: round(v, 2) for k, v in (net.compile_phases or {}).items()},
             "quick": args.quick, "cudnn_benchmark": True,
             "compile_precisions": None if args.no_compile else list(args.compile_precisions),
             "torch": torch.__version__,

@@ -673,6 +673,7 @@ def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys, 
 
     class FakeNet:
         graph, estimated_s = True, 1e-3
+        compile_phases = {"capture": 0.25, "build": 2.0}
         plan = type("Plan", (), {"summary": lambda self: "2 steps"})()
 
         def __init__(self, model):
@@ -732,6 +733,7 @@ def test_cuda_bench_wiring_with_fakes_on_the_cpu(tmp_path, monkeypatch, capsys, 
     assert out["error_reference"] == "fp64 eager on the CPU" and out["quick"] is True
     assert len(out["rounds_ms"]["ours"]) == 3
     assert out["steps_alone_ms"] == 1.0 and out["ours_over_steps"] == 1.2
+    assert out["compile_phases_s"] == {"capture": 0.25, "build": 2.0}
     assert [(x["name"], x["alone_us"]) for x in out["slowest_steps"]] == [("b", 600.0),
                                                                          ("a", 400.0)]
 

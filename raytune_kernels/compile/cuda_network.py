@@ -27,6 +27,7 @@ The plan is made in compile/cuda_plan.py; this module runs it.
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
 from typing import Callable, Iterable, Protocol, Sequence
 
@@ -192,6 +193,7 @@ class GpuNetwork(Reporting):
     device), torch tensors out on the first input's device."""
 
     examples: "Sequence[torch.Tensor] | None" = None  # the inputs it was compiled with
+    compile_phases: dict[str, float] | None = None  # seconds of each compile phase, in order
 
     def __init__(self, plan: GpuPlan, device: Device, graph: bool = False):
         self.plan, self.part, self.steps, self.device = plan, plan.part, plan.steps, device
@@ -449,9 +451,11 @@ def compile_network_cuda(model: torch.nn.Module,
     arch = target_arch(tgt)
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) \
         else tuple(example_inputs)
+    clock = _Phases()
     recs = list(records)
     best = best_per_task(recs)
     part = partition(capture(model, inputs))
+    clock.lap("capture")
     missing = _without_kernel(part, best)
     if missing and fallback is None:
         raise CompileError(f"no CUDA kernel for {len(missing)} step(s): "
@@ -468,6 +472,7 @@ def compile_network_cuda(model: torch.nn.Module,
     torch_s = None
     if fallback:
         torch_s = {t.key: device.torch_seconds(t.compute) for t in part.tasks}
+        clock.lap("torch timed")
     cands = step_candidates(part, recs, torch_s)
     sms = gpu_info(arch).sms  # the arch's figures: the untuned default is a rule
     defaults = {t.key: default_config(t.compute, tgt.precision, sms) for t in untuned}
@@ -478,15 +483,36 @@ def compile_network_cuda(model: torch.nn.Module,
                                      cfg))
     layout_plan, chosen = choose_layouts(part, cands, layout, device.transform_seconds,
                                          time_limit_s, solver)
+    clock.lap("layouts")
     plan = plan_network(part, chosen, arch, estimated_latency(part, best, torch_s),
                         layout_plan)
+    clock.lap("build")
     net = GpuNetwork(plan, device(plan), graph=graph)
     net.examples = inputs
-    if verbose:
-        print("compiled " + plan.summary())
+    clock.lap("load and capture" if graph else "load")
     if check:
         check_gpu_network(net, model, inputs, atol)
+        clock.lap("check")
+    net.compile_phases = dict(clock.seconds)
+    if verbose:
+        print("compiled " + plan.summary() + f"; {clock}")
     return net
+
+
+class _Phases:
+    """Seconds of each phase of a compile, in order (what a slow compile spent them on)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def __str__(self) -> str:
+        return "took " + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
 
 
 def _gpu_device() -> "type[Device]":

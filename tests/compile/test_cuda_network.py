@@ -15,7 +15,7 @@ import torch
 import raytune_kernels as rk
 from tests.support import cuda_emulate
 from raytune_kernels.cuda.build import build_cuda, compile_cuda, nvrtc_unavailable
-from raytune_kernels.cuda.render import cuda_space_for
+from raytune_kernels.cuda.render import cuda_space_for, render_cuda
 from raytune_kernels.space import Config
 from raytune_kernels.measure import MeasureResult
 from raytune_kernels.errors import CompileError
@@ -198,6 +198,31 @@ def test_a_tensor_core_network_matches_the_model_within_its_precision(precision)
     with pytest.raises(CompileError, match="differs from the model"):
         compile_network_cuda(model, inputs, records, target, device=EmulatorDevice,
                              atol=1e-7)
+
+
+def test_an_untuned_tensor_core_network_runs_small_blocks_and_times_its_phases(capsys):
+    """Without records in tf32 every GEMM runs the rule's small-block tensor-core config
+    for the arch's SMs (cuda.render.default_config), the network still matches the model
+    within tf32's tolerance, and the compile names the seconds of each of its phases."""
+    from raytune_kernels.cuda.gpu import gpu_info
+    from raytune_kernels.cuda.render import default_config
+    model, inputs = tiny()
+    with pytest.warns(UserWarning, match="untuned default"):
+        net = compile_network_cuda(model, inputs, [], f"{TARGET} -precision=tf32",
+                                   device=EmulatorDevice, verbose=True)
+    gemms = 0
+    for s in net.steps:
+        compute = net.part.task(s.key).compute if s.key else None
+        if compute is not None and compute.op in ("conv2d", "dense"):
+            cfg = default_config(compute, "tf32", gpu_info(ARCH).sms)
+            assert cfg["kernel"] == "mma" and s.kernel.source == render_cuda(compute, cfg).source
+            gemms += 1
+    assert gemms == 2
+    assert output_error(net(*inputs), model(*inputs)) <= tolerance("tf32").network
+    assert list(net.compile_phases) == ["capture", "layouts", "build", "load and capture",
+                                        "check"]
+    assert all(t >= 0 for t in net.compile_phases.values())
+    assert "; took capture " in capsys.readouterr().out
 
 
 def test_a_split_k_kernel_gets_its_scratch_buffers_from_the_plan():
