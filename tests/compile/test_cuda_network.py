@@ -347,6 +347,27 @@ def test_layouts_that_disagree_get_a_transform(case):
     assert torch.equal(to_layout(to_layout(x, NCHW, NHWC), NHWC, NCHW), x)
 
 
+def test_each_transform_is_timed_once_a_plan():
+    """Three convs of one shape in a row: the plan weighs the same two transforms at each
+    of its three edges, and the device times each once."""
+    from raytune_kernels.compile.cuda_plan import choose_layouts
+    from raytune_kernels.frontend.capture import capture
+    from raytune_kernels.frontend.partition import partition
+    from raytune_kernels.layout.graph import Candidate
+    model = torch.nn.Sequential(*[torch.nn.Conv2d(16, 16, 3, padding=1) for _ in range(3)])
+    part = partition(capture(model.eval(), (torch.randn(1, 16, 8, 8),)))
+    cands = [[Candidate(NCHW, NCHW, 2e-5), Candidate(NHWC, NHWC, 1e-5)]
+             if isinstance(s, TaskStep) else [] for s in part.steps]
+    asked = []
+
+    def transform_s(shape, src, dst):
+        asked.append((shape, src, dst))
+        return 1e-6
+    plan, chosen = choose_layouts(part, cands, "ilp", transform_s, 20.0)
+    assert sorted(asked) == [((1, 16, 8, 8), NCHW, NHWC), ((1, 16, 8, 8), NHWC, NCHW)]
+    assert [c.out_layout for c in chosen] == [NHWC] * 3
+
+
 class CheapTransforms(EmulatorDevice):
     transform_s = 1e-9  # per float: 1.2 us for the input, 0.6 us for the pooled value
 
