@@ -252,7 +252,7 @@ def test_tensor_core_configs_of_resnet18_tasks_match_on_the_gpu(gpu, resnet18_ta
     operand order and fragment layouts are the hardware's. Every tensor-core GEMM task
     runs its untuned default and a sampled tensor-core config, checked against the
     float32 reference within the precision's kernel tolerance."""
-    from raytune_kernels.cuda.gpu import arch_has_mma
+    from raytune_kernels.cuda.gpu import arch_has_mma, gpu_info
     from raytune_kernels.cuda.render import default_config
 
     if not arch_has_mma(gpu):
@@ -262,7 +262,7 @@ def test_tensor_core_configs_of_resnet18_tasks_match_on_the_gpu(gpu, resnet18_ta
         space, rng = cuda_space_for(task.compute, precision), random.Random(i)
         mma = [c for c in (space.sample(rng) for _ in range(64))
                if dict(c.knobs).get("kernel") == "mma"][:1]
-        default = default_config(task.compute, precision)
+        default = default_config(task.compute, precision, gpu_info(gpu).sms)
         for cfg in ([default] if dict(default.knobs).get("kernel") == "mma" else []) + mma:
             result = _measure(task.compute, cfg, gpu)
             assert result.ok, (task.compute.describe(), cfg.to_json(), result.error_msg)

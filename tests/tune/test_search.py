@@ -201,15 +201,17 @@ def test_the_backends_seeds_are_measured_first_and_once(conv):
 
 
 def test_a_cuda_task_measures_its_untuned_default_first(conv):
-    """A task tuned for a trial runs at least what it would untuned, tensor cores included."""
+    """A task tuned for a trial runs at least what it would untuned on that GPU, tensor
+    cores included."""
     from raytune_kernels.backend import backend_for
+    from raytune_kernels.cuda.gpu import gpu_info
     from raytune_kernels.cuda.render import default_config
 
     for precision in ("fp32", "tf32", "fp16"):
         cuda = backend_for(f"cuda -arch=sm_90 -precision={precision}")
         search = EvolutionarySearch(conv, cuda.space(conv.compute), cuda, seed=1)
         first = search.propose(4, CostModel())
-        assert first[0] == default_config(conv.compute, precision)
+        assert first[0] == default_config(conv.compute, precision, gpu_info("sm_90").sms)
         assert (dict(first[0].knobs).get("kernel") == "mma") == (precision != "fp32")
     assert BACKEND.seeds(conv.compute) == []  # the CPU's estimate guides its first picks
 
