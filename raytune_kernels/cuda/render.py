@@ -185,9 +185,9 @@ def split_seed(compute: Compute, cfg: Config, sms: int) -> Config | None:
     return Config(tuple(sorted({**dict(cfg.knobs), "split": split}.items())))
 
 
-# the block tile a fill seed aims at, in outputs: tensor-core configs of 32x32 (or 64x16)
-# blocks, split until the grid covers the GPU, beat the 32x128 default by 2-5x on every
-# small-grid layer of ResNet-18 an H100 measured (the records of bench/results/<gpu>/)
+# the block tile a fill seed aims at, in outputs: in the GPU records of bench/results/,
+# tensor-core blocks of 32x32 or 64x16, split until the grid covered the SMs, ran ResNet-18's
+# small-grid layers 1.8-5.3x faster than one 32x128 block of 4 warps
 FILL_TILE = 1024
 
 
