@@ -39,8 +39,9 @@ RESERVE_S=10
 TESTS_S=110
 KILL_S=3
 MIN_RUN_S=60
-# what a run spends besides tuning, on an H100: Ray, the model and PyTorch's baselines
-# once, then each precision's compile, check, timing and steps alone (17-38 s measured)
+# what a run spends besides tuning, as the check's runs measured it: Ray, the model and
+# PyTorch's baselines once, then each precision's compile, check, timing and steps alone
+# (17-38 s)
 RUN_FIXED_S=25
 PRECISION_S=30
 MIN_TUNE_S=5

@@ -143,8 +143,8 @@ def test_sampled_tensor_core_configs_of_every_gemm_case_match_the_reference(prec
 @needs_cxx
 @pytest.mark.parametrize("precision", MMA_PRECISIONS)
 def test_the_fill_seed_of_every_gemm_case_matches_the_reference(precision):
-    """The small-block seed a search measures first (cuda.render.fill_seed), on an H100's
-    SM count, so that several cases split their reduction."""
+    """The small-block seed a search measures first (cuda.render.fill_seed), for 132 SMs,
+    so that several cases split their reduction."""
     from raytune_kernels.cuda.render import fill_seed
     pairs = [(n, fill_seed(CASES[n], precision, 132)) for n in GEMM_CASES]
     assert sum(cfg["split"] > 1 for _, cfg in pairs) >= 3
