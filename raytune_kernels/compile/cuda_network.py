@@ -61,7 +61,6 @@ from raytune_kernels.cuda.torch_timing import time_torch_gpu
 # ------------------------------------------------------------------------ the execution
 
 GPU_TIMING = MeasureOptions().timing()  # transforms and torch's kernels, timed as records
-_TRANSFORMS_TIMED: dict[tuple, float] = {}  # (GPU, shape, from, to) -> seconds, this process
 
 class Device(Protocol):
     """Memory and launches for a plan: the GPU (CupyDevice), or an emulator in tests. The
@@ -126,12 +125,9 @@ class CupyDevice:
 
     @staticmethod
     def transform_seconds(shape: tuple[int, ...], src: str, dst: str) -> float:
-        key = (torch.cuda.current_device(), tuple(shape), src, dst)
-        if key not in _TRANSFORMS_TIMED:  # once a process: every compile asks again
-            x = torch.randn(physical_shape(shape, src), device="cuda")
-            _TRANSFORMS_TIMED[key] = median(time_torch_gpu(lambda: to_layout(x, src, dst),
-                                                           GPU_TIMING, True, graphed=True))
-        return _TRANSFORMS_TIMED[key]
+        x = torch.randn(physical_shape(shape, src), device="cuda")
+        return median(time_torch_gpu(lambda: to_layout(x, src, dst), GPU_TIMING, True,
+                                     graphed=True))
 
     @staticmethod
     def torch_seconds(compute) -> float:

@@ -221,7 +221,6 @@ def test_an_untuned_tensor_core_network_runs_small_blocks_and_times_its_phases(c
     assert output_error(net(*inputs), model(*inputs)) <= tolerance("tf32").network
     assert list(net.compile_phases) == ["capture", "layouts", "build", "load and capture",
                                         "check"]
-    assert all(t >= 0 for t in net.compile_phases.values())
     assert "; took capture " in capsys.readouterr().out
 
 
