@@ -12,11 +12,20 @@ at the same thread count and interleaved round by round: ours, ours uniform, our
 compile_network's in-network refinement (--refine 0 skips it, and this variant), PyTorch
 eager, channels_last, TorchScript trace+freeze, torch.compile with freezing where the machine
 can build it, and, from the model exported to ONNX, ONNX Runtime and OpenVINO where they are
-installed (`pip install -e '.[compare]'`), each checked against eager first. Prints the
+installed (`pip install -e '.[compare]'`), each checked against eager first; on a CPU with
+bf16 arithmetic (AMX, AVX512-BF16) also PyTorch eager and torch.compile in bf16 and
+OpenVINO in bf16 (its default there), as users of such a CPU run them. Prints the
 per-layer profile and the fidelity report. With --max-rounds M, rounds go on past --rounds
 (up to M) until the median of per-round ratios against the best other variant is known
 within --ci of itself (a ~95% interval, reported as ci95 with the rounds it took): on a
-machine whose timings drift, a ratio is only as good as its interval.
+machine whose timings drift, a ratio is only as good as its interval. The JSON's
+speedup_vs_best_engine is over the fastest variant of any precision; speedup_vs_best_
+same_precision and _any split it by our target's precision.
+
+    python bench/network.py resnet18 --target "llvm -precision=bf16" --threads 2
+
+In bf16 the CPU's convolutions may also run on AMX tiles (records default
+bench/results/CPU/network_MODEL_<threads>threads_bf16.jsonl).
 
     python bench/network.py resnet18 --target cuda [--trials 1000] [--records FILE]
     python bench/network.py resnet18 --target "cuda -arch=sm_90 -precision=tf32" ...
@@ -58,7 +67,7 @@ import torch
 from raytune_kernels import tune_network, zoo
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.compile.api import compile_network
-from raytune_kernels.precision import DEFAULT, PRECISIONS
+from raytune_kernels.precision import DEFAULT, PRECISIONS, tolerance
 from raytune_kernels.target import Target, target_arg
 from raytune_kernels.timing import TimingOptions, median, time_fn
 
@@ -114,12 +123,46 @@ def torch_variants(model, x, use_compile: bool) -> dict:
     return out
 
 
+def bf16_variants(model, x, use_compile: bool) -> dict:
+    """PyTorch in bfloat16 on a CPU that computes in it (oneDNN on AMX or AVX512-BF16):
+    the model and input cast, images channels_last; eager, and torch.compile with
+    freezing. name -> callable returning float32 outputs, or None where it cannot be built
+    (a CPU without bf16 arithmetic: PyTorch would emulate it, slower than float32)."""
+    out = {"eager_bf16": None, "compile_bf16": None}
+    if not torch.backends.mkldnn.is_available() or \
+            not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        print("eager_bf16 unavailable here: this CPU has no bf16 arithmetic",
+              file=sys.stderr)
+        return out
+    fmt = torch.channels_last if x.dim() == 4 else torch.contiguous_format
+    m16 = copy.deepcopy(model).to(torch.bfloat16).to(memory_format=fmt) if x.dim() == 4 \
+        else copy.deepcopy(model).to(torch.bfloat16)
+    x16 = x.to(torch.bfloat16).contiguous(memory_format=fmt)
+    out["eager_bf16"] = lambda: m16(x16).float()
+    if use_compile:
+        try:
+            import torch._inductor.config as inductor
+
+            inductor.freezing = True
+            fn = torch.compile(copy.deepcopy(m16))
+            with torch.no_grad():
+                fn(x16)
+            out["compile_bf16"] = lambda: fn(x16).float()
+        except Exception as exc:
+            print(f"compile_bf16 unavailable here: {type(exc).__name__}: {exc}"[:300],
+                  file=sys.stderr)
+    return out
+
+
 def engine_variants(model, inputs, threads: int, workdir: str) -> tuple[dict, dict, dict]:
     """What a user would pick instead on a CPU, from the model exported to ONNX once:
     ONNX Runtime (all graph optimisations, `threads` intra-op threads, one inter-op) and
-    OpenVINO (CPU, LATENCY hint, f32 inference, `threads` threads). Each is checked
-    against eager before it is timed. Returns name -> zero-argument callable, name ->
-    version, and name -> why it is not here (not installed, export or check failed)."""
+    OpenVINO (CPU, LATENCY hint, `threads` threads) in f32 inference, and OpenVINO in
+    bf16 (openvino_bf16; its own default on a CPU with bf16 arithmetic, AMX or
+    AVX512-BF16) where this CPU has it. Each is checked against eager before it is timed
+    (bf16 within that precision's network tolerance). Returns name -> zero-argument
+    callable, name -> version, and name -> why it is not here (not installed, export or
+    check failed, no bf16 here)."""
     from raytune_kernels.compile.report import output_error
 
     fns, versions, missing = {}, {}, {}
@@ -133,13 +176,13 @@ def engine_variants(model, inputs, threads: int, workdir: str) -> tuple[dict, di
             want = model(*inputs)
     except Exception as exc:
         why = f"ONNX export failed: {type(exc).__name__}: {exc}"[:300]
-        return {}, {}, {"onnxruntime": why, "openvino": why}
+        return {}, {}, {"onnxruntime": why, "openvino": why, "openvino_bf16": why}
 
-    def add(name, make):
+    def add(name, make, atol: float = 1e-3):
         try:
             fn, version = make()
             err = output_error([torch.from_numpy(o) for o in fn()], want)
-            if not err <= 1e-3:
+            if not err <= atol:
                 raise ValueError(f"its output differs from eager by {err:.3g}")
             fns[name], versions[name] = fn, version
         except Exception as exc:
@@ -156,12 +199,15 @@ def engine_variants(model, inputs, threads: int, workdir: str) -> tuple[dict, di
         feed = dict(zip(names, feeds))
         return (lambda: session.run(None, feed)), ort.__version__
 
-    def openvino():
+    def openvino(precision: str = "f32"):
         import openvino as ov
 
         compiled = ov.Core().compile_model(path, "CPU", {
             "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
-            "INFERENCE_PRECISION_HINT": "f32"})
+            "INFERENCE_PRECISION_HINT": precision})
+        got = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
+        if got != precision:  # OpenVINO falls back to f32 where a CPU lacks bf16
+            raise ValueError(f"OpenVINO infers in {got} on this CPU, not {precision}")
         request = compiled.create_infer_request()
 
         def run():
@@ -172,6 +218,7 @@ def engine_variants(model, inputs, threads: int, workdir: str) -> tuple[dict, di
 
     add("onnxruntime", onnxruntime)
     add("openvino", openvino)
+    add("openvino_bf16", lambda: openvino("bf16"), tolerance("bf16").network)
     return fns, versions, missing
 
 
@@ -210,19 +257,21 @@ def with_precision(target: Target, precision: str | None) -> Target:
     if precision is None or precision == target.precision:
         return target
     if target.kind != "cuda":
-        raise ValueError(f"--precision {precision}: a cuda option (the CPU kernels compute "
-                         "in float32)")
+        raise ValueError(f"--precision {precision}: a cuda option (on a CPU, one precision "
+                         "a run: --target 'llvm -precision=bf16')")
     if target.precision != DEFAULT:
         raise ValueError(f"--precision {precision} contradicts the target's "
                          f"-precision={target.precision}")
     return dataclasses.replace(target, precision=precision)
 
 
-def cpu_records(cpu: str, model: str, threads: int) -> str:
-    """bench/results/<CPU>/network_MODEL_<threads>threads.jsonl: a CPU's records (CPU as
-    LLVM names it), which the CPU benchmarks resume or compile from by default."""
+def cpu_records(cpu: str, model: str, threads: int, precision: str = DEFAULT) -> str:
+    """bench/results/<CPU>/network_MODEL_<threads>threads[_PRECISION].jsonl: a CPU's
+    records (CPU as LLVM names it; fp32 left out of the name), which the CPU benchmarks
+    resume or compile from by default."""
+    suffix = "" if precision == DEFAULT else f"_{precision}"
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", cpu,
-                        f"network_{model.replace('/', '_')}_{threads}threads.jsonl")
+                        f"network_{model.replace('/', '_')}_{threads}threads{suffix}.jsonl")
 
 
 def default_records(gpu: str, model: str, precision: str) -> str:
@@ -620,14 +669,16 @@ def main() -> None:
               "runs on this machine's own CPU; drop -mcpu", file=sys.stderr)
         sys.exit(2)
     cpu = cpu_info().name  # records measured on one CPU model are not this one's
-    records = args.records or cpu_records(cpu, args.model, args.threads)
+    target, precision = str(args.target), args.target.precision
+    records = args.records or cpu_records(cpu, args.model, args.threads, precision)
     os.makedirs(os.path.dirname(os.path.abspath(records)), exist_ok=True)
     model, inputs = load_model(args.model)
     x = inputs[0]
 
     start = time.perf_counter()
     tuned = tune_network(model, inputs, trials=args.trials, seconds=args.tune_seconds,
-                         records=records, threads=args.threads, verbose=False)
+                         records=records, threads=args.threads, target=target,
+                         verbose=False)
     tune_s = time.perf_counter() - start
     import ray
     ray.shutdown()  # nothing of Ray's running while we time
@@ -638,24 +689,29 @@ def main() -> None:
     from raytune_kernels.layout.costs import COUNTS
 
     start = time.perf_counter()
-    net = compile_network(model, inputs, records, threads=args.threads, verbose=True,
-                          refine=args.refine)
+    net = compile_network(model, inputs, records, target=target, threads=args.threads,
+                          verbose=True, refine=args.refine)
     compile_s = time.perf_counter() - start
     transforms = dict(COUNTS)  # timed now, or found in this machine's transform cache
     print(f"compiled and checked in {compile_s:.1f} s ({transforms['timed']} transforms "
           f"timed, {transforms['cached']} from the cache)")
-    uniform = compile_network(model, inputs, records, threads=args.threads, layout="uniform",
-                              verbose=True, refine=args.refine)
+    uniform = compile_network(model, inputs, records, target=target, threads=args.threads,
+                              layout="uniform", verbose=True, refine=args.refine)
 
     fns = {"ours": lambda: net(*inputs), "uniform": lambda: uniform(*inputs)}
     if args.refine > 1:
-        plain = compile_network(model, inputs, records, threads=args.threads, refine=0)
+        plain = compile_network(model, inputs, records, target=target,
+                                threads=args.threads, refine=0)
         fns["unrefined"] = lambda: plain(*inputs)
     fns.update(torch_variants(model, x, not args.no_compile))
+    fns.update(bf16_variants(model, x, not args.no_compile))
     with tempfile.TemporaryDirectory(prefix="rk_engines_") as tmp:
         engines, engine_versions, engines_missing = engine_variants(model, inputs,
                                                                     args.threads, tmp)
     fns.update(engines)
+    # each variant's arithmetic: ours the target's; PyTorch's and the engines' by name
+    precisions = {k: "bf16" if k.endswith("_bf16") else DEFAULT
+                  for k in fns if fns[k] is not None and k not in OURS}
     rounds: dict[str, list[float]] = {}
     ms = {k: v * 1e3 for k, v in interleaved(
         fns, args.rounds, rounds, lambda t: unsettled(best_other_ratios(t), args.ci),
@@ -663,21 +719,25 @@ def main() -> None:
     prof = net.profile(png=args.png)
     print(net.fidelity(ms["ours"] / 1e3, prof))
     torch_ms = {k: (round(ms[k], 3) if k in ms else None)
-                for k in ("eager", "channels_last", "jit_freeze", "compile")}
+                for k in ("eager", "channels_last", "jit_freeze", "compile", "eager_bf16",
+                          "compile_bf16")}
     best_torch = min(v for v in torch_ms.values() if v is not None)
     engines_ms = {k: round(ms[k], 3) for k in engines}
     best_any = min([best_torch, *engines_ms.values()])
     print("ours {:.3f} ms; ".format(ms["ours"]) + ", ".join(
         f"{k} {v:.3f} ms" for k, v in {**torch_ms, **engines_ms}.items() if v is not None))
-    result = {"model": args.model, "cpu": cpu, "threads": args.threads, "trials": tuned.trials,
+    result = {"model": args.model, "cpu": cpu, "target": target, "precision": precision,
+              "threads": args.threads, "trials": tuned.trials,
               "ours_ms": round(ms["ours"], 3), "uniform_ms": round(ms["uniform"], 3),
               "estimated_ms": round(net.estimated_s * 1e3, 3),
               "layout_plan_ms": round(net.plan.cost * 1e3, 3),
               "torch_ms": torch_ms, "speedup_vs_best_torch": round(best_torch / ms["ours"], 3),
               "engines_ms": engines_ms, "engine_versions": engine_versions,
               "engines_missing": engines_missing,
-              # over the best of the PyTorch variants and the engines that ran here
+              # over the best of the PyTorch variants and the engines that ran here, of
+              # any precision; then over those of our precision alone, and of any
               "speedup_vs_best_engine": round(best_any / ms["ours"], 3),
+              "variant_precisions": precisions, **speedups(rounds, precisions, precision),
               # the ILP compile, checked; transforms timed then or found in the cache
               "compile_s": round(compile_s, 1), "compile_transforms": transforms,
               # per round: the best other variant's time over ours, and the single-layout

@@ -222,7 +222,8 @@ def compile_network(model: "torch.nn.Module",
         threads, on "cuda" those of its arch and precision.
     target
         "llvm", "llvm -mcpu=NAME", "cuda", "cuda -arch=sm_XY", "cuda -precision=P" (tf32,
-        fp16, bf16; fp32 by default).
+        fp16, bf16; fp32 by default), "llvm -precision=bf16" (convolutions on AMX tiles, on
+        a CPU that has them).
     fallback
         "torch": a task without records, and any step PyTorch runs faster, runs PyTorch's
         kernel; None: our untuned config.
@@ -237,8 +238,8 @@ def compile_network(model: "torch.nn.Module",
         Compare the output with model(x): the largest difference over the output's scale
         (its largest magnitude) must be <= atol, so large activations are not refused for
         float rounding, nor small ones passed by a bound larger than themselves. By default
-        1e-3, or on "cuda" the network tolerance of the target's precision
-        (raytune_kernels/precision.py).
+        the network tolerance of the target's precision (raytune_kernels/precision.py:
+        1e-3 in fp32).
     verbose
         Print the plan's summary.
     solver

@@ -73,12 +73,17 @@ class Backend:
     seeds: Callable[[Compute], list[Config]] = no_seeds
 
 
-def cpu_backend(cpu: CpuInfo, threads: int = 1) -> Backend:
+def cpu_backend(cpu: CpuInfo, threads: int = 1, precision: str = DEFAULT) -> Backend:
     """Loop nests rendered to LLVM IR for `cpu` (its vector widths, registers and
     measured machine model); the estimate prices configs at the `threads` the tuner
-    measures them with."""
-    return Backend("llvm", cpu, functools.partial(no_kernel_reason, cpu=cpu),
-                   functools.partial(_cpu_space, cpu=cpu),
+    measures them with. In bf16, convolutions also run on AMX tiles, which the CPU must
+    have."""
+    if precision != DEFAULT and not cpu.amx:
+        raise UnknownTargetError(f"precision {precision} runs convolutions on AMX tiles "
+                                 f"(amx-tile, amx-bf16), which {cpu.name} lacks")
+    return Backend("llvm", cpu, functools.partial(no_kernel_reason, cpu=cpu,
+                                                  precision=precision),
+                   functools.partial(_cpu_space, cpu=cpu, precision=precision),
                    layouts_of, functools.partial(featurize, cpu=cpu),
                    functools.partial(_cpu_analyze, cpu=cpu, threads=threads), True, pack,
                    unpack)
@@ -108,7 +113,7 @@ def backend_for(target: str | Target, device: CpuInfo | GpuInfo | None = None,
     tgt = parse_target(target)
     if tgt.kind == "llvm":
         return cpu_backend(device if isinstance(device, CpuInfo) else cpu_info(tgt.mcpu),
-                           threads)
+                           threads, tgt.precision)
     if tgt.kind == "cuda":
         if isinstance(device, GpuInfo):
             return cuda_backend(device, tgt.precision)
@@ -186,8 +191,9 @@ def _no_cpu(tgt: Target) -> None:
     return None
 
 
-def _cpu_space(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
-    return space_for(compute, cpu)
+def _cpu_space(compute: Compute, cpu: CpuInfo, precision: str = DEFAULT
+               ) -> Space | UnionSpace:
+    return space_for(compute, cpu, precision)
 
 
 def _cpu_analyze(compute: Compute, cfgs: list[Config], features: bool = True,

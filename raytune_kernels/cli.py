@@ -99,7 +99,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         with torch.no_grad():
             eager = median(time_fn(lambda: model(*inputs), TimingOptions(3, 200, 7)))
         where = f"on the CPU, {args.threads} thread(s)"
-    atol = tolerance(tgt.precision).network if tgt.kind == "cuda" else 1e-3
+    atol = tolerance(tgt.precision).network
     print(f"checked against the model (difference <= {atol:g} of the output's scale)\n"
           f"ours {ours * 1e3:.3f} ms, PyTorch eager {eager * 1e3:.3f} ms "
           f"({eager / ours:.2f}x), {where}")

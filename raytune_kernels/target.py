@@ -1,5 +1,6 @@
 """Target strings: "llvm" (the host CPU), "llvm -mcpu=NAME", "cuda", "cuda -arch=sm_XY",
-and for cuda "-precision=fp32|tf32|fp16|bf16" (raytune_kernels/precision.py).
+with "-precision=fp32|tf32|fp16|bf16" for cuda and "-precision=fp32|bf16" for llvm
+(raytune_kernels/precision.py).
 
 A cuda target without -arch means the measuring GPU's own arch (GpuMeasurerActor.arch).
 The precision is part of the target's string, so records of one precision never serve
@@ -15,6 +16,7 @@ from raytune_kernels.errors import UnknownTargetError
 from raytune_kernels.precision import DEFAULT, PRECISIONS
 
 KINDS = ("llvm", "cuda")
+CPU_PRECISIONS = ("fp32", "bf16")  # bf16: AMX tiles (cpu/amx.py)
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,7 @@ class Target:
     kind: str
     mcpu: str | None = None
     arch: str | None = None  # cuda only: the NVRTC arch, e.g. "sm_90"
-    precision: str = DEFAULT  # cuda only: the arithmetic the kernels may use
+    precision: str = DEFAULT  # the arithmetic the kernels may use
 
     def __str__(self) -> str:
         return (self.kind + (f" -mcpu={self.mcpu}" if self.mcpu else "")
@@ -45,14 +47,13 @@ def parse_target(text: "str | Target") -> Target:
             mcpu = opt[len("-mcpu="):]
         elif kind == "cuda" and re.fullmatch(r"-arch=sm_[0-9]{2,3}[a-z]?", opt):
             arch = opt[len("-arch="):]
-        elif kind == "cuda" and opt.startswith("-precision="):
-            precision = opt[len("-precision="):]
-            if precision not in PRECISIONS:
-                raise UnknownTargetError(f"unknown precision {precision!r} in target "
-                                         f"{text!r}: expected one of {', '.join(PRECISIONS)}")
         elif opt.startswith("-precision="):
-            raise UnknownTargetError(f"target {text!r}: -precision is a cuda option (the "
-                                     "CPU kernels compute in float32)")
+            precision = opt[len("-precision="):]
+            allowed = PRECISIONS if kind == "cuda" else CPU_PRECISIONS
+            if precision not in allowed:
+                raise UnknownTargetError(f"unknown precision {precision!r} for {kind} in "
+                                         f"target {text!r}: expected one of "
+                                         f"{', '.join(allowed)}")
         else:
             raise UnknownTargetError(f"unknown option {opt!r} in target {text!r}")
     return Target(kind, mcpu, arch, precision)

@@ -246,7 +246,14 @@ def test_the_engines_users_would_pick_instead_are_checked_then_timed(tmp_path):
                                 torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4)).eval()
     inputs = (torch.randn(1, 3, 8, 8),)
     fns, versions, missing = network.engine_variants(model, inputs, 1, str(tmp_path))
-    assert set(fns) | set(missing) == {"onnxruntime", "openvino"}
+    assert set(fns) | set(missing) == {"onnxruntime", "openvino", "openvino_bf16"}
+    if "openvino_bf16" in fns:  # a CPU with bf16 arithmetic: within bf16's tolerance
+        with torch.no_grad():
+            want = model(*inputs)
+        got = torch.from_numpy(fns["openvino_bf16"]()[0])
+        assert 0 < (got - want).abs().max() <= 5e-2 * want.abs().max()
+    elif "openvino" in fns:  # installed: this CPU infers in f32 only, and it says so
+        assert "infers in f32" in missing["openvino_bf16"], missing
     for name in ("onnxruntime", "openvino"):
         if importlib.util.find_spec(name) is None or importlib.util.find_spec("onnx") is None:
             assert name in missing and ("not installed" in missing[name]
@@ -747,3 +754,30 @@ def test_search_benches_refuse_bad_strategies_and_a_history_without_records(tmp_
     proc = _run("bench/search.py", "--history", str(empty), "--cold", "--threads", "2")
     assert proc.returncode != 0
     assert "holds no llvm records at 2 threads with --cold" in proc.stderr
+
+
+def test_bf16_variants_run_where_the_cpu_computes_in_bf16():
+    """bench/network.py's PyTorch bf16 baselines: built on a CPU with bf16 arithmetic
+    (float32 outputs within bf16's tolerance), left out with a reason elsewhere."""
+    import torch
+
+    network = _bench("network")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    fns = network.bf16_variants(model, x, use_compile=False)
+    assert set(fns) == {"eager_bf16", "compile_bf16"} and fns["compile_bf16"] is None
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert fns["eager_bf16"] is None
+        return
+    with torch.no_grad():
+        want, got = model(x), fns["eager_bf16"]()
+    assert got.dtype == torch.float32
+    assert 0 < (got - want).abs().max() <= 5e-2 * want.abs().max()
+
+
+def test_cpu_records_default_per_precision():
+    network = _bench("network")
+    assert network.cpu_records("znver5", "resnet18", 2).endswith(
+        "/znver5/network_resnet18_2threads.jsonl")
+    assert network.cpu_records("znver5", "hf/BertModel", 2, "bf16").endswith(
+        "/znver5/network_hf_BertModel_2threads_bf16.jsonl")

@@ -67,8 +67,9 @@ def test_a_cuda_target_carries_its_precision_and_fp32_stays_the_old_string():
     assert str(rk.parse_target("cuda -arch=sm_80 -precision=fp32")) == "cuda -arch=sm_80"
     with pytest.raises(rk.UnknownTargetError, match="unknown precision 'fp8'"):
         rk.parse_target("cuda -precision=fp8")
-    with pytest.raises(rk.UnknownTargetError, match="-precision is a cuda option"):
-        rk.parse_target("llvm -precision=tf32")
+    with pytest.raises(rk.UnknownTargetError, match="unknown precision 'tf32' for llvm"):
+        rk.parse_target("llvm -precision=tf32")  # a CPU has bf16 (AMX) or fp32
+    assert str(rk.parse_target("llvm -precision=bf16")) == "llvm -precision=bf16"
 
 
 def test_every_layer_implements_exactly_the_op_vocabulary():

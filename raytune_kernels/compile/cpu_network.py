@@ -53,6 +53,7 @@ from raytune_kernels.cpu.schedules import lower, no_kernel_reason, space_for, wr
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.capture import capture
+from raytune_kernels.precision import DEFAULT
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
 from raytune_kernels.layout.costs import layouts_of, measure_transforms
 from raytune_kernels.layout.graph import NCHW, Candidate
@@ -482,15 +483,19 @@ def compile_network_cpu(model: torch.nn.Module,
         part = partition(graph)
         cold = any(r.cold_weights for r in recs)  # transforms and torch timed as kernels
         opts = MeasureOptions(threads=threads, min_repeat_ms=5, repeats=5, cold_weights=cold)
-        cpu = cpu_info(tgt.mcpu)
+        cpu, precision = cpu_info(tgt.mcpu), tgt.precision
+        if precision != DEFAULT and not cpu.amx:
+            raise CompileError(f"target {str(tgt)!r}: precision {precision} runs convolutions "
+                               f"on AMX tiles (amx-tile, amx-bf16), which {cpu.name} lacks")
         no_kernel = {t.key: why for t in part.tasks
-                     if (why := no_kernel_reason(t.compute, cpu))}
-        recs = _in_todays_spaces(recs, part.tasks, cpu, no_kernel)
+                     if (why := no_kernel_reason(t.compute, cpu, precision))}
+        recs = _in_todays_spaces(recs, part.tasks, cpu, no_kernel, precision)
         tseconds = {t.key: torch_seconds(t.compute, threads, cold_weights=cold)
                     for t in part.tasks if fallback or t.key in no_kernel}
         unchecked: list[int] = []
         cands = _candidates(part, recs, fallback, tseconds, threads, cpu, no_kernel,
-                            family_of=layout_family, unchecked=unchecked)
+                            family_of=layout_family, unchecked=unchecked,
+                            precision=precision)
         # every edge's transform, timed at once (parallel builds, one isolated child) or
         # looked up in this machine's transform cache; untuned, priced by a model instead
         # (its node costs are estimates too): a first compile times no transform
@@ -616,8 +621,8 @@ def _writes_bordered(part: Partition, step: TaskStep, cand: Candidate) -> bool:
         writes_bordered(part.task(step.key).compute, cand.config)
 
 
-def _in_todays_spaces(recs: list[Record], tasks, cpu: CpuInfo, no_kernel: dict[str, str]
-                      ) -> list[Record]:
+def _in_todays_spaces(recs: list[Record], tasks, cpu: CpuInfo, no_kernel: dict[str, str],
+                      precision: str = DEFAULT) -> list[Record]:
     """The valid records whose config is a point of its task's schedule space today. A
     record of an older space (a knob since added or renamed) is skipped with one warning,
     not left to fail with a KeyError deep in the layout costs; one that lacks only a knob
@@ -625,7 +630,8 @@ def _in_todays_spaces(recs: list[Record], tasks, cpu: CpuInfo, no_kernel: dict[s
     whose every record is such an older one were never searched over what that knob adds
     (NHWC depthwise convs and pools, say): one warning names them, since the plan cannot
     pick what they were never tuned for."""
-    spaces = {t.key: space_for(t.compute, cpu) for t in tasks if t.key not in no_kernel}
+    spaces = {t.key: space_for(t.compute, cpu, precision) for t in tasks
+              if t.key not in no_kernel}
     kept, stale, configs = [], [], []
     for r in recs:
         space = spaces.get(r.task_key)
@@ -650,7 +656,8 @@ def _in_todays_spaces(recs: list[Record], tasks, cpu: CpuInfo, no_kernel: dict[s
 def _candidates(part: Partition, recs: list[Record], fallback: str | None,
                 tseconds: dict[str, float], threads: int, cpu: CpuInfo,
                 no_kernel: dict[str, str], family_of: Callable | None = None,
-                unchecked: list[int] | None = None) -> list[list[Candidate]]:
+                unchecked: list[int] | None = None, precision: str = DEFAULT
+                ) -> list[list[Candidate]]:
     """Per step (in order): what may run it. The fastest few are kept (within SLACK of the
     best); with `family_of`, the fastest few of every layout family reading and writing
     that family are kept as well: a kernel that needs no transform around it can beat a
@@ -679,7 +686,7 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
             tuned = [c for c in tuned if c.seconds <= tseconds[step.key]]
             tuned.append(Candidate(NCHW, NCHW, tseconds[step.key], TORCH))
         elif not tuned:
-            tuned = estimated_candidates(part, step, cpu, threads)
+            tuned = estimated_candidates(part, step, cpu, threads, precision)
             if tuned:
                 untuned[step.key] = task.compute.describe()
                 tuned = prune(tuned, family_of)
@@ -746,12 +753,12 @@ UNTUNED_POOL = 48  # random configs an untuned task's estimate chooses among
 
 
 def estimated_candidates(part: Partition, step: TaskStep, cpu: CpuInfo,
-                         threads: int = 1) -> list[Candidate]:
+                         threads: int = 1, precision: str = DEFAULT) -> list[Candidate]:
     """An untuned task's candidates: the fewest estimated cycles (cpu/estimate.py) at
     `threads` threads per layout pair among a fixed random pool of configs, priced at the
     machine's clock."""
     best: dict[tuple[str, str], Candidate] = {}
-    for cand in _estimated_pool(part.task(step.key), cpu, threads):
+    for cand in _estimated_pool(part.task(step.key), cpu, threads, precision):
         pair = (cand.in_layout, cand.out_layout)
         if (pair not in best or cand.seconds < best[pair].seconds) and \
                 _bindable(part, step, cand):
@@ -760,9 +767,10 @@ def estimated_candidates(part: Partition, step: TaskStep, cpu: CpuInfo,
 
 
 @functools.lru_cache(maxsize=1024)  # a task recurs in many steps (BERT: 12 layers)
-def _estimated_pool(task, cpu: CpuInfo, threads: int = 1) -> tuple[Candidate, ...]:
+def _estimated_pool(task, cpu: CpuInfo, threads: int = 1, precision: str = DEFAULT
+                    ) -> tuple[Candidate, ...]:
     """The task's fixed random pool of configs that lower, each priced by the estimate."""
-    space, rng = space_for(task.compute, cpu), random.Random(task.key)
+    space, rng = space_for(task.compute, cpu, precision), random.Random(task.key)
     out = []
     for cfg in dict.fromkeys(space.sample(rng) for _ in range(UNTUNED_POOL)):
         try:

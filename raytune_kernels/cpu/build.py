@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -341,6 +342,18 @@ _built: "collections.OrderedDict[tuple[bytes, str | None], BuildResult]" = \
     collections.OrderedDict()
 
 
+@functools.lru_cache(maxsize=1)
+def permit_amx() -> bool:
+    """Ask Linux, once, for this process's AMX tile data state (arch_prctl
+    ARCH_REQ_XCOMP_PERM for XTILEDATA): without it an AMX instruction faults. True once
+    granted; False where refused or not Linux."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    arch_prctl, req_xcomp_perm, xtiledata = 158, 0x1023, 18
+    return libc.syscall(arch_prctl, req_xcomp_perm, xtiledata) == 0
+
+
 class LoadedKernel:
     """A shared library loaded from bytes, exposing one kernel function."""
 
@@ -353,6 +366,9 @@ class LoadedKernel:
         path = os.path.join(self._dir.name, f"{name}.so")
         with open(path, "wb") as f:
             f.write(library)
+        if name.endswith("_amx") and not permit_amx():  # tiles need the AMX state first
+            raise RuntimeError(f"kernel {name} runs on AMX tiles, and this process was "
+                               "refused their state (arch_prctl XTILEDATA)")
         self._lib = ctypes.CDLL(path)
         self.fn = getattr(self._lib, name)
         self.fn.argtypes = [ctypes.c_void_p] * n_buffers + [ctypes.c_int32]

@@ -70,9 +70,9 @@ from __future__ import annotations
 
 import functools
 
-from raytune_kernels.cpu.loopnest import (BCAST_FMA, PARALLEL, UNROLL, VEC_FMA, Bin, For, Ld,
-                                          LoopNest, Map, MapGroup, Reduce, Split, StoreTile,
-                                          Un, UpdateTile, ZeroTile)
+from raytune_kernels.cpu.loopnest import (BCAST_FMA, PARALLEL, UNROLL, VEC_FMA, AmxGemm, Bin,
+                                          For, Ld, LoopNest, Map, MapGroup, Reduce, Split,
+                                          StoreTile, Un, UpdateTile, ZeroTile)
 from raytune_kernels.cpu.machine import MachineModel, VectorUnit
 
 LOOP_CYCLES = 1.0  # increment, compare and branch of a loop that is not unrolled
@@ -85,6 +85,9 @@ L2_BYTES_PER_CYCLE = 32.0  # sustained L2 -> L1 bandwidth of one core
 # as it overlaps the FMAs in part (the fixed 64 bytes a cycle it replaces, fitted to the
 # dense gaps above, over-priced them by up to 1.6x and never under)
 RESTREAM_OVERLAP = 2.0
+# AMX (cpu/amx.py): a tile dot product (16x32 by 32x16 bf16) issues every 16 cycles on a
+# core; a tile load (1 KiB) from L1 or L2 takes about 8 cycles, overlapped with the dots
+AMX_DOT_CYCLES, AMX_LOAD_CYCLES = 16.0, 8.0
 TRANSCENDENTAL_OPS = 12  # vector ops of an inlined exp, tanh or sqrt polynomial
 CHEAP_OPS = ("relu", "relu6", "hardswish", "hardsigmoid")  # a few selects and multiplies
 
@@ -118,6 +121,10 @@ def _weight_bytes(nest: LoopNest, threads: int) -> float:
                 first = split.names[0] if split is not None else s.var
                 walk(s.body, first if s.kind == PARALLEL else shared)
             elif isinstance(s, UpdateTile) and s.mode == BCAST_FMA and s.b is not None:
+                indexed = {v for v, c in s.b.index.terms if c}
+                copies = 1 if shared is None or shared in indexed else threads
+                most = max(most, sizes.get(s.b.buffer, 0) * copies)
+            elif isinstance(s, AmxGemm):
                 indexed = {v for v, c in s.b.index.terms if c}
                 copies = 1 if shared is None or shared in indexed else threads
                 most = max(most, sizes.get(s.b.buffer, 0) * copies)
@@ -178,6 +185,9 @@ def _cycles(body, tiles: dict, u: VectorUnit, ctx: tuple) -> float:
             total += _accumulators(tiles[s.tile]) / u.fma_per_cycle
         elif isinstance(s, StoreTile):
             total += _accumulators(tiles[s.tile]) * (1 + len(s.epilogue))
+        elif isinstance(s, AmxGemm):
+            per_step = max(s.mt * s.nt * AMX_DOT_CYCLES, (s.mt + s.nt) * AMX_LOAD_CYCLES)
+            total += s.steps * (per_step + LOOP_CYCLES) + s.mt * s.nt * AMX_DOT_CYCLES
         elif isinstance(s, Reduce):
             ops, loads = _expr_cost(s.expr)
             per_step = max((ops + 1) / u.fma_per_cycle, loads / u.loads_per_cycle,

@@ -104,12 +104,40 @@ class EpiStep:
 
 @dataclass(frozen=True)
 class StoreTile:
-    """out[out.index + i*s0 + j*s1 + v*lanes : +lanes] = epilogue(acc[i, j, v])."""
+    """out[out.index + i*s0 + j*s1 + v*lanes : +lanes] = epilogue(acc[i, j, v]).
+
+    With `bf16`, each vector is rounded to bfloat16 (to nearest, ties to even) and stored
+    as lanes/2 four-byte slots of two values each, first value in the low half: the
+    index, the strides and the vector offsets (v*lanes/2) then count slots."""
 
     tile: str
     out: Access
     out_strides: tuple[int, int]
     epilogue: tuple[EpiStep, ...] = ()
+    bf16: bool = False
+
+
+AMX_ROWS, AMX_STEP = 16, 32  # an AMX tile's rows; bf16 values of one dot-product step
+
+
+@dataclass(frozen=True)
+class AmxGemm:
+    """C = A x B on AMX tensor tiles (amx-bf16), float32 accumulation, C stored to memory.
+
+    A is `mt` tiles of 16 rows of bf16 pairs (`a_row` slots apart, a 4-byte slot holding
+    two values), B is `nt` tiles packed for the dot product (VNNI: per step, 16 rows of
+    pairs of the reduction by 16 columns, 256 slots, `b_tile` slots between tiles), over
+    `steps` steps of 32 reduction values (16 slots of A, 256 of B each). C tile (i, j), 16
+    rows of 16 floats, lands at c.index + (i*nt + j)*256, rows 16 floats apart."""
+
+    a: Access
+    a_row: int
+    b: Access
+    b_tile: int
+    steps: int
+    mt: int
+    nt: int
+    c: Access
 
 
 # ---- row kernels (softmax, layer norm, elementwise): vector expressions over a row ----
@@ -254,7 +282,8 @@ def loaded_buffers(e) -> set[str]:
     return out
 
 
-Stmt = Union[For, Split, ZeroTile, UpdateTile, StoreTile, Reduce, Let, Map, MapGroup]
+Stmt = Union[For, Split, ZeroTile, UpdateTile, StoreTile, AmxGemm, Reduce, Let, Map,
+             MapGroup]
 
 
 @dataclass(frozen=True)
@@ -418,6 +447,8 @@ def _run(nest: LoopNest, body, env, bufs, accs) -> None:
             _update(nest, s, env, bufs, accs[s.tile], nest.tile(s.tile))
         elif isinstance(s, StoreTile):
             _store(nest, s, env, bufs, accs[s.tile], nest.tile(s.tile))
+        elif isinstance(s, AmxGemm):
+            _amx_gemm(s, env, bufs)
         else:
             _row_stmt(nest, s, env, bufs)
 
@@ -463,4 +494,45 @@ def _store(nest: LoopNest, s: StoreTile, env, bufs, acc: np.ndarray, tile: Tile)
         value = apply_epilogue_np(step, value, ops).astype(np.float32)
     base, live = s.out.index.eval(env), tile.width(nest.lanes)
     rows = np.array(tile.offsets(s.out_strides))[:, None]
+    if s.bf16:  # slots of two bf16 values: write the 16-bit halves
+        halves = bufs[s.out.buffer].view(np.uint16)
+        halves[2 * (base + rows) + np.arange(live)[None, :]] = to_bf16(value[:, :live])
+        return
     bufs[s.out.buffer][base + rows + np.arange(live)[None, :]] = value[:, :live]
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """The bfloat16 bits (uint16) of float32 `x`, rounded to nearest, ties to even, as
+    vcvtneps2bf16 rounds (NaNs stay NaN)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
+def from_bf16(h: np.ndarray) -> np.ndarray:
+    """float32 values of bfloat16 bits (uint16)."""
+    return (h.astype(np.uint32) << 16).view(np.float32)
+
+
+def _amx_gemm(s: AmxGemm, env, bufs) -> None:
+    """C = A x B in float32 from the bf16 operands (the order of the sums may differ from
+    the hardware's, within float32 rounding)."""
+    rows, k = AMX_ROWS * s.mt, s.steps * AMX_STEP
+    a0 = s.a.index.eval(env)
+    a_half = bufs[s.a.buffer].view(np.uint16)
+    idx = 2 * (a0 + np.arange(rows)[:, None] * s.a_row) + np.arange(k)[None, :]
+    a = from_bf16(a_half[idx])  # rows x k
+    b_half = bufs[s.b.buffer].view(np.uint16)
+    b0 = s.b.index.eval(env)
+    c0 = s.c.index.eval(env)
+    out = bufs[s.c.buffer]
+    for j in range(s.nt):
+        start = 2 * (b0 + j * s.b_tile)
+        # per step: [16 pairs][16 columns][2] -> the step's 32 x 16 block of B
+        blocks = b_half[start: start + s.steps * 512].reshape(s.steps, 16, 16, 2)
+        b = from_bf16(blocks.transpose(0, 1, 3, 2).reshape(k, 16))
+        c = a.astype(np.float64) @ b.astype(np.float64)
+        for i in range(s.mt):
+            tile = c[i * AMX_ROWS: (i + 1) * AMX_ROWS].astype(np.float32)
+            at = c0 + (i * s.nt + j) * 256
+            out[at: at + 256] = tile.reshape(-1)

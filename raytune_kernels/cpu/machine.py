@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, replace
 import llvmlite.ir as ir
 import numpy as np
 
-from raytune_kernels.cpu.build import LoadedKernel, aligned, build, host_cpu
+from raytune_kernels.cpu.build import LoadedKernel, aligned, build, host_cpu, permit_amx
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.peak import STEPS as PEAK_STEPS, peak_nest
 from raytune_kernels.cpu.loopnest import (BCAST_FMA, SERIAL, UNROLL, VEC_FMA, Access, Affine,
@@ -155,6 +155,7 @@ class CpuInfo:
     lanes: tuple[int, ...]  # vector widths (floats) worth trying, widest first
     regs: int  # vector registers
     machine: MachineModel
+    amx: bool = False  # AMX tiles with bf16 dot products (amx-tile, amx-bf16)
 
     def chains(self, lanes: int) -> int:
         """Fewest accumulator chains a register tile of `lanes`-float vectors should have."""
@@ -179,6 +180,15 @@ def host_device() -> tuple[str, str]:
     return name, host_isa(features)
 
 
+def host_amx(features: str) -> bool:
+    """Whether AMX's bf16 tiles run here: the CPU has them (amx-tile, amx-bf16) and the
+    OS hands this process their state."""
+    flags = features.split(",")
+    if "+amx-tile" not in flags or "+amx-bf16" not in flags:
+        return False
+    return permit_amx()
+
+
 def cpu_info(mcpu: str | None = None) -> CpuInfo:
     """Vector widths, register count and machine model for the host CPU or a named one.
     A named CPU runs on the host's hardware, so it shares the host's measured vector
@@ -190,7 +200,7 @@ def cpu_info(mcpu: str | None = None) -> CpuInfo:
     host_regs = 32 if wide or "+avx512vl" in flags else 16
     host = host_model(host_lanes, host_regs)
     if not mcpu or mcpu == name:
-        return CpuInfo(name, host_lanes, host_regs, host)
+        return CpuInfo(name, host_lanes, host_regs, host, host_amx(features))
     lanes, regs = ((16, 8), 32) if mcpu.startswith(AVX512_CPUS) else ((8,), 16)
     if set(lanes) <= set(host_lanes):
         units = tuple(host.unit(n) for n in lanes)

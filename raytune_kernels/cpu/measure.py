@@ -11,7 +11,7 @@ kernels read their weights from rotating copies that keep them out of cache.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from raytune_kernels.cpu.kernel import prepare
 from raytune_kernels.cpu.schedules import lower, unpack
 from raytune_kernels.measure import (HOST_ERROR, RUNTIME_ERROR, MeasureOptions, MeasureResult,
                                      check_output, operands_and_reference, rotating_copies)
+from raytune_kernels.precision import tolerance
 from raytune_kernels.space import Config
 from raytune_kernels.task import Compute
 from raytune_kernels.timing import time_fn
@@ -60,6 +61,16 @@ def _llc_bytes() -> int:
         return 64 << 20
 
 
+def checked_as(cfg: Config, opts: MeasureOptions) -> MeasureOptions:
+    """The options a config's output is checked with: AMX kernels round their operands
+    to bf16, and take bf16's kernel tolerance where the options ask for less."""
+    if cfg.get("algorithm") != "amx":
+        return opts
+    tol = tolerance("bf16")
+    return replace(opts, rtol=max(opts.rtol, tol.kernel_rtol),
+                   atol=max(opts.atol, tol.kernel_atol))
+
+
 def measure_built(compute: Compute, cfg: Config, library: bytes, opts: MeasureOptions,
                   build_s: float = 0.0) -> MeasureResult:
     """Check then time a built candidate in this process."""
@@ -76,7 +87,7 @@ def measure_built(compute: Compute, cfg: Config, library: bytes, opts: MeasureOp
         return MeasureResult.error(RUNTIME_ERROR if host is None else HOST_ERROR,
                                    host or f"{type(exc).__name__}: {exc}", build_s, took,
                                    (("check", took),))
-    verdict = check_output(got, expected, opts)
+    verdict = check_output(got, expected, checked_as(cfg, opts))
     checked = time.perf_counter()
     load = prep.kernel.load_s
     checking = (("load", load), ("check", checked - start - load))

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from raytune_kernels.task import Compute
+from raytune_kernels.cpu.amx import (applicable as amx_applicable, amx_space, lower_amx,
+                                     pack_amx)
 from raytune_kernels.cpu.machine import CpuInfo
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.im2col import (applicable as im2col_applicable, im2col_space,
@@ -22,6 +24,7 @@ from raytune_kernels.cpu.lower import (LoweringError, lower as lower_tiled, oper
 from raytune_kernels.cpu.row_kernels import (ROW_OPS, RowLoweringError, lower_rows, pack_rows,
                                              row_shape, row_space, unpack_rows)
 from raytune_kernels.cpu.contraction_space import contraction_space
+from raytune_kernels.precision import DEFAULT
 from raytune_kernels.space import Config, Space, UnionSpace
 from raytune_kernels.cpu.winograd import (VARIANTS as WINOGRAD, applicable as winograd_applicable,
                                           lower_winograd, pack_winograd, winograd_space)
@@ -58,10 +61,11 @@ def _why(c: Compute) -> str:
     return ""
 
 
-def space_for(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
+def space_for(compute: Compute, cpu: CpuInfo, precision: str = DEFAULT
+              ) -> Space | UnionSpace:
     """The schedule space of a compute on a CPU. Convolutions that im2col or Winograd
     F(2x2, 3x3) or F(4x4, 3x3) apply to get those algorithms too, under the knob
-    `algorithm` (winograd, winograd4)."""
+    `algorithm` (winograd, winograd4); in bf16 on a CPU with AMX, also AMX tiles (amx)."""
     reason = unsupported_reason(compute)
     if reason:
         raise LoweringError(reason)
@@ -74,10 +78,13 @@ def space_for(compute: Compute, cpu: CpuInfo) -> Space | UnionSpace:
     for name, variant in WINOGRAD.items():
         if winograd_applicable(compute, variant):
             parts.append((name, winograd_space(compute, cpu, variant)))
+    if amx_applicable(compute, cpu, precision):
+        parts.append(("amx", amx_space(compute, cpu)))
     return UnionSpace("algorithm", tuple(parts)) if len(parts) > 1 else direct
 
 
-def no_kernel_reason(compute: Compute, cpu: CpuInfo) -> str | None:
+def no_kernel_reason(compute: Compute, cpu: CpuInfo, precision: str = DEFAULT
+                     ) -> str | None:
     """Why no kernel of ours can run a compute on this CPU (None when one can): no
     lowering for its shape, or a schedule space that comes out empty here (no register
     tile fits the CPU's vector widths, say). The tuner skips such a task and the compiled
@@ -86,7 +93,7 @@ def no_kernel_reason(compute: Compute, cpu: CpuInfo) -> str | None:
     if why:
         return why
     try:
-        space = space_for(compute, cpu)
+        space = space_for(compute, cpu, precision)
         if not space.count():
             return f"its schedule space is empty on {cpu.name}"
         lower(compute, space.sample(random.Random(0)))  # what the space cannot see
@@ -125,6 +132,8 @@ def lower(compute: Compute, cfg: Config) -> LoopNest:
         return lower_rows(compute, cfg)
     if cfg.get("algorithm") == "im2col":
         return lower_im2col(compute, cfg)
+    if cfg.get("algorithm") == "amx":
+        return lower_amx(compute, cfg)
     if cfg.get("algorithm") in WINOGRAD:
         return lower_winograd(compute, cfg)
     return lower_tiled(compute, cfg)
@@ -135,6 +144,8 @@ def pack(compute: Compute, cfg: Config, operands) -> dict[str, np.ndarray]:
         return pack_rows(compute, cfg, operands)
     if cfg.get("algorithm") == "im2col":
         return pack_im2col(compute, cfg, operands)
+    if cfg.get("algorithm") == "amx":
+        return pack_amx(compute, cfg, operands)
     if cfg.get("algorithm") in WINOGRAD:
         return pack_winograd(compute, cfg, operands)
     return pack_operands(compute, cfg, operands)

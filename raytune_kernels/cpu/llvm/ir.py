@@ -14,9 +14,9 @@ from raytune_kernels.cpu.llvm import row_statements
 from raytune_kernels.cpu.llvm.text import (F32, I1, I32, I64, PTR, VOID, Builder, Function, Module,
                                            Value, const, splat, vector)
 from raytune_kernels.cpu.llvm.math_ops import apply as apply_epilogue
-from raytune_kernels.cpu.loopnest import (ADD, BCAST_FMA, MAX, PARALLEL, UNROLL, VEC_FMA, Access,
-                                          EpiStep, For, LoopNest, Split, StoreTile,
-                                          UpdateTile, ZeroTile)
+from raytune_kernels.cpu.loopnest import (ADD, AMX_ROWS, BCAST_FMA, MAX, PARALLEL, UNROLL,
+                                          VEC_FMA, Access, AmxGemm, EpiStep, For, LoopNest,
+                                          Split, StoreTile, UpdateTile, ZeroTile)
 
 
 
@@ -145,6 +145,8 @@ class _Emitter:
             self._update(s)
         elif isinstance(s, StoreTile):
             self._store(s)
+        elif isinstance(s, AmxGemm):
+            self._amx_gemm(s)
         else:
             row_statements.emit(self, s)
 
@@ -275,7 +277,53 @@ class _Emitter:
                 for k, step in enumerate(s.epilogue):
                     ops = [operand(k, j, st, r, v) for j, (_, st) in enumerate(step.operands)]
                     x = self.epilogue(step, x, ops)
-                self.vstore(x, po, off + v * lanes, _mask(tile, v))
+                if s.bf16:  # slots of two bf16 values (loopnest.StoreTile)
+                    half = self.b.fptrunc(x, vector("bfloat", lanes))
+                    self.b.store(half, self.at(po, off + v * lanes // 2), align=2)
+                else:
+                    self.vstore(x, po, off + v * lanes, _mask(tile, v))
+
+    def _amx_gemm(self, s: AmxGemm) -> None:
+        """The tiles' dot-product loop, accumulators carried in x86_amx phis; LLVM's AMX
+        passes configure the tile registers (ldtilecfg) from the shapes given here."""
+        amx, i16, b = "x86_amx", "i16", self.b
+        m = self.mod
+        load = m.decl("llvm.x86.tileloadd64.internal", amx, [i16, i16, PTR, I64])
+        dot = m.decl("llvm.x86.tdpbf16ps.internal", amx, [i16, i16, i16, amx, amx, amx])
+        store = m.decl("llvm.x86.tilestored64.internal", VOID, [i16, i16, PTR, I64, amx])
+        zero = m.decl("llvm.x86.tilezero.internal", amx, [i16, i16])
+        rows, width = const(i16, AMX_ROWS), const(i16, 64)
+        pa, pb, pc = self.pointer(s.a), self.pointer(s.b), self.pointer(s.c)
+        tiles = [(i, j) for i in range(s.mt) for j in range(s.nt)]
+        start = {t: b.call(zero, [rows, width]) for t in tiles}
+        pre = b.block
+        body, done = self.fn.append_basic_block("amx.body"), self.fn.append_basic_block("amx.done")
+        b.branch(body)
+        b.position_at_end(body)
+        k = b.phi(I64, name="ks")
+        k.add_incoming(i64(0), pre)
+        accs = {}
+        for t in tiles:
+            accs[t] = b.phi(amx)
+            accs[t].add_incoming(start[t], pre)
+        a_at = b.mul(k, i64(16), flags=["nsw"])
+        b_at = b.mul(k, i64(256), flags=["nsw"])
+        a_tiles = [b.call(load, [rows, width, b.gep(pa, [b.add(a_at, i64(i * AMX_ROWS * s.a_row))],
+                                                    inbounds=True, source_etype=F32),
+                                 i64(4 * s.a_row)]) for i in range(s.mt)]
+        b_tiles = [b.call(load, [rows, width, b.gep(pb, [b.add(b_at, i64(j * s.b_tile))],
+                                                    inbounds=True, source_etype=F32),
+                                 i64(64)]) for j in range(s.nt)]
+        new = {(i, j): b.call(dot, [rows, width, width, accs[i, j], a_tiles[i], b_tiles[j]])
+               for i, j in tiles}
+        nxt = b.add(k, i64(1), flags=["nsw", "nuw"])
+        k.add_incoming(nxt, b.block)
+        for t in tiles:
+            accs[t].add_incoming(new[t], b.block)
+        b.cbranch(b.icmp_signed("<", nxt, i64(s.steps)), body, done)
+        b.position_at_end(done)
+        for i, j in tiles:
+            b.call(store, [rows, width, self.at(pc, (i * s.nt + j) * 256), i64(64), new[i, j]])
 
     # ---- epilogue math ----
     def const(self, value: float):

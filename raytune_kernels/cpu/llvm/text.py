@@ -267,6 +267,9 @@ class Builder:
     def bitcast(self, x, to) -> Value:
         return self._cast("bitcast", x, to)
 
+    def fptrunc(self, x, to) -> Value:
+        return self._cast("fptrunc", x, to)
+
     def _compare(self, op: str, cond: str, x: Value, y: Value) -> Value:
         lanes = x.type[1:].split(" x ")[0] if x.type.startswith("<") else None
         return self._value(vector(I1, int(lanes)) if lanes else I1,

@@ -1,0 +1,176 @@
+"""Convolutions on AMX tiles in bf16 (cpu/amx.py): where the space offers them, their loop
+nests interpreted against the reference of bf16-rounded operands, their machine code
+against the interpreter where this CPU has AMX, the weights' packing, and the bf16 target
+through the compile."""
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from raytune_kernels.backend import backend_for, cpu_backend
+from raytune_kernels.cpu.amx import SHAPES, applicable, pack_weights
+from raytune_kernels.cpu.contraction import Conv2dContraction
+from raytune_kernels.cpu.kernel import run_candidate
+from raytune_kernels.cpu.loopnest import from_bf16, interpret, to_bf16
+from raytune_kernels.cpu.machine import cpu_info
+from raytune_kernels.cpu.measure import checked_as
+from raytune_kernels.cpu.schedules import lower, pack, space_for, unpack
+from raytune_kernels.errors import UnknownTargetError
+from raytune_kernels.frontend.reference import reference
+from raytune_kernels.layout.costs import layouts_of
+from raytune_kernels.measure import MeasureOptions, random_operands
+from raytune_kernels.space import Config
+from raytune_kernels.target import parse_target
+from raytune_kernels.task import Task
+
+from tests.support.cuda_cases import bias, conv, residual, unary
+
+AMX_CPU = dataclasses.replace(cpu_info(), lanes=(16, 8), amx=True)
+HOST_AMX = cpu_info().amx
+needs_amx = pytest.mark.skipif(not HOST_AMX, reason="this CPU has no AMX bf16 tiles")
+
+CASES = [  # 1x1 with a partial last pixel tile; 3x3 stride 2 with a residual; a reduction
+    # of 432 padded to 448 (the zero stage); dilation
+    conv((1, 32, 7, 7), 32, 1, 1, 0, epilogue=(bias(), unary("relu"))),
+    conv((1, 64, 9, 9), 48, 3, 2, 1, epilogue=(bias(), residual())),
+    conv((1, 48, 10, 10), 64, 3, 1, 1, epilogue=(bias(),)),
+    conv((1, 16, 12, 12), 32, 3, 1, 2, dil=2),
+]
+
+
+def _configs(c, n: int, seed: int) -> list[Config]:
+    space = space_for(c, AMX_CPU, "bf16")
+    part, rng = dict(space.parts)["amx"], random.Random(seed)
+    return [space._tag("amx", part.sample(rng)) for _ in range(n)]
+
+
+def _bf16_reference(c, ops) -> torch.Tensor:
+    """The reference with the conv's input and weights rounded to bf16, in float64: what
+    the tiles compute, up to the order of float32 sums."""
+    rounded = [torch.from_numpy(from_bf16(to_bf16(x.numpy()))).reshape(x.shape)
+               if i < 2 else x for i, x in enumerate(ops)]
+    return reference(c, *(x.double() for x in rounded)).float()
+
+
+def test_the_space_offers_amx_in_bf16_on_a_cpu_with_it():
+    c = CASES[0]
+    assert "amx" in dict(space_for(c, AMX_CPU, "bf16").parts)
+    assert "amx" not in dict(getattr(space_for(c, AMX_CPU), "parts", ()))  # fp32
+    no_amx = dataclasses.replace(AMX_CPU, amx=False)
+    assert not applicable(c, no_amx, "bf16")
+    assert not applicable(conv((1, 3, 8, 8), 16, 3, 1, 1), AMX_CPU, "bf16")  # 3 channels
+    assert not applicable(conv((1, 32, 8, 8), 24, 1), AMX_CPU, "bf16")  # 24 outputs
+    assert not applicable(conv((1, 32, 8, 8), 32, 3, 1, 1, groups=2), AMX_CPU, "bf16")
+    assert not applicable(conv((2, 32, 8, 8), 32, 1), AMX_CPU, "bf16")  # batch 2
+    shapes = {(cfg["mt"], cfg["nt"]) for cfg in _configs(conv((1, 32, 8, 8), 96, 1), 300, 0)}
+    assert shapes == set(SHAPES)  # nt = 3 divides 96 / 16 channel tiles
+    assert all(m * n + m + n <= 8 for m, n in SHAPES)  # the 8 tile registers
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_the_loop_nest_computes_the_conv_of_bf16_operands(case):
+    c = CASES[case]
+    for i, cfg in enumerate(_configs(c, 6, case)):
+        ops = random_operands(c, i)
+        bufs = pack(c, cfg, ops)
+        interpret(lower(c, cfg), bufs)
+        got = unpack(c, cfg, bufs["out"])
+        want = _bf16_reference(c, ops)
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max(), cfg.to_json()
+        exact = reference(c, *ops)  # and within bf16's kernel tolerance of float32's
+        assert torch.allclose(got, exact, rtol=5e-2, atol=5e-2)
+
+
+@needs_amx
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_built_kernels_compute_what_the_nest_says(case):
+    c = CASES[case]
+    for i, cfg in enumerate(_configs(c, 4, 10 + case)):
+        ops = random_operands(c, i)
+        got = run_candidate(c, cfg, ops, threads=2)
+        want = _bf16_reference(c, ops)
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max(), cfg.to_json()
+
+
+def test_weights_are_packed_in_pairs_of_the_reduction_per_16_channels():
+    c = conv((1, 32, 4, 4), 32, 1)
+    con = Conv2dContraction.from_compute(c)
+    w = torch.zeros(32, 32, 1, 1)
+    w[21, 7] = 3.0
+    values = from_bf16(pack_weights(w, con, 32, 16).view(np.uint16))
+    # tile of channels 16-31, step 0, pair 3, channel 16+5, second value of the pair
+    at = ((1 * 1 + 0) * 16 + 3) * 32 + 5 * 2 + 1
+    assert values[at] == 3.0 and np.count_nonzero(values) == 1
+
+
+def test_bf16_rounds_to_nearest_with_ties_to_even():
+    x = np.concatenate([np.random.default_rng(0).standard_normal(1000).astype(np.float32),
+                        np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -0.0, np.inf], np.float32)])
+    want = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(to_bf16(x), want)
+    assert np.isnan(from_bf16(to_bf16(np.array([np.nan], np.float32))))[0]
+
+
+def test_amx_configs_read_and_write_the_layouts_they_name():
+    c = CASES[1]
+    cfg = _configs(c, 1, 3)[0]
+    src, dst = layouts_of(Task(c.key(), c, 1), cfg)
+    assert src.startswith("NHWC" if cfg["cb"] == 64 else f"NCHW{cfg['cb']}c")
+    assert "/p1x1" in src  # read with its padding as a border, as the direct conv reads
+    assert dst == ("NHWC" if cfg["out_layout"] == "nhwc" or cfg["ob"] == 48
+                   else f"NCHW{cfg['ob']}c")
+
+
+def test_an_amx_kernel_is_checked_at_bf16s_tolerance():
+    opts = MeasureOptions()
+    cfg = _configs(CASES[0], 1, 0)[0]
+    assert (checked_as(cfg, opts).rtol, checked_as(cfg, opts).atol) == (5e-2, 5e-2)
+    direct = Config((("algorithm", "direct"),))
+    assert checked_as(direct, opts) is opts
+
+
+def test_the_bf16_target_is_a_cpu_target_refused_without_amx():
+    tgt = parse_target("llvm -precision=bf16")
+    assert (tgt.kind, tgt.precision, str(tgt)) == ("llvm", "bf16", "llvm -precision=bf16")
+    for bad in ("llvm -precision=fp16", "llvm -precision=tf32"):
+        with pytest.raises(UnknownTargetError, match="for llvm"):
+            parse_target(bad)
+    no_amx = dataclasses.replace(cpu_info(), amx=False)
+    with pytest.raises(UnknownTargetError, match="AMX"):
+        cpu_backend(no_amx, precision="bf16")
+    if HOST_AMX:
+        assert "amx" in dict(backend_for(tgt).space(CASES[0]).parts)
+
+
+def test_a_bf16_compile_is_refused_on_a_cpu_without_amx(monkeypatch):
+    import raytune_kernels.compile.cpu_network as cpu_network
+    from raytune_kernels.compile.api import compile_network
+    from raytune_kernels.errors import CompileError
+
+    monkeypatch.setattr(cpu_network, "cpu_info",
+                        lambda mcpu=None: dataclasses.replace(cpu_info(mcpu), amx=False))
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1)).eval()
+    with pytest.raises(CompileError, match="AMX"):
+        compile_network(model, torch.randn(1, 16, 8, 8), None, target="llvm -precision=bf16")
+
+
+@needs_amx
+def test_an_untuned_bf16_network_runs_amx_convs_within_its_tolerance():
+    from raytune_kernels.compile.api import compile_network
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 1), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 32, 3, stride=2, padding=1)).eval()
+    x = torch.randn(1, 32, 20, 20)
+    with pytest.warns(UserWarning, match="untuned"):
+        net = compile_network(model, x, None, target="llvm -precision=bf16", threads=2)
+    kernels = [s.kernel.name for s in net.steps if s.kernel is not None]
+    assert any(name.endswith("_amx") for name in kernels), kernels
+    with torch.no_grad():
+        want = model(x)
+    err = ((net(x) - want).abs().max() / want.abs().max()).item()
+    assert 1e-6 < err <= 5e-2  # rounded as bf16 rounds, and no more
