@@ -1,14 +1,20 @@
 """Convolutions on AMX tensor tiles in bfloat16 (`llvm -precision=bf16` on a CPU with
 amx-bf16), float32 accumulation, activations float32 in memory.
 
-Stage 1 rounds every receptive field to bf16 into a workspace ws[P][R'] (P = OH*OW output
-pixels, R = C*KH*KW ordered (c-block, kh, kw, c-in-block) as im2col orders it, R' = R
-rounded up to the 32 values of a dot-product step, the rest zero); stage 2 multiplies
-blocks of `mt` x 16 pixels by `nt` x 16 output channels on the tile registers (mt*nt
-accumulators, mt A and nt B tiles: at most the 8 registers), stores each 16 x 16 float
-tile to a scratch block, and the fused epilogue reads it from there into the output
-(NHWC, or NCHW[16*nt]c), rows past the last pixel left unwritten. The weights are packed
-once, rounded to bf16, in the dot product's pair-interleaved (VNNI) order per 16 channels.
+Receptive fields are rounded to bf16 into a workspace ws[P][R'] (P = OH*OW output pixels,
+R = C*KH*KW ordered (c-block, kh, kw, c-in-block) as im2col orders it, R' = R rounded up to
+the 32 values of a dot-product step, the rest zero). An A tile holds up to 16 pixels in
+whole output rows, or a near-equal part of one row (pixel_tile), so that its pixels are
+consecutive workspace rows and its outputs an affine tile of the output: blocks of `mt`
+such tiles down the rows are multiplied by `nt` x 16 output channels on the tile registers
+(mt*nt accumulators, mt A and nt B tiles: at most the 8 registers), each float tile stored
+to a scratch block, and the fused epilogue reads it from there into the output (NHWC or
+NCHW[16*nt]c, in a bordered buffer where the plan gives one; a residual read from its own,
+as the direct conv does). Where the pixel blocks are shared out and every channel block
+runs in turn for each (spatial_order (pt, ko), parallel 1), a block's fields are rounded
+just before its products, while they are in cache (fused_pack); otherwise the whole image
+first. The weights are packed once, rounded to bf16, in the dot product's pair-interleaved
+(VNNI) order per 16 channels.
 
 Linux hands a process AMX's tile state only when asked: cpu/build.py's `permit_amx` asks,
 once, before the space offers these kernels and before one is loaded.
@@ -24,6 +30,7 @@ from raytune_kernels.cpu.im2col import gemm_outer, tile_variants
 from raytune_kernels.cpu.loopnest import (AMX_ROWS, AMX_STEP, PARALLEL, SERIAL, SET, Access,
                                           Affine, AmxGemm, Buffer, For, LoopNest, Split,
                                           StoreTile, Tile, UpdateTile, ZeroTile, to_bf16)
+from raytune_kernels.cpu.contraction_base import residual_cfg
 from raytune_kernels.cpu.lower import epilogue_steps, operand_kinds, pack_operands
 from raytune_kernels.cpu.machine import CpuInfo
 from raytune_kernels.space import Space
@@ -50,12 +57,28 @@ def amx_space(c: Compute, cpu: CpuInfo) -> Space:
     return Space(("lanes", "ob", "mt", "nt", "cb"), tuple(combos), independent)
 
 
-def _geometry(con: Conv2dContraction) -> tuple[int, int, int, int]:
-    """(R, R' slots per workspace row, pixels P, workspace rows)."""
+def _geometry(con: Conv2dContraction) -> tuple[int, int, int]:
+    """(R, slots per workspace row (R' / 2), pixels P)."""
     r = con.c * con.kh * con.kw
-    rp = -(-r // AMX_STEP) * AMX_STEP
-    p = con.oh * con.ow
-    return r, rp // 2, p, -(-p // AMX_ROWS) * AMX_ROWS
+    return r, -(-r // AMX_STEP) * AMX_STEP // 2, con.oh * con.ow
+
+
+def pixel_tile(con: Conv2dContraction) -> tuple[int, int]:
+    """(rows, columns) of the output pixels one A tile holds, at most 16, in whole rows
+    where a row has 16 pixels or fewer, else in near-equal parts of one row: the pixels
+    of a tile are then consecutive rows of the workspace, and its outputs an affine tile
+    of the output (which may have a border)."""
+    if con.ow <= AMX_ROWS:
+        return max(1, min(AMX_ROWS // con.ow, con.oh)), con.ow
+    parts = -(-con.ow // AMX_ROWS)
+    return 1, -(-con.ow // parts)
+
+
+def fused_pack(cfg) -> bool:
+    """Whether a config rounds each block's receptive fields just before its products
+    (pixel blocks shared out, every channel block in turn: the block's A stays in cache)
+    rather than the whole image first."""
+    return tuple(cfg["spatial_order"]) == ("pt", "ko") and cfg["parallel"] == 1
 
 
 def lower_amx(c: Compute, cfg) -> LoopNest:
@@ -66,42 +89,63 @@ def lower_amx(c: Compute, cfg) -> LoopNest:
         raise ValueError(f"amx: config {cfg.to_json()} does not fit {c.describe()} (cb a "
                          f"multiple of {LANES} dividing C, ob = {LANES}*nt dividing K, "
                          f"(mt, nt) in {SHAPES})")
-    r, row, p, rows = _geometry(con)
+    r, row, p = _geometry(con)
     kinds = operand_kinds(c)
     sizes = con.buffer_sizes(cfg)
-    bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", con.k * row, "in")]
-    bufs += [Buffer(f"e{i}", con.k if k.kind == "channel" else sizes["out"], "in")
-             for i, k in enumerate(kinds)]
-    bufs += [Buffer("out", sizes["out"], "out"), Buffer("ws", rows * row, "scratch"),
-             Buffer("cs", rows * con.k, "scratch")]
     tiles: list[Tile] = []
-    body = _copy_stage(con, cfg, row, tiles) + _pad_stage(r, row, p, tiles) \
-        + _gemm_stage(c, con, cfg, kinds, row, p, tiles)
-    return LoopNest(f"k_{c.key()}_amx", tuple(bufs), tuple(tiles), tuple(body), LANES)
+    gemm, scratch = _gemm_stage(c, con, cfg, kinds, row, tiles)
+    bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", con.k * row, "in")]
+    bufs += [Buffer(f"e{i}", con.k if k.kind == "channel" else
+                    con.buffer_sizes(residual_cfg(cfg))["out"], "in")
+             for i, k in enumerate(kinds)]
+    bufs += [Buffer("out", sizes["out"], "out"), Buffer("ws", p * row, "scratch"),
+             Buffer("cs", scratch, "scratch")]
+    ahead = [] if fused_pack(cfg) else \
+        _copy_stage(con, cfg, row, tiles) + _pad_stage(r, row, p, tiles)
+    return LoopNest(f"k_{c.key()}_amx", tuple(bufs), tuple(tiles), tuple(ahead + gemm),
+                    LANES)
 
 
 def _copy_stage(con: Conv2dContraction, cfg, row: int, tiles: list) -> list:
     """Receptive fields, rounded to bf16, into ws (slots of two values: halved indices)."""
     cb = cfg["cb"]
-    hp, wp = con.padded()
-    (sh, sw), (dh, dw) = con.stride, con.dil
-    width = min(7, con.ow)
     out = []
-    for count, w, offset in tile_variants(con.ow, width):
-        tile = Tile(f"c{len(tiles)}", (1, w), cb // LANES)
-        tiles.append(tile)
-        a = Affine((("cq", hp * wp * cb), ("oh", sh * wp * cb), ("kh", dh * wp * cb),
-                    ("kw", dw * cb), ("wt", w * sw * cb)), offset * sw * cb)
-        o = Affine((("oh", con.ow * row), ("cq", con.kh * con.kw * cb // 2),
-                    ("kh", con.kw * cb // 2), ("kw", cb // 2), ("wt", w * row)), offset * row)
-        stmts = (UpdateTile(tile.name, Access("a", a), (0, sw * cb), None, SET),
-                 StoreTile(tile.name, Access("ws", o), (0, row), bf16=True))
+    for count, w, offset in tile_variants(con.ow, min(7, con.ow)):
+        stmts = _copy(con, cb, row, tiles, w, Affine((("wt", w),), offset),
+                      Affine((("oh", 1),)))
         inner = (For("kh", con.kh, SERIAL, (For("kw", con.kw, SERIAL,
                                                 (For("wt", count, SERIAL, stmts),)),)),)
         extents = (con.c // cb, con.oh)
         out.append(For("q", math.prod(extents), PARALLEL,
                        (Split("q", ("cq", "oh"), extents),) + inner))
     return out
+
+
+def _copy(con: Conv2dContraction, cb: int, row: int, tiles: list, width: int,
+          col: Affine, oh: Affine) -> tuple:
+    """One copy of `width` pixels' channel block cq at (kh, kw) into their workspace rows:
+    the output pixels of row `oh` from column `col` (affine in loop variables)."""
+    hp, wp = con.padded()
+    (sh, sw), (dh, dw) = con.stride, con.dil
+    tile = Tile(f"c{len(tiles)}", (1, width), cb // LANES)
+    tiles.append(tile)
+    a = _combine((oh, sh * wp * cb), (col, sw * cb),
+                 Affine((("cq", hp * wp * cb), ("kh", dh * wp * cb), ("kw", dw * cb))))
+    o = _combine((oh, con.ow * row), (col, row),
+                 Affine((("cq", con.kh * con.kw * cb // 2), ("kh", con.kw * cb // 2),
+                         ("kw", cb // 2))))
+    return (UpdateTile(tile.name, Access("a", a), (0, sw * cb), None, SET),
+            StoreTile(tile.name, Access("ws", o), (0, row), bf16=True))
+
+
+def _combine(*parts) -> Affine:
+    """The sum of (affine, scale) pairs, and of plain affines."""
+    terms, const = [], 0
+    for part in parts:
+        x, k = part if isinstance(part, tuple) else (part, 1)
+        terms += [(v, c * k) for v, c in x.terms]
+        const += x.const * k
+    return Affine(tuple(terms), const)
 
 
 def _pad_stage(r: int, row: int, p: int, tiles: list) -> list:
@@ -113,59 +157,91 @@ def _pad_stage(r: int, row: int, p: int, tiles: list) -> list:
     store = StoreTile(tile.name, Access("ws", Affine((("zp", row),), r // 2)), (0, 0),
                       bf16=True)
     return [For("zp", p, SERIAL, (ZeroTile(tile.name), store))]
-
-
-def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, p: int,
-                tiles: list) -> list:
+def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles: list
+                ) -> tuple[list, int]:
+    """The products and the fused epilogue, per run of pixel blocks of one shape (blocks of
+    `mt` tiles down the rows, tiles of pixel_tile() along them, each with its ragged tail):
+    (the loops, the scratch floats they use)."""
     mt, nt, ob = cfg["mt"], cfg["nt"], cfg["ob"]
-    nhwc = cfg["out_layout"] == "nhwc"
-    steps, kblocks = 2 * row // AMX_STEP, con.k // ob
-    # output index of pixel q and channel n: NHWC q*K + n; blocked (n/ob)*P*ob + q*ob + n%ob
-    o_ko, o_px = (ob, con.k) if nhwc else (p * ob, ob)
-    whole = p // AMX_ROWS  # tiles of 16 pixels, all of them in the image
+    kb, steps = con.k // ob, 2 * row // AMX_STEP
+    th, tw = pixel_tile(con)
+    o_ko, o_row, o_col = con.out_steps(cfg)  # the output's, bordered where the plan says
+    rcfg = residual_cfg(cfg)
+    r_ko, r_row, r_col = con.out_steps(rcfg)
+    out, scratch = [], 0
+    for nr, rows, row0 in tile_variants(con.oh, mt * th):
+        heights = [th] * (rows // th) + ([rows % th] if rows % th else [])
+        for nc, w, col0 in tile_variants(con.ow, tw):
+            cap = len(heights) * nt * 256  # a block's C tiles, 16 rows each at most
+            cs = Affine((("pr", nc * kb * cap), ("pc", kb * cap), ("ko", cap)), scratch)
+            scratch += nr * nc * kb * cap
+            a = Affine((("pr", mt * th * con.ow * row), ("pc", tw * row)),
+                       (row0 * con.ow + col0) * row)
+            gemm = AmxGemm(Access("ws", a), row, th * con.ow * row,
+                           tuple(m * w for m in heights),
+                           Access("b", Affine((("ko", nt * steps * 256),))), steps * 256,
+                           steps, nt, Access("cs", cs))
+            body: list = [gemm]
+            for i, m in enumerate(heights):
+                first = row0 + i * th
+                for j in range(nt):
+                    tile = Tile(f"g{len(tiles)}", (m, w), 1)
+                    tiles.append(tile)
+                    o = Affine((("ko", o_ko), ("pr", mt * th * o_row), ("pc", tw * o_col)),
+                               con.out_offset(cfg) + first * o_row + col0 * o_col + j * LANES)
+                    res = Affine((("ko", r_ko), ("pr", mt * th * r_row), ("pc", tw * r_col)),
+                                 con.out_offset(rcfg) + first * r_row + col0 * r_col
+                                 + j * LANES)
+                    epi = epilogue_steps(c, kinds, o, (o_row, o_col), {"ko": kb}, cfg,
+                                         first_channel=j * LANES,
+                                         residual=(res, (r_row, r_col)))
+                    body += [UpdateTile(tile.name, Access("cs", cs.offset((i * nt + j) * 256)),
+                                        (w * LANES, LANES), None, SET),
+                             StoreTile(tile.name, Access("out", o), (o_row, o_col), epi)]
+            split = (Split("pt", ("pr", "pc"), (nr, nc)),)
+            if fused_pack(cfg):
+                pack = _block_pack(con, cfg, row, tiles, heights, th, w,
+                                   Affine((("pr", mt * th),), row0),
+                                   Affine((("pc", tw),), col0))
+                out.append(For("pt", nr * nc, PARALLEL,
+                               split + pack + (For("ko", kb, SERIAL, tuple(body)),)))
+            else:
+                out.append(gemm_outer(cfg, {"ko": kb, "pt": nr * nc}, split + tuple(body)))
+    return out, scratch
+
+
+def _block_pack(con: Conv2dContraction, cfg, row: int, tiles: list, heights: list,
+                th: int, w: int, oh0: Affine, col: Affine) -> tuple:
+    """The receptive fields of one block's pixels (rows from `oh0`, tile i's `heights[i]`
+    of them th apart, `w` columns from `col`), rounded into their workspace rows, and the
+    zeros past R."""
+    cb = cfg["cb"]
+    r = con.c * con.kh * con.kw
     out = []
-    for count, m, offset, tail in _blocks(whole, p, mt):
-        first = offset * AMX_ROWS  # the block's first pixel
-        live = {"ko": kblocks, "pt": count}
-        # scratch of the block's m x nt tiles: blocks in (pt, ko) order after `first`
-        cs = Affine((("pt", m * AMX_ROWS * con.k), ("ko", m * AMX_ROWS * ob)),
-                    first * con.k)
-        gemm = AmxGemm(Access("ws", Affine((("pt", mt * AMX_ROWS * row),), first * row)),
-                       row, Access("b", Affine((("ko", nt * steps * 256),))), steps * 256,
-                       steps, m, nt, Access("cs", cs))
-        stmts = [gemm]
-        for i in range(m):
-            rows = min(AMX_ROWS, p - first - i * AMX_ROWS) if tail else AMX_ROWS
-            for j in range(nt):
-                tile = Tile(f"g{len(tiles)}", (rows, 1), 1)
-                tiles.append(tile)
-                px = first + i * AMX_ROWS
-                o = Affine((("ko", o_ko), ("pt", mt * AMX_ROWS * o_px)), px * o_px + j * LANES)
-                epi = epilogue_steps(c, kinds, o, (o_px, 0), live, cfg, first_channel=j * LANES)
-                at = cs.offset((i * nt + j) * 256)
-                stmts += [UpdateTile(tile.name, Access("cs", at), (LANES, 0), None, SET),
-                          StoreTile(tile.name, Access("out", o), (o_px, 0), epi)]
-        out.append(gemm_outer(cfg, live, tuple(stmts)))
-    return out
-
-
-def _blocks(whole: int, p: int, mt: int) -> list[tuple[int, int, int, bool]]:
-    """(count, tiles, first tile, tail) of the blocks of `mt` whole tiles of 16 pixels,
-    then of one block (the tail) with the whole tiles left and the last, partial one."""
-    out = [(whole // mt, mt, 0, False)] if whole >= mt else []
-    left = whole % mt + (1 if p % AMX_ROWS else 0)
-    if left:
-        out.append((1, left, (whole // mt) * mt, True))
-    return out
+    for i, m in enumerate(heights):
+        oh = _combine(oh0, Affine((("rr", 1),), i * th))
+        copy = _copy(con, cb, row, tiles, w, col, oh)
+        stmts = (For("cq", con.c // cb, SERIAL, (For("kh", con.kh, SERIAL, (
+            For("kw", con.kw, SERIAL, copy),)),)),)
+        if 2 * row != r:
+            zero = Tile(f"z{len(tiles)}", (1, w), (2 * row - r) // LANES)
+            tiles.append(zero)
+            at = _combine((oh, con.ow * row), (col, row), Affine((), r // 2))
+            stmts += (ZeroTile(zero.name),
+                      StoreTile(zero.name, Access("ws", at), (0, row), bf16=True))
+        out.append(For("rr", m, SERIAL, stmts))
+    return tuple(out)
 
 
 def pack_amx(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
     con = Conv2dContraction.from_compute(c)
     bufs = pack_operands(c, cfg, operands)
-    r, row, p, rows = _geometry(con)
+    nest = lower_amx(c, cfg)
+    _, row, _ = _geometry(con)
     bufs["b"] = pack_weights(operands[1], con, cfg["cb"], row)
-    bufs["ws"] = np.zeros(rows * row, np.float32)
-    bufs["cs"] = np.zeros(rows * con.k, np.float32)
+    for b in nest.buffers:
+        if b.role == "scratch":
+            bufs[b.name] = np.zeros(b.size, np.float32)
     return bufs
 
 

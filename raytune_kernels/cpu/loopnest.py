@@ -124,20 +124,26 @@ AMX_ROWS, AMX_STEP = 16, 32  # an AMX tile's rows; bf16 values of one dot-produc
 class AmxGemm:
     """C = A x B on AMX tensor tiles (amx-bf16), float32 accumulation, C stored to memory.
 
-    A is `mt` tiles of 16 rows of bf16 pairs (`a_row` slots apart, a 4-byte slot holding
-    two values), B is `nt` tiles packed for the dot product (VNNI: per step, 16 rows of
-    pairs of the reduction by 16 columns, 256 slots, `b_tile` slots between tiles), over
-    `steps` steps of 32 reduction values (16 slots of A, 256 of B each). C tile (i, j), 16
-    rows of 16 floats, lands at c.index + (i*nt + j)*256, rows 16 floats apart."""
+    A is len(`rows`) tiles, tile i of rows[i] <= 16 rows of bf16 pairs (`a_row` slots
+    apart, a 4-byte slot holding two values; tile i starts i*`a_tile` slots after a), B is
+    `nt` tiles packed for the dot product (VNNI: per step, 16 rows of pairs of the
+    reduction by 16 columns, 256 slots; `b_tile` slots between tiles), over `steps` steps
+    of 32 reduction values (16 slots of A, 256 of B each). C tile (i, j), rows[i] rows of
+    16 floats, lands at c.index + (i*nt + j)*256, rows 16 floats apart."""
 
     a: Access
     a_row: int
+    a_tile: int
+    rows: tuple[int, ...]
     b: Access
     b_tile: int
     steps: int
-    mt: int
     nt: int
     c: Access
+
+    @property
+    def mt(self) -> int:
+        return len(self.rows)
 
 
 # ---- row kernels (softmax, layer norm, elementwise): vector expressions over a row ----
@@ -517,11 +523,11 @@ def from_bf16(h: np.ndarray) -> np.ndarray:
 def _amx_gemm(s: AmxGemm, env, bufs) -> None:
     """C = A x B in float32 from the bf16 operands (the order of the sums may differ from
     the hardware's, within float32 rounding)."""
-    rows, k = AMX_ROWS * s.mt, s.steps * AMX_STEP
+    k = s.steps * AMX_STEP
     a0 = s.a.index.eval(env)
     a_half = bufs[s.a.buffer].view(np.uint16)
-    idx = 2 * (a0 + np.arange(rows)[:, None] * s.a_row) + np.arange(k)[None, :]
-    a = from_bf16(a_half[idx])  # rows x k
+    starts = [a0 + i * s.a_tile + r * s.a_row for i, m in enumerate(s.rows) for r in range(m)]
+    a = from_bf16(a_half[2 * np.array(starts)[:, None] + np.arange(k)[None, :]])
     b_half = bufs[s.b.buffer].view(np.uint16)
     b0 = s.b.index.eval(env)
     c0 = s.c.index.eval(env)
@@ -532,7 +538,8 @@ def _amx_gemm(s: AmxGemm, env, bufs) -> None:
         blocks = b_half[start: start + s.steps * 512].reshape(s.steps, 16, 16, 2)
         b = from_bf16(blocks.transpose(0, 1, 3, 2).reshape(k, 16))
         c = a.astype(np.float64) @ b.astype(np.float64)
-        for i in range(s.mt):
-            tile = c[i * AMX_ROWS: (i + 1) * AMX_ROWS].astype(np.float32)
+        first = 0
+        for i, m in enumerate(s.rows):
             at = c0 + (i * s.nt + j) * 256
-            out[at: at + 256] = tile.reshape(-1)
+            out[at: at + 16 * m] = c[first: first + m].astype(np.float32).reshape(-1)
+            first += m

@@ -104,9 +104,10 @@ def no_kernel_reason(compute: Compute, cpu: CpuInfo, precision: str = DEFAULT
 
 def writes_bordered(compute: Compute, cfg: Config) -> bool:
     """Whether this kernel can write its output into a bordered buffer (knob out_pad): a
-    direct or Winograd conv, depthwise conv or pool (their output strides and offset
+    direct, Winograd or AMX conv, depthwise conv or pool (their output strides and offset
     follow the border; a residual they read has its own, res_pad)."""
-    if compute.op in ROW_OPS or cfg.get("algorithm", "direct") not in ("direct", *WINOGRAD):
+    if compute.op in ROW_OPS or \
+            cfg.get("algorithm", "direct") not in ("direct", *WINOGRAD, "amx"):
         return False
     return hasattr(contraction(compute), "out_layout")
 
@@ -122,12 +123,12 @@ def lower(compute: Compute, cfg: Config) -> LoopNest:
     knobs = dict(cfg.knobs)
     if "out_pad" in knobs and not writes_bordered(compute, cfg):
         raise LoweringError(f"{compute.describe()}: config {cfg.to_json()} cannot write a "
-                            f"bordered output (out_pad): a direct or Winograd conv or a window "
-                            f"can")
+                            f"bordered output (out_pad): a direct, Winograd or AMX conv or a "
+                            f"window can")
     if "res_pad" in knobs and not reads_bordered_residual(compute, cfg):
         raise LoweringError(f"{compute.describe()}: config {cfg.to_json()} cannot read a "
-                            f"bordered residual (res_pad): a direct or Winograd conv or a "
-                            f"window with a residual operand can")
+                            f"bordered residual (res_pad): a direct, Winograd or AMX conv or "
+                            f"a window with a residual operand can")
     if compute.op in ROW_OPS:
         return lower_rows(compute, cfg)
     if cfg.get("algorithm") == "im2col":

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raytune_kernels.backend import backend_for, cpu_backend
-from raytune_kernels.cpu.amx import SHAPES, applicable, pack_weights
+from raytune_kernels.cpu.amx import SHAPES, applicable, fused_pack, pack_weights, pixel_tile
 from raytune_kernels.cpu.contraction import Conv2dContraction
 from raytune_kernels.cpu.kernel import run_candidate
 from raytune_kernels.cpu.loopnest import from_bf16, interpret, to_bf16
@@ -31,19 +31,27 @@ AMX_CPU = dataclasses.replace(cpu_info(), lanes=(16, 8), amx=True)
 HOST_AMX = cpu_info().amx
 needs_amx = pytest.mark.skipif(not HOST_AMX, reason="this CPU has no AMX bf16 tiles")
 
-CASES = [  # 1x1 with a partial last pixel tile; 3x3 stride 2 with a residual; a reduction
-    # of 432 padded to 448 (the zero stage); dilation
+CASES = [  # 1x1 over 7x7 (tiles of 2 rows, a ragged last one); 3x3 stride 2 with a
+    # residual; a reduction of 432 padded to 448 (the zero stage); dilation; rows of 37
+    # pixels in tiles of 13 and a ragged 11
     conv((1, 32, 7, 7), 32, 1, 1, 0, epilogue=(bias(), unary("relu"))),
     conv((1, 64, 9, 9), 48, 3, 2, 1, epilogue=(bias(), residual())),
     conv((1, 48, 10, 10), 64, 3, 1, 1, epilogue=(bias(),)),
     conv((1, 16, 12, 12), 32, 3, 1, 2, dil=2),
+    conv((1, 16, 5, 37), 32, 3, 1, 1, epilogue=(bias(), residual(), unary("relu"))),
 ]
 
 
 def _configs(c, n: int, seed: int) -> list[Config]:
+    """n configs, half of them packing each block just before its products (fused_pack),
+    half packing the whole image first."""
     space = space_for(c, AMX_CPU, "bf16")
-    part, rng = dict(space.parts)["amx"], random.Random(seed)
-    return [space._tag("amx", part.sample(rng)) for _ in range(n)]
+    part, rng, out = dict(space.parts)["amx"], random.Random(seed), []
+    while len(out) < n:
+        cfg = space._tag("amx", part.sample(rng))
+        if fused_pack(cfg) == (len(out) % 2 == 0):
+            out.append(cfg)
+    return out
 
 
 def _bf16_reference(c, ops) -> torch.Tensor:
@@ -90,6 +98,39 @@ def test_built_kernels_compute_what_the_nest_says(case):
     for i, cfg in enumerate(_configs(c, 4, 10 + case)):
         ops = random_operands(c, i)
         got = run_candidate(c, cfg, ops, threads=2)
+        want = _bf16_reference(c, ops)
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max(), cfg.to_json()
+
+
+def test_pixel_tiles_are_whole_rows_or_near_equal_parts_of_one():
+    con = Conv2dContraction.from_compute
+    assert pixel_tile(con(conv((1, 16, 7, 7), 16, 1))) == (2, 7)
+    assert pixel_tile(con(conv((1, 16, 14, 14), 16, 1))) == (1, 14)
+    assert pixel_tile(con(conv((1, 16, 56, 56), 16, 1))) == (1, 14)
+    assert pixel_tile(con(conv((1, 16, 112, 112), 16, 1))) == (1, 16)
+    assert pixel_tile(con(conv((1, 16, 1, 4), 16, 1))) == (1, 4)  # one row in all
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bordered_outputs_and_residuals_read_and_write_the_interior(native):
+    """Where the plan gives the output a border its reader wants (out_pad) or reads the
+    residual from a bordered buffer (res_pad), the kernel writes and reads the interior
+    alone: the border is never written."""
+    if native and not HOST_AMX:
+        pytest.skip("this CPU has no AMX bf16 tiles")
+    c = CASES[4]
+    for i, base in enumerate(_configs(c, 4, 7)):
+        cfg = Config(tuple(sorted(dict(base.knobs, out_pad=(1, 2), res_pad=(2, 1)).items())))
+        ops = random_operands(c, i)
+        if native:
+            got = run_candidate(c, cfg, ops, threads=2)
+        else:
+            bufs = pack(c, cfg, ops)
+            out = bufs["out"]
+            out[:] = 7.0
+            interpret(lower(c, cfg), bufs)
+            got = unpack(c, cfg, out)
+            assert np.count_nonzero(out == 7.0) == out.size - got.numel()  # the border
         want = _bf16_reference(c, ops)
         assert (got - want).abs().max() <= 1e-5 * want.abs().max(), cfg.to_json()
 

@@ -292,10 +292,11 @@ class _Emitter:
         dot = m.decl("llvm.x86.tdpbf16ps.internal", amx, [i16, i16, i16, amx, amx, amx])
         store = m.decl("llvm.x86.tilestored64.internal", VOID, [i16, i16, PTR, I64, amx])
         zero = m.decl("llvm.x86.tilezero.internal", amx, [i16, i16])
-        rows, width = const(i16, AMX_ROWS), const(i16, 64)
+        full, width = const(i16, AMX_ROWS), const(i16, 64)
+        rows = [const(i16, m) for m in s.rows]
         pa, pb, pc = self.pointer(s.a), self.pointer(s.b), self.pointer(s.c)
         tiles = [(i, j) for i in range(s.mt) for j in range(s.nt)]
-        start = {t: b.call(zero, [rows, width]) for t in tiles}
+        start = {(i, j): b.call(zero, [rows[i], width]) for i, j in tiles}
         pre = b.block
         body, done = self.fn.append_basic_block("amx.body"), self.fn.append_basic_block("amx.done")
         b.branch(body)
@@ -308,14 +309,15 @@ class _Emitter:
             accs[t].add_incoming(start[t], pre)
         a_at = b.mul(k, i64(16), flags=["nsw"])
         b_at = b.mul(k, i64(256), flags=["nsw"])
-        a_tiles = [b.call(load, [rows, width, b.gep(pa, [b.add(a_at, i64(i * AMX_ROWS * s.a_row))],
-                                                    inbounds=True, source_etype=F32),
-                                 i64(4 * s.a_row)]) for i in range(s.mt)]
-        b_tiles = [b.call(load, [rows, width, b.gep(pb, [b.add(b_at, i64(j * s.b_tile))],
+        a_tiles = [b.call(load, [rows[i], width,
+                                 b.gep(pa, [b.add(a_at, i64(i * s.a_tile))], inbounds=True,
+                                       source_etype=F32), i64(4 * s.a_row)])
+                   for i in range(s.mt)]
+        b_tiles = [b.call(load, [full, width, b.gep(pb, [b.add(b_at, i64(j * s.b_tile))],
                                                     inbounds=True, source_etype=F32),
                                  i64(64)]) for j in range(s.nt)]
-        new = {(i, j): b.call(dot, [rows, width, width, accs[i, j], a_tiles[i], b_tiles[j]])
-               for i, j in tiles}
+        new = {(i, j): b.call(dot, [rows[i], width, width, accs[i, j], a_tiles[i],
+                                    b_tiles[j]]) for i, j in tiles}
         nxt = b.add(k, i64(1), flags=["nsw", "nuw"])
         k.add_incoming(nxt, b.block)
         for t in tiles:
@@ -323,7 +325,8 @@ class _Emitter:
         b.cbranch(b.icmp_signed("<", nxt, i64(s.steps)), body, done)
         b.position_at_end(done)
         for i, j in tiles:
-            b.call(store, [rows, width, self.at(pc, (i * s.nt + j) * 256), i64(64), new[i, j]])
+            b.call(store, [rows[i], width, self.at(pc, (i * s.nt + j) * 256), i64(64),
+                           new[i, j]])
 
     # ---- epilogue math ----
     def const(self, value: float):
