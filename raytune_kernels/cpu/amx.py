@@ -1,19 +1,24 @@
 """Convolutions on AMX tensor tiles in bfloat16 (`llvm -precision=bf16` on a CPU with
 amx-bf16), float32 accumulation, activations float32 in memory.
 
-Receptive fields are rounded to bf16 into a workspace ws[P][R'] (P = OH*OW output pixels,
-R = C*KH*KW ordered (c-block, kh, kw, c-in-block) as im2col orders it, R' = R rounded up to
-the 32 values of a dot-product step, the rest zero). An A tile holds up to 16 pixels in
-whole output rows, or a near-equal part of one row (pixel_tile), so that its pixels are
-consecutive workspace rows and its outputs an affine tile of the output: blocks of `mt`
-such tiles down the rows are multiplied by `nt` x 16 output channels on the tile registers
-(mt*nt accumulators, mt A and nt B tiles: at most the 8 registers), each float tile stored
-to a scratch block, and the fused epilogue reads it from there into the output (NHWC or
-NCHW[16*nt]c, in a bordered buffer where the plan gives one; a residual read from its own,
-as the direct conv does). Where the pixel blocks are shared out and every channel block
-runs in turn for each (spatial_order (pt, ko), parallel 1), a block's fields are rounded
-just before its products, while they are in cache (fused_pack); otherwise the whole image
-first. The weights are packed once, rounded to bf16, in the dot product's pair-interleaved
+How the operand reaches the tiles is the knob `fields`. With "direct", the bordered NHWC
+input is rounded to bf16 once (each pixel's channels padded with zeros to a step's 32)
+and each (kh, kw) read from it at the stride: a tap of AmxGemm, A tiles of up to 16
+pixels of one output row. With "im2col", whole receptive fields are rounded into a
+workspace ws[P][R'] (P = OH*OW output pixels, R = C*KH*KW ordered (c-block, kh, kw,
+c-in-block), R' = R rounded up to a step's 32, the rest zero), A tiles of up to 16 pixels
+in whole output rows or a near-equal part of one row (pixel_tile): where pixel blocks are
+shared out and every channel block runs in turn for each (spatial_order (pt, ko),
+parallel 1), a block's fields are rounded just before its products, while in cache
+(fused_pack); otherwise the whole image first.
+
+Either way a tile's pixels are consecutive rows of what it reads and its outputs an
+affine tile of the output: blocks of `mt` tiles down the rows are multiplied by `nt` x 16
+output channels on the tile registers (mt*nt accumulators, mt A and nt B tiles: at most
+the 8 registers), each float tile stored to a scratch block, and the fused epilogue reads
+it from there into the output (NHWC in the space, NCHW[16*nt]c by hand; in a bordered
+buffer where the plan gives one; a residual read from its own, as the direct conv does).
+The weights are packed once, rounded to bf16, in the dot product's pair-interleaved
 (VNNI) order per 16 channels.
 
 Linux hands a process AMX's tile state only when asked: cpu/build.py's `permit_amx` asks,
@@ -39,6 +44,10 @@ from raytune_kernels.task import Compute
 LANES = 16  # a tile row of floats is one AVX-512 vector
 # (mt, nt): accumulators mt*nt plus mt A and nt B tiles within the 8 tile registers
 SHAPES = tuple((m, n) for m in range(1, 4) for n in range(1, 4) if m * n + m + n <= 8)
+# how A reaches the tiles: "im2col", whole receptive fields rounded into a workspace (tiles
+# of whole rows: full tiles over small maps), or "direct", the input rounded once and each
+# (kh, kw) read from it at the stride (9x less to round for a 3x3 conv, tiles in one row)
+FIELDS = ("im2col", "direct")
 
 
 def applicable(c: Compute, cpu: CpuInfo, precision: str) -> bool:
@@ -55,7 +64,7 @@ def amx_space(c: Compute, cpu: CpuInfo) -> Space:
     con = Conv2dContraction.from_compute(c)
     combos = [(LANES, LANES * nt, mt, nt, con.c) for mt, nt in SHAPES
               if (con.k // LANES) % nt == 0]
-    independent = (("out_layout", ("nhwc",)),
+    independent = (("fields", FIELDS), ("out_layout", ("nhwc",)),
                    ("spatial_order", (("ko", "pt"), ("pt", "ko"))), ("parallel", (1, 2)))
     return Space(("lanes", "ob", "mt", "nt", "cb"), tuple(combos), independent)
 
@@ -66,13 +75,20 @@ def _geometry(con: Conv2dContraction) -> tuple[int, int, int]:
     return r, -(-r // AMX_STEP) * AMX_STEP // 2, con.oh * con.ow
 
 
-def pixel_tile(con: Conv2dContraction) -> tuple[int, int]:
+def _direct_geometry(con: Conv2dContraction) -> tuple[int, int]:
+    """(channels per input pixel in the rounded input, C rounded up to a step's 32; slots
+    per rounded input pixel)."""
+    cp = -(-con.c // AMX_STEP) * AMX_STEP
+    return cp, cp // 2
+
+
+def pixel_tile(con: Conv2dContraction, fields: str = "im2col") -> tuple[int, int]:
     """(rows, columns) of the output pixels one A tile holds, at most 16, in whole rows
     where a row has 16 pixels or fewer, else in near-equal parts of one row: the pixels
     of a tile are then consecutive rows of the workspace, and its outputs an affine tile
     of the output (which may have a border)."""
-    if con.ow <= AMX_ROWS:
-        return max(1, min(AMX_ROWS // con.ow, con.oh)), con.ow
+    if con.ow <= AMX_ROWS:  # with direct fields, the rows of a tile are one output row's
+        return (1 if fields == "direct" else max(1, min(AMX_ROWS // con.ow, con.oh))), con.ow
     parts = -(-con.ow // AMX_ROWS)
     return 1, -(-con.ow // parts)
 
@@ -81,7 +97,8 @@ def fused_pack(cfg) -> bool:
     """Whether a config rounds each block's receptive fields just before its products
     (pixel blocks shared out, every channel block in turn: the block's A stays in cache)
     rather than the whole image first."""
-    return tuple(cfg["spatial_order"]) == ("pt", "ko") and cfg["parallel"] == 1
+    return cfg.get("fields", "im2col") == "im2col" and \
+        tuple(cfg["spatial_order"]) == ("pt", "ko") and cfg["parallel"] == 1
 
 
 def lower_amx(c: Compute, cfg) -> LoopNest:
@@ -92,19 +109,30 @@ def lower_amx(c: Compute, cfg) -> LoopNest:
         raise ValueError(f"amx: config {cfg.to_json()} does not fit {c.describe()} (cb a "
                          f"multiple of {LANES} dividing C, ob = {LANES}*nt dividing K, "
                          f"(mt, nt) in {SHAPES})")
+    if cfg.get("fields", "im2col") not in FIELDS:
+        raise ValueError(f"amx: fields={cfg['fields']!r}, expected one of {FIELDS}")
     r, row, p = _geometry(con)
+    direct = cfg.get("fields", "im2col") == "direct"
+    hp, wp = con.padded()
+    cp, pixel = _direct_geometry(con)
     kinds = operand_kinds(c)
     sizes = con.buffer_sizes(cfg)
     tiles: list[Tile] = []
     gemm, scratch = _gemm_stage(c, con, cfg, kinds, row, tiles)
-    bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", con.k * row, "in")]
+    reduction = con.kh * con.kw * cp // 2 if direct else row  # B's slots per channel
+    bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", con.k * reduction, "in")]
     bufs += [Buffer(f"e{i}", con.k if k.kind == "channel" else
                     con.buffer_sizes(residual_cfg(cfg))["out"], "in")
              for i, k in enumerate(kinds)]
-    bufs += [Buffer("out", sizes["out"], "out"), Buffer("ws", p * row, "scratch"),
+    bufs += [Buffer("out", sizes["out"], "out"),
+             Buffer("ws", hp * wp * pixel if direct else p * row, "scratch"),
              Buffer("cs", scratch, "scratch")]
-    ahead = [] if fused_pack(cfg) else \
-        _copy_stage(con, cfg, row, tiles) + _pad_stage(r, row, p, tiles)
+    if direct:
+        ahead = _round_input(con, cfg, tiles)
+    elif fused_pack(cfg):
+        ahead = []
+    else:
+        ahead = _copy_stage(con, cfg, row, tiles) + _pad_stage(r, row, p, tiles)
     return LoopNest(f"k_{c.key()}_amx", tuple(bufs), tuple(tiles), tuple(ahead + gemm),
                     LANES)
 
@@ -141,6 +169,28 @@ def _copy(con: Conv2dContraction, cb: int, row: int, tiles: list, width: int,
             StoreTile(tile.name, Access("ws", o), (0, row), bf16=True))
 
 
+def _round_input(con: Conv2dContraction, cfg, tiles: list) -> list:
+    """The bordered NHWC input rounded to bf16 once, each pixel's channels padded with
+    zeros to a step's 32 (direct fields)."""
+    hp, wp = con.padded()
+    cp, pixel = _direct_geometry(con)
+    if cfg["cb"] != con.c:
+        raise ValueError(f"amx: direct fields read NHWC (cb = {con.c}), got cb={cfg['cb']}")
+    tile = Tile(f"c{len(tiles)}", (1, 1), con.c // LANES)
+    tiles.append(tile)
+    at = Affine((("y", wp * con.c), ("x", con.c)))
+    stmts = (UpdateTile(tile.name, Access("a", at), (0, 0), None, SET),
+             StoreTile(tile.name, Access("ws", Affine((("y", wp * pixel), ("x", pixel)))),
+                       (0, 0), bf16=True))
+    if cp != con.c:
+        zero = Tile(f"z{len(tiles)}", (1, 1), (cp - con.c) // LANES)
+        tiles.append(zero)
+        pad = Affine((("y", wp * pixel), ("x", pixel)), con.c // 2)
+        stmts += (ZeroTile(zero.name),
+                  StoreTile(zero.name, Access("ws", pad), (0, 0), bf16=True))
+    return [For("y", hp, PARALLEL, (For("x", wp, SERIAL, stmts),))]
+
+
 def _combine(*parts) -> Affine:
     """The sum of (affine, scale) pairs, and of plain affines."""
     terms, const = [], 0
@@ -166,8 +216,17 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
     `mt` tiles down the rows, tiles of pixel_tile() along them, each with its ragged tail):
     (the loops, the scratch floats they use)."""
     mt, nt, ob = cfg["mt"], cfg["nt"], cfg["ob"]
+    fields = cfg.get("fields", "im2col")
     kb, steps = con.k // ob, 2 * row // AMX_STEP
-    th, tw = pixel_tile(con)
+    th, tw = pixel_tile(con, fields)
+    taps = (0,)
+    if fields == "direct":  # tiles in one output row, read at the stride from the input
+        hp, wp = con.padded()
+        (sh, sw), (dh, dw) = con.stride, con.dil
+        cp, pixel = _direct_geometry(con)
+        steps = cp // AMX_STEP
+        taps = tuple((kh * dh * wp + kw * dw) * pixel
+                     for kh in range(con.kh) for kw in range(con.kw))
     o_ko, o_row, o_col = con.out_steps(cfg)  # the output's, bordered where the plan says
     rcfg = residual_cfg(cfg)
     r_ko, r_row, r_col = con.out_steps(rcfg)
@@ -178,12 +237,18 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
             cap = len(heights) * nt * 256  # a block's C tiles, 16 rows each at most
             cs = Affine((("pr", nc * kb * cap), ("pc", kb * cap), ("ko", cap)), scratch)
             scratch += nr * nc * kb * cap
-            a = Affine((("pr", mt * th * con.ow * row), ("pc", tw * row)),
-                       (row0 * con.ow + col0) * row)
-            gemm = AmxGemm(Access("ws", a), row, th * con.ow * row,
-                           tuple(m * w for m in heights),
-                           Access("b", Affine((("ko", nt * steps * 256),))), steps * 256,
-                           steps, nt, Access("cs", cs))
+            if fields == "direct":  # output (row, col) reads input (row*sh, col*sw) on
+                a = Affine((("pr", mt * sh * wp * pixel), ("pc", tw * sw * pixel)),
+                           (row0 * sh * wp + col0 * sw) * pixel)
+                a_row, a_tile = sw * pixel, sh * wp * pixel
+            else:
+                a = Affine((("pr", mt * th * con.ow * row), ("pc", tw * row)),
+                           (row0 * con.ow + col0) * row)
+                a_row, a_tile = row, th * con.ow * row
+            b_tile = len(taps) * steps * 256
+            gemm = AmxGemm(Access("ws", a), a_row, a_tile, tuple(m * w for m in heights),
+                           Access("b", Affine((("ko", nt * b_tile),))), b_tile, steps, nt,
+                           Access("cs", cs), taps)
             body: list = [gemm]
             for i, m in enumerate(heights):
                 first = row0 + i * th
@@ -241,20 +306,34 @@ def pack_amx(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
     bufs = pack_operands(c, cfg, operands)
     nest = lower_amx(c, cfg)
     _, row, _ = _geometry(con)
-    bufs["b"] = pack_weights(operands[1], con, cfg["cb"], row)
+    if cfg.get("fields", "im2col") == "direct":
+        bufs["b"] = pack_weights(operands[1], con, con.c, _direct_geometry(con)[1],
+                                 per_tap=True)
+    else:
+        bufs["b"] = pack_weights(operands[1], con, cfg["cb"], row)
     for b in nest.buffers:
         if b.role == "scratch":
             bufs[b.name] = np.zeros(b.size, np.float32)
     return bufs
 
 
-def pack_weights(w, con: Conv2dContraction, cb: int, row: int) -> np.ndarray:
+def pack_weights(w, con: Conv2dContraction, cb: int, row: int, per_tap: bool = False
+                 ) -> np.ndarray:
     """[K/16][R'/32][16 pairs][16 channels][2] bf16 of the weights, the reduction in
-    ws's order, as float32 slots of two values."""
+    ws's order, as float32 slots of two values: `row` slots of it, zeros past R; with
+    `per_tap`, ordered (kh, kw, c) with each tap's channels padded to `row` slots (the
+    direct fields' rounded input pixel)."""
     k, r = con.k, con.c * con.kh * con.kw
-    wr = w.detach().reshape(k, con.c // cb, cb, con.kh, con.kw).permute(0, 1, 3, 4, 2)
-    flat = np.zeros((k, 2 * row), np.float32)
-    flat[:, :r] = wr.reshape(k, r).numpy()
+    if per_tap:
+        taps = con.kh * con.kw
+        flat = np.zeros((k, taps, 2 * row), np.float32)
+        flat[:, :, :con.c] = w.detach().permute(0, 2, 3, 1).reshape(k, taps, con.c).numpy()
+        flat = flat.reshape(k, -1)
+        row = taps * row
+    else:
+        wr = w.detach().reshape(k, con.c // cb, cb, con.kh, con.kw).permute(0, 1, 3, 4, 2)
+        flat = np.zeros((k, 2 * row), np.float32)
+        flat[:, :r] = wr.reshape(k, r).numpy()
     vnni = flat.reshape(k // LANES, LANES, 2 * row // AMX_STEP, AMX_STEP // 2, 2)
     vnni = vnni.transpose(0, 2, 3, 1, 4)  # tile, step, pair, channel, value of the pair
     return np.ascontiguousarray(to_bf16(np.ascontiguousarray(vnni))).view(np.float32).ravel()

@@ -128,8 +128,11 @@ class AmxGemm:
     apart, a 4-byte slot holding two values; tile i starts i*`a_tile` slots after a), B is
     `nt` tiles packed for the dot product (VNNI: per step, 16 rows of pairs of the
     reduction by 16 columns, 256 slots; `b_tile` slots between tiles), over `steps` steps
-    of 32 reduction values (16 slots of A, 256 of B each). C tile (i, j), rows[i] rows of
-    16 floats, lands at c.index + (i*nt + j)*256, rows 16 floats apart."""
+    of 32 reduction values (16 slots of A, 256 of B each) from each of the `taps`: slot
+    offsets of A added in turn (a convolution's (kh, kw) read straight from its input; one
+    tap, 0, for a workspace of whole receptive fields), B's steps following on. C tile
+    (i, j), rows[i] rows of 16 floats, lands at c.index + (i*nt + j)*256, rows 16 floats
+    apart."""
 
     a: Access
     a_row: int
@@ -140,6 +143,7 @@ class AmxGemm:
     steps: int
     nt: int
     c: Access
+    taps: tuple[int, ...] = (0,)
 
     @property
     def mt(self) -> int:
@@ -523,11 +527,12 @@ def from_bf16(h: np.ndarray) -> np.ndarray:
 def _amx_gemm(s: AmxGemm, env, bufs) -> None:
     """C = A x B in float32 from the bf16 operands (the order of the sums may differ from
     the hardware's, within float32 rounding)."""
-    k = s.steps * AMX_STEP
+    k = len(s.taps) * s.steps * AMX_STEP
     a0 = s.a.index.eval(env)
     a_half = bufs[s.a.buffer].view(np.uint16)
     starts = [a0 + i * s.a_tile + r * s.a_row for i, m in enumerate(s.rows) for r in range(m)]
-    a = from_bf16(a_half[2 * np.array(starts)[:, None] + np.arange(k)[None, :]])
+    cols = np.concatenate([2 * t + np.arange(s.steps * AMX_STEP) for t in s.taps])
+    a = from_bf16(a_half[2 * np.array(starts)[:, None] + cols[None, :]])
     b_half = bufs[s.b.buffer].view(np.uint16)
     b0 = s.b.index.eval(env)
     c0 = s.c.index.eval(env)
@@ -535,7 +540,8 @@ def _amx_gemm(s: AmxGemm, env, bufs) -> None:
     for j in range(s.nt):
         start = 2 * (b0 + j * s.b_tile)
         # per step: [16 pairs][16 columns][2] -> the step's 32 x 16 block of B
-        blocks = b_half[start: start + s.steps * 512].reshape(s.steps, 16, 16, 2)
+        steps = len(s.taps) * s.steps
+        blocks = b_half[start: start + steps * 512].reshape(steps, 16, 16, 2)
         b = from_bf16(blocks.transpose(0, 1, 3, 2).reshape(k, 16))
         c = a.astype(np.float64) @ b.astype(np.float64)
         first = 0

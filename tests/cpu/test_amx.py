@@ -43,13 +43,17 @@ CASES = [  # 1x1 over 7x7 (tiles of 2 rows, a ragged last one); 3x3 stride 2 wit
 
 
 def _configs(c, n: int, seed: int) -> list[Config]:
-    """n configs, half of them packing each block just before its products (fused_pack),
-    half packing the whole image first."""
+    """n configs, in turn of each way A reaches the tiles: direct fields, im2col fields
+    rounded per block just before its products (fused_pack), im2col fields rounded for
+    the whole image first."""
     space = space_for(c, AMX_CPU, "bf16")
     part, rng, out = dict(space.parts)["amx"], random.Random(seed), []
+    kinds = ("direct", "fused", "ahead")
     while len(out) < n:
         cfg = space._tag("amx", part.sample(rng))
-        if fused_pack(cfg) == (len(out) % 2 == 0):
+        kind = "direct" if cfg["fields"] == "direct" else \
+            "fused" if fused_pack(cfg) else "ahead"
+        if kind == kinds[len(out) % 3]:
             out.append(cfg)
     return out
 
@@ -105,6 +109,7 @@ def test_built_kernels_compute_what_the_nest_says(case):
 def test_pixel_tiles_are_whole_rows_or_near_equal_parts_of_one():
     con = Conv2dContraction.from_compute
     assert pixel_tile(con(conv((1, 16, 7, 7), 16, 1))) == (2, 7)
+    assert pixel_tile(con(conv((1, 16, 7, 7), 16, 1)), "direct") == (1, 7)  # one row
     assert pixel_tile(con(conv((1, 16, 14, 14), 16, 1))) == (1, 14)
     assert pixel_tile(con(conv((1, 16, 56, 56), 16, 1))) == (1, 14)
     assert pixel_tile(con(conv((1, 16, 112, 112), 16, 1))) == (1, 16)
@@ -133,6 +138,28 @@ def test_bordered_outputs_and_residuals_read_and_write_the_interior(native):
             assert np.count_nonzero(out == 7.0) == out.size - got.numel()  # the border
         want = _bf16_reference(c, ops)
         assert (got - want).abs().max() <= 1e-5 * want.abs().max(), cfg.to_json()
+
+
+def test_direct_fields_take_each_tap_from_the_input_rounded_once():
+    """Direct fields round the bordered input once (each pixel's channels padded to 32)
+    and read every (kh, kw) from it at the stride: one tap per kernel position."""
+    from raytune_kernels.cpu.loopnest import AmxGemm
+
+    c = CASES[2]  # 48 channels: pixels of 64 rounded values, 16 of them zeros
+    cfg = next(x for x in _configs(c, 3, 0) if x["fields"] == "direct")
+    nest = lower(c, cfg)
+    gemms = []
+
+    def walk(body):
+        for st in body:
+            if isinstance(st, AmxGemm):
+                gemms.append(st)
+            walk(getattr(st, "body", ()))
+    walk(nest.body)
+    hp, wp = Conv2dContraction.from_compute(c).padded()
+    assert {g.taps for g in gemms} == {tuple((kh * wp + kw) * 32 for kh in range(3)
+                                             for kw in range(3))}
+    assert next(b.size for b in nest.buffers if b.name == "ws") == hp * wp * 32
 
 
 def test_weights_are_packed_in_pairs_of_the_reduction_per_16_channels():
@@ -216,11 +243,17 @@ def test_an_untuned_bf16_network_runs_amx_convs_within_its_tolerance():
 
 
 def test_blocked_layouts_lower_as_well():
-    """The space keeps to NHWC; the lowering also reads NCHW[cb]c and writes
-    NCHW[16*nt]c, as a config written by hand may ask."""
+    """The space keeps to NHWC; with im2col fields the lowering also reads NCHW[cb]c and
+    writes NCHW[16*nt]c, as a config written by hand may ask (direct fields refuse a
+    blocked input, by name)."""
     c = CASES[2]
-    for i, base in enumerate(_configs(c, 2, 5)):
-        cfg = Config(tuple(sorted(dict(base.knobs, cb=16, out_layout="blocked").items())))
+    for i, base in enumerate(_configs(c, 3, 5)):
+        blocked = dict(base.knobs, cb=16, out_layout="blocked")
+        if base["fields"] == "direct":
+            with pytest.raises(ValueError, match="direct fields read NHWC"):
+                lower(c, Config(tuple(sorted(blocked.items()))))
+            blocked["fields"] = "im2col"
+        cfg = Config(tuple(sorted(blocked.items())))
         ops = random_operands(c, i)
         bufs = pack(c, cfg, ops)
         interpret(lower(c, cfg), bufs)

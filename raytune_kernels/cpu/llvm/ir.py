@@ -284,8 +284,9 @@ class _Emitter:
                     self.vstore(x, po, off + v * lanes, _mask(tile, v))
 
     def _amx_gemm(self, s: AmxGemm) -> None:
-        """The tiles' dot-product loop, accumulators carried in x86_amx phis; LLVM's AMX
-        passes configure the tile registers (ldtilecfg) from the shapes given here."""
+        """The tiles' dot-product loops, one per tap, accumulators carried in x86_amx
+        phis; LLVM's AMX passes configure the tile registers (ldtilecfg) from the shapes
+        given here."""
         amx, i16, b = "x86_amx", "i16", self.b
         m = self.mod
         load = m.decl("llvm.x86.tileloadd64.internal", amx, [i16, i16, PTR, I64])
@@ -296,34 +297,38 @@ class _Emitter:
         rows = [const(i16, m) for m in s.rows]
         pa, pb, pc = self.pointer(s.a), self.pointer(s.b), self.pointer(s.c)
         tiles = [(i, j) for i in range(s.mt) for j in range(s.nt)]
-        start = {(i, j): b.call(zero, [rows[i], width]) for i, j in tiles}
-        pre = b.block
-        body, done = self.fn.append_basic_block("amx.body"), self.fn.append_basic_block("amx.done")
-        b.branch(body)
-        b.position_at_end(body)
-        k = b.phi(I64, name="ks")
-        k.add_incoming(i64(0), pre)
-        accs = {}
-        for t in tiles:
-            accs[t] = b.phi(amx)
-            accs[t].add_incoming(start[t], pre)
-        a_at = b.mul(k, i64(16), flags=["nsw"])
-        b_at = b.mul(k, i64(256), flags=["nsw"])
-        a_tiles = [b.call(load, [rows[i], width,
-                                 b.gep(pa, [b.add(a_at, i64(i * s.a_tile))], inbounds=True,
-                                       source_etype=F32), i64(4 * s.a_row)])
-                   for i in range(s.mt)]
-        b_tiles = [b.call(load, [full, width, b.gep(pb, [b.add(b_at, i64(j * s.b_tile))],
-                                                    inbounds=True, source_etype=F32),
-                                 i64(64)]) for j in range(s.nt)]
-        new = {(i, j): b.call(dot, [rows[i], width, width, accs[i, j], a_tiles[i],
-                                    b_tiles[j]]) for i, j in tiles}
-        nxt = b.add(k, i64(1), flags=["nsw", "nuw"])
-        k.add_incoming(nxt, b.block)
-        for t in tiles:
-            accs[t].add_incoming(new[t], b.block)
-        b.cbranch(b.icmp_signed("<", nxt, i64(s.steps)), body, done)
-        b.position_at_end(done)
+        accs = {(i, j): b.call(zero, [rows[i], width]) for i, j in tiles}
+        for t, tap in enumerate(s.taps):  # one loop over the steps of each tap
+            pre = b.block
+            body = self.fn.append_basic_block("amx.body")
+            done = self.fn.append_basic_block("amx.done")
+            b.branch(body)
+            b.position_at_end(body)
+            k = b.phi(I64, name="ks")
+            k.add_incoming(i64(0), pre)
+            phis = {}
+            for tl in tiles:
+                phis[tl] = b.phi(amx)
+                phis[tl].add_incoming(accs[tl], pre)
+            a_at = b.add(b.mul(k, i64(16), flags=["nsw"]), i64(tap))
+            b_at = b.mul(b.add(k, i64(t * s.steps)), i64(256), flags=["nsw"])
+            a_tiles = [b.call(load, [rows[i], width,
+                                     b.gep(pa, [b.add(a_at, i64(i * s.a_tile))], inbounds=True,
+                                           source_etype=F32), i64(4 * s.a_row)])
+                       for i in range(s.mt)]
+            b_tiles = [b.call(load, [full, width,
+                                     b.gep(pb, [b.add(b_at, i64(j * s.b_tile))], inbounds=True,
+                                           source_etype=F32), i64(64)])
+                       for j in range(s.nt)]
+            accs = {(i, j): b.call(dot, [rows[i], width, width, phis[i, j], a_tiles[i],
+                                         b_tiles[j]]) for i, j in tiles}
+            nxt = b.add(k, i64(1), flags=["nsw", "nuw"])
+            k.add_incoming(nxt, b.block)
+            for tl in tiles:
+                phis[tl].add_incoming(accs[tl], b.block)
+            b.cbranch(b.icmp_signed("<", nxt, i64(s.steps)), body, done)
+            b.position_at_end(done)
+        new = accs
         for i, j in tiles:
             b.call(store, [rows[i], width, self.at(pc, (i * s.nt + j) * 256), i64(64),
                            new[i, j]])
