@@ -1,10 +1,13 @@
 """Convolutions on AMX tensor tiles in bfloat16 (`llvm -precision=bf16` on a CPU with
-amx-bf16), float32 accumulation, activations float32 in memory.
+amx-bf16), float32 accumulation, activations float32 in memory: groups of 1, batch 1,
+output channels in whole 16s, input channels in whole 16s or few enough to fold.
 
 How the operand reaches the tiles is the knob `fields`. With "direct", the bordered NHWC
 input is rounded to bf16 once (each pixel's channels padded with zeros to a step's 32)
 and each (kh, kw) read from it at the stride: a tap of AmxGemm, A tiles of up to 16
-pixels of one output row. With "im2col", whole receptive fields are rounded into a
+pixels of one output row. A conv whose channels fill no 16-lane vector (a stem's 3) takes
+"folded": each rounded pixel holds the kw x C values that follow its input pixel in NHWC
+(one run), one tap per kh. With "im2col", whole receptive fields are rounded into a
 workspace ws[P][R'] (P = OH*OW output pixels, R = C*KH*KW ordered (c-block, kh, kw,
 c-in-block), R' = R rounded up to a step's 32, the rest zero), A tiles of up to 16 pixels
 in whole output rows or a near-equal part of one row (pixel_tile): where pixel blocks are
@@ -48,12 +51,26 @@ SHAPES = tuple((m, n) for m in range(1, 4) for n in range(1, 4) if m * n + m + n
 # of whole rows: full tiles over small maps), or "direct", the input rounded once and each
 # (kh, kw) read from it at the stride (9x less to round for a 3x3 conv, tiles in one row)
 FIELDS = ("im2col", "direct")
+# a conv whose channels fill no vector (a stem's 3): "folded", the input rounded once with
+# each pixel's run of kw x C values (contiguous in NHWC) as its channels, one tap per kh
+FOLD_MOST = 64  # the longest run of kw x C values folded (a stem's 7 x 3 = 21)
 
 
 def applicable(c: Compute, cpu: CpuInfo, precision: str) -> bool:
-    return (precision == "bf16" and cpu.amx and LANES in cpu.lanes and c.op == "conv2d"
+    if not (precision == "bf16" and cpu.amx and LANES in cpu.lanes and c.op == "conv2d"
             and c.attr("groups") == 1 and c.inputs[0].shape[0] == 1
-            and c.inputs[0].shape[1] % LANES == 0 and c.output.shape[1] % LANES == 0)
+            and c.output.shape[1] % LANES == 0):
+        return False
+    return bool(fields_of(Conv2dContraction.from_compute(c)))
+
+
+def fields_of(con: Conv2dContraction) -> tuple[str, ...]:
+    """The ways A can reach the tiles for this conv (knob `fields`)."""
+    if con.c % LANES == 0:
+        return FIELDS
+    if con.kw * con.c <= FOLD_MOST and con.dil[1] == 1:
+        return ("folded",)
+    return ()
 
 
 def amx_space(c: Compute, cpu: CpuInfo) -> Space:
@@ -64,7 +81,7 @@ def amx_space(c: Compute, cpu: CpuInfo) -> Space:
     con = Conv2dContraction.from_compute(c)
     combos = [(LANES, LANES * nt, mt, nt, con.c) for mt, nt in SHAPES
               if (con.k // LANES) % nt == 0]
-    independent = (("fields", FIELDS), ("out_layout", ("nhwc",)),
+    independent = (("fields", fields_of(con)), ("out_layout", ("nhwc",)),
                    ("spatial_order", (("ko", "pt"), ("pt", "ko"))), ("parallel", (1, 2)))
     return Space(("lanes", "ob", "mt", "nt", "cb"), tuple(combos), independent)
 
@@ -75,11 +92,20 @@ def _geometry(con: Conv2dContraction) -> tuple[int, int, int]:
     return r, -(-r // AMX_STEP) * AMX_STEP // 2, con.oh * con.ow
 
 
-def _direct_geometry(con: Conv2dContraction) -> tuple[int, int]:
-    """(channels per input pixel in the rounded input, C rounded up to a step's 32; slots
-    per rounded input pixel)."""
-    cp = -(-con.c // AMX_STEP) * AMX_STEP
-    return cp, cp // 2
+def _rounded(con: Conv2dContraction, fields: str) -> tuple[int, int, int, tuple[int, ...]]:
+    """Of the input rounded once (direct or folded fields): (values of a pixel's run, C
+    or kw x C; slots per rounded pixel, the run padded to a step's 32; rounded pixels per
+    row; the taps, slot offsets of each (kh, kw), or of each kh where kw is folded)."""
+    hp, wp = con.padded()
+    (dh, dw) = con.dil
+    if fields == "folded":
+        run, columns = con.kw * con.c, wp - con.kw + 1
+        taps = tuple(kh * dh * columns for kh in range(con.kh))
+    else:
+        run, columns = con.c, wp
+        taps = tuple(kh * dh * wp + kw * dw for kh in range(con.kh) for kw in range(con.kw))
+    pixel = -(-run // AMX_STEP) * AMX_STEP // 2
+    return run, pixel, columns, tuple(t * pixel for t in taps)
 
 
 def pixel_tile(con: Conv2dContraction, fields: str = "im2col") -> tuple[int, int]:
@@ -87,8 +113,9 @@ def pixel_tile(con: Conv2dContraction, fields: str = "im2col") -> tuple[int, int
     where a row has 16 pixels or fewer, else in near-equal parts of one row: the pixels
     of a tile are then consecutive rows of the workspace, and its outputs an affine tile
     of the output (which may have a border)."""
-    if con.ow <= AMX_ROWS:  # with direct fields, the rows of a tile are one output row's
-        return (1 if fields == "direct" else max(1, min(AMX_ROWS // con.ow, con.oh))), con.ow
+    if con.ow <= AMX_ROWS:  # read from the rounded input, a tile is in one output row
+        return (max(1, min(AMX_ROWS // con.ow, con.oh)) if fields == "im2col" else 1), \
+            con.ow
     parts = -(-con.ow // AMX_ROWS)
     return 1, -(-con.ow // parts)
 
@@ -104,28 +131,31 @@ def fused_pack(cfg) -> bool:
 def lower_amx(c: Compute, cfg) -> LoopNest:
     con = Conv2dContraction.from_compute(c)
     cb, mt, nt = cfg["cb"], cfg["mt"], cfg["nt"]
-    if cfg["lanes"] != LANES or cb % LANES or con.c % cb or cfg["ob"] != LANES * nt \
+    whole = cb == con.c or cb % LANES == 0  # the folded fields' NHWC: any C
+    if cfg["lanes"] != LANES or not whole or con.c % cb or cfg["ob"] != LANES * nt \
             or (con.k // LANES) % nt or (mt, nt) not in SHAPES:
-        raise ValueError(f"amx: config {cfg.to_json()} does not fit {c.describe()} (cb a "
-                         f"multiple of {LANES} dividing C, ob = {LANES}*nt dividing K, "
-                         f"(mt, nt) in {SHAPES})")
-    if cfg.get("fields", "im2col") not in FIELDS:
-        raise ValueError(f"amx: fields={cfg['fields']!r}, expected one of {FIELDS}")
+        raise ValueError(f"amx: config {cfg.to_json()} does not fit {c.describe()} (cb C "
+                         f"or a multiple of {LANES} dividing it, ob = {LANES}*nt dividing "
+                         f"K, (mt, nt) in {SHAPES})")
+    fields = cfg.get("fields", "im2col")
+    if fields not in fields_of(con):
+        raise ValueError(f"amx: fields={fields!r} for {c.describe()}, expected one of "
+                         f"{fields_of(con)}")
     r, row, p = _geometry(con)
-    direct = cfg.get("fields", "im2col") == "direct"
+    direct = fields != "im2col"
     hp, wp = con.padded()
-    cp, pixel = _direct_geometry(con)
+    _, pixel, columns, taps = _rounded(con, fields) if direct else (0, 0, 0, ())
     kinds = operand_kinds(c)
     sizes = con.buffer_sizes(cfg)
     tiles: list[Tile] = []
     gemm, scratch = _gemm_stage(c, con, cfg, kinds, row, tiles)
-    reduction = con.kh * con.kw * cp // 2 if direct else row  # B's slots per channel
+    reduction = len(taps) * pixel if direct else row  # B's slots per output channel
     bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", con.k * reduction, "in")]
     bufs += [Buffer(f"e{i}", con.k if k.kind == "channel" else
                     con.buffer_sizes(residual_cfg(cfg))["out"], "in")
              for i, k in enumerate(kinds)]
     bufs += [Buffer("out", sizes["out"], "out"),
-             Buffer("ws", hp * wp * pixel if direct else p * row, "scratch"),
+             Buffer("ws", hp * columns * pixel if direct else p * row, "scratch"),
              Buffer("cs", scratch, "scratch")]
     if direct:
         ahead = _round_input(con, cfg, tiles)
@@ -170,25 +200,27 @@ def _copy(con: Conv2dContraction, cb: int, row: int, tiles: list, width: int,
 
 
 def _round_input(con: Conv2dContraction, cfg, tiles: list) -> list:
-    """The bordered NHWC input rounded to bf16 once, each pixel's channels padded with
-    zeros to a step's 32 (direct fields)."""
+    """The bordered NHWC input rounded to bf16 once (direct and folded fields): each
+    rounded pixel the run of values at its input pixel (C, or kw x C folded), in whole
+    vectors (the last one's lanes past the run read as zeros), then zeros to a step's 32."""
     hp, wp = con.padded()
-    cp, pixel = _direct_geometry(con)
+    run, pixel, columns, _ = _rounded(con, cfg["fields"])
     if cfg["cb"] != con.c:
-        raise ValueError(f"amx: direct fields read NHWC (cb = {con.c}), got cb={cfg['cb']}")
-    tile = Tile(f"c{len(tiles)}", (1, 1), con.c // LANES)
+        raise ValueError(f"amx: {cfg['fields']} fields read NHWC (cb = {con.c}), got "
+                         f"cb={cfg['cb']}")
+    vecs = -(-run // LANES)
+    tile = Tile(f"c{len(tiles)}", (1, 1), vecs, run % LANES)
     tiles.append(tile)
     at = Affine((("y", wp * con.c), ("x", con.c)))
+    to = Affine((("y", columns * pixel), ("x", pixel)))
     stmts = (UpdateTile(tile.name, Access("a", at), (0, 0), None, SET),
-             StoreTile(tile.name, Access("ws", Affine((("y", wp * pixel), ("x", pixel)))),
-                       (0, 0), bf16=True))
-    if cp != con.c:
-        zero = Tile(f"z{len(tiles)}", (1, 1), (cp - con.c) // LANES)
+             StoreTile(tile.name, Access("ws", to), (0, 0), bf16=True))
+    if 2 * pixel > vecs * LANES:
+        zero = Tile(f"z{len(tiles)}", (1, 1), (2 * pixel - vecs * LANES) // LANES)
         tiles.append(zero)
-        pad = Affine((("y", wp * pixel), ("x", pixel)), con.c // 2)
-        stmts += (ZeroTile(zero.name),
-                  StoreTile(zero.name, Access("ws", pad), (0, 0), bf16=True))
-    return [For("y", hp, PARALLEL, (For("x", wp, SERIAL, stmts),))]
+        stmts += (ZeroTile(zero.name), StoreTile(zero.name, Access("ws", to.offset(
+            vecs * LANES // 2)), (0, 0), bf16=True))
+    return [For("y", hp, PARALLEL, (For("x", columns, SERIAL, stmts),))]
 
 
 def _combine(*parts) -> Affine:
@@ -220,13 +252,10 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
     kb, steps = con.k // ob, 2 * row // AMX_STEP
     th, tw = pixel_tile(con, fields)
     taps = (0,)
-    if fields == "direct":  # tiles in one output row, read at the stride from the input
-        hp, wp = con.padded()
-        (sh, sw), (dh, dw) = con.stride, con.dil
-        cp, pixel = _direct_geometry(con)
-        steps = cp // AMX_STEP
-        taps = tuple((kh * dh * wp + kw * dw) * pixel
-                     for kh in range(con.kh) for kw in range(con.kw))
+    if fields != "im2col":  # tiles in one output row, read at the stride from the input
+        (sh, sw) = con.stride
+        _, pixel, columns, taps = _rounded(con, fields)
+        steps = 2 * pixel // AMX_STEP
     o_ko, o_row, o_col = con.out_steps(cfg)  # the output's, bordered where the plan says
     rcfg = residual_cfg(cfg)
     r_ko, r_row, r_col = con.out_steps(rcfg)
@@ -237,10 +266,10 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
             cap = len(heights) * nt * 256  # a block's C tiles, 16 rows each at most
             cs = Affine((("pr", nc * kb * cap), ("pc", kb * cap), ("ko", cap)), scratch)
             scratch += nr * nc * kb * cap
-            if fields == "direct":  # output (row, col) reads input (row*sh, col*sw) on
-                a = Affine((("pr", mt * sh * wp * pixel), ("pc", tw * sw * pixel)),
-                           (row0 * sh * wp + col0 * sw) * pixel)
-                a_row, a_tile = sw * pixel, sh * wp * pixel
+            if fields != "im2col":  # output (row, col) reads input (row*sh, col*sw) on
+                a = Affine((("pr", mt * sh * columns * pixel), ("pc", tw * sw * pixel)),
+                           (row0 * sh * columns + col0 * sw) * pixel)
+                a_row, a_tile = sw * pixel, sh * columns * pixel
             else:
                 a = Affine((("pr", mt * th * con.ow * row), ("pc", tw * row)),
                            (row0 * con.ow + col0) * row)
@@ -306,9 +335,10 @@ def pack_amx(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
     bufs = pack_operands(c, cfg, operands)
     nest = lower_amx(c, cfg)
     _, row, _ = _geometry(con)
-    if cfg.get("fields", "im2col") == "direct":
-        bufs["b"] = pack_weights(operands[1], con, con.c, _direct_geometry(con)[1],
-                                 per_tap=True)
+    fields = cfg.get("fields", "im2col")
+    if fields != "im2col":
+        bufs["b"] = pack_weights(operands[1], con, con.c, _rounded(con, fields)[1],
+                                 per_tap=fields)
     else:
         bufs["b"] = pack_weights(operands[1], con, cfg["cb"], row)
     for b in nest.buffers:
@@ -317,17 +347,17 @@ def pack_amx(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
     return bufs
 
 
-def pack_weights(w, con: Conv2dContraction, cb: int, row: int, per_tap: bool = False
+def pack_weights(w, con: Conv2dContraction, cb: int, row: int, per_tap: str = ""
                  ) -> np.ndarray:
     """[K/16][R'/32][16 pairs][16 channels][2] bf16 of the weights, the reduction in
     ws's order, as float32 slots of two values: `row` slots of it, zeros past R; with
-    `per_tap`, ordered (kh, kw, c) with each tap's channels padded to `row` slots (the
-    direct fields' rounded input pixel)."""
+    `per_tap` (the fields, direct or folded), a tap's run of values (C at each (kh, kw),
+    or kw x C at each kh) padded to `row` slots (a rounded input pixel), tap after tap."""
     k, r = con.k, con.c * con.kh * con.kw
     if per_tap:
-        taps = con.kh * con.kw
+        taps = con.kh if per_tap == "folded" else con.kh * con.kw
         flat = np.zeros((k, taps, 2 * row), np.float32)
-        flat[:, :, :con.c] = w.detach().permute(0, 2, 3, 1).reshape(k, taps, con.c).numpy()
+        flat[:, :, :r // taps] = w.detach().permute(0, 2, 3, 1).reshape(k, taps, -1).numpy()
         flat = flat.reshape(k, -1)
         row = taps * row
     else:

@@ -107,6 +107,7 @@ class StoreTile:
     """out[out.index + i*s0 + j*s1 + v*lanes : +lanes] = epilogue(acc[i, j, v]).
 
     With `bf16`, each vector is rounded to bfloat16 (to nearest, ties to even) and stored
+    whole, a masked tile's dead lanes as well (they hold what its masked loads read, 0),
     as lanes/2 four-byte slots of two values each, first value in the low half: the
     index, the strides and the vector offsets (v*lanes/2) then count slots."""
 
@@ -504,9 +505,10 @@ def _store(nest: LoopNest, s: StoreTile, env, bufs, acc: np.ndarray, tile: Tile)
         value = apply_epilogue_np(step, value, ops).astype(np.float32)
     base, live = s.out.index.eval(env), tile.width(nest.lanes)
     rows = np.array(tile.offsets(s.out_strides))[:, None]
-    if s.bf16:  # slots of two bf16 values: write the 16-bit halves
+    if s.bf16:  # slots of two bf16 values, whole vectors: write the 16-bit halves
+        whole = tile.vecs * nest.lanes
         halves = bufs[s.out.buffer].view(np.uint16)
-        halves[2 * (base + rows) + np.arange(live)[None, :]] = to_bf16(value[:, :live])
+        halves[2 * (base + rows) + np.arange(whole)[None, :]] = to_bf16(value)
         return
     bufs[s.out.buffer][base + rows + np.arange(live)[None, :]] = value[:, :live]
 

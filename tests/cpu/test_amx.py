@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from raytune_kernels.backend import backend_for, cpu_backend
-from raytune_kernels.cpu.amx import SHAPES, applicable, fused_pack, pack_weights, pixel_tile
+from raytune_kernels.cpu.amx import (SHAPES, applicable, fields_of, fused_pack, pack_weights,
+                                     pixel_tile)
 from raytune_kernels.cpu.contraction import Conv2dContraction
 from raytune_kernels.cpu.kernel import run_candidate
 from raytune_kernels.cpu.loopnest import from_bf16, interpret, to_bf16
@@ -39,6 +40,8 @@ CASES = [  # 1x1 over 7x7 (tiles of 2 rows, a ragged last one); 3x3 stride 2 wit
     conv((1, 48, 10, 10), 64, 3, 1, 1, epilogue=(bias(),)),
     conv((1, 16, 12, 12), 32, 3, 1, 2, dil=2),
     conv((1, 16, 5, 37), 32, 3, 1, 1, epilogue=(bias(), residual(), unary("relu"))),
+    # a stem: 3 channels, each kh's 7 x 3 values folded into one rounded pixel
+    conv((1, 3, 21, 23), 32, 7, 2, 3, epilogue=(bias(), unary("relu"))),
 ]
 
 
@@ -48,12 +51,13 @@ def _configs(c, n: int, seed: int) -> list[Config]:
     the whole image first."""
     space = space_for(c, AMX_CPU, "bf16")
     part, rng, out = dict(space.parts)["amx"], random.Random(seed), []
-    kinds = ("direct", "fused", "ahead")
+    folded = fields_of(Conv2dContraction.from_compute(c)) == ("folded",)
+    kinds = ("folded",) if folded else ("direct", "fused", "ahead")
     while len(out) < n:
         cfg = space._tag("amx", part.sample(rng))
-        kind = "direct" if cfg["fields"] == "direct" else \
+        kind = cfg["fields"] if cfg["fields"] != "im2col" else \
             "fused" if fused_pack(cfg) else "ahead"
-        if kind == kinds[len(out) % 3]:
+        if kind == kinds[len(out) % len(kinds)]:
             out.append(cfg)
     return out
 
@@ -72,7 +76,10 @@ def test_the_space_offers_amx_in_bf16_on_a_cpu_with_it():
     assert "amx" not in dict(getattr(space_for(c, AMX_CPU), "parts", ()))  # fp32
     no_amx = dataclasses.replace(AMX_CPU, amx=False)
     assert not applicable(c, no_amx, "bf16")
-    assert not applicable(conv((1, 3, 8, 8), 16, 3, 1, 1), AMX_CPU, "bf16")  # 3 channels
+    assert fields_of(Conv2dContraction.from_compute(conv((1, 3, 8, 8), 16, 7, 2, 3))) == \
+        ("folded",)  # 3 channels: 7 x 3 values a kh, folded
+    assert not applicable(conv((1, 24, 8, 8), 16, 3, 1, 1), AMX_CPU, "bf16")  # 3 x 24 > 64
+    assert not applicable(conv((1, 3, 8, 8), 16, 3, 1, 2, dil=2), AMX_CPU, "bf16")
     assert not applicable(conv((1, 32, 8, 8), 24, 1), AMX_CPU, "bf16")  # 24 outputs
     assert not applicable(conv((1, 32, 8, 8), 32, 3, 1, 1, groups=2), AMX_CPU, "bf16")
     assert not applicable(conv((2, 32, 8, 8), 32, 1), AMX_CPU, "bf16")  # batch 2
@@ -260,3 +267,20 @@ def test_blocked_layouts_lower_as_well():
         want = _bf16_reference(c, ops)
         got = unpack(c, cfg, bufs["out"])
         assert (got - want).abs().max() <= 1e-5 * want.abs().max(), cfg.to_json()
+
+
+@needs_amx
+def test_a_saved_bf16_network_loads_and_gives_the_same_outputs(tmp_path):
+    import raytune_kernels as rk
+    from raytune_kernels.compile.api import compile_network
+
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 7, stride=2, padding=3),
+                                torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 3, padding=1)).eval()
+    x = torch.randn(1, 3, 24, 24)
+    with pytest.warns(UserWarning, match="untuned"):
+        net = compile_network(model, x, None, target="llvm -precision=bf16", threads=2)
+    assert sum(s.kernel.name.endswith("_amx") for s in net.steps if s.kernel) == 2
+    net.save(str(tmp_path / "net.rkn"))
+    loaded = rk.load(str(tmp_path / "net.rkn"))
+    assert torch.equal(loaded(x), net(x))
