@@ -125,33 +125,62 @@ def torch_variants(model, x, use_compile: bool) -> dict:
 
 def bf16_variants(model, x, use_compile: bool) -> dict:
     """PyTorch in bfloat16 on a CPU that computes in it (oneDNN on AMX or AVX512-BF16):
-    the model and input cast, images channels_last; eager, and torch.compile with
-    freezing. name -> callable returning float32 outputs, or None where it cannot be built
-    (a CPU without bf16 arithmetic: PyTorch would emulate it, slower than float32)."""
+    the model and a float input cast (integer inputs, token ids, stay), images
+    channels_last; eager, and torch.compile with freezing. Each is checked against eager
+    float32 within bf16's network tolerance before it is timed. name -> callable returning
+    float32 outputs, or None where it cannot be built or fails its check (and on a CPU
+    without bf16 arithmetic, where PyTorch would emulate it, slower than float32)."""
+    from torch.utils import _pytree as pytree
+
+    from raytune_kernels.compile.report import output_error
+
     out = {"eager_bf16": None, "compile_bf16": None}
     if not torch.backends.mkldnn.is_available() or \
             not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         print("eager_bf16 unavailable here: this CPU has no bf16 arithmetic",
               file=sys.stderr)
         return out
-    fmt = torch.channels_last if x.dim() == 4 else torch.contiguous_format
-    m16 = copy.deepcopy(model).to(torch.bfloat16).to(memory_format=fmt) if x.dim() == 4 \
-        else copy.deepcopy(model).to(torch.bfloat16)
-    x16 = x.to(torch.bfloat16).contiguous(memory_format=fmt)
-    out["eager_bf16"] = lambda: m16(x16).float()
-    if use_compile:
-        try:
-            import torch._inductor.config as inductor
+    image = x.dim() == 4 and x.is_floating_point()
+    fmt = torch.channels_last if image else torch.contiguous_format
+    m16 = copy.deepcopy(model).to(torch.bfloat16).to(memory_format=fmt)
+    x16 = x.to(torch.bfloat16).contiguous(memory_format=fmt) if x.is_floating_point() else x
+    with torch.no_grad():
+        want = model(x)
 
-            inductor.freezing = True
-            fn = torch.compile(copy.deepcopy(m16))
+    def build(name, make):
+        try:
+            fn = make()
             with torch.no_grad():
-                fn(x16)
-            out["compile_bf16"] = lambda: fn(x16).float()
+                err = output_error(tuple(pytree.tree_flatten(fn())[0]), want)
+            if not err <= tolerance("bf16").network:
+                raise ValueError(f"its output differs from eager by {err:.3g}")
+            out[name] = fn
         except Exception as exc:
-            print(f"compile_bf16 unavailable here: {type(exc).__name__}: {exc}"[:300],
+            print(f"{name} unavailable here: {type(exc).__name__}: {exc}"[:300],
                   file=sys.stderr)
+
+    def compiled():
+        import torch._inductor.config as inductor
+
+        inductor.freezing = True
+        fn = torch.compile(copy.deepcopy(m16))
+        with torch.no_grad():
+            fn(x16)
+        return lambda: as_float32(fn(x16))
+
+    build("eager_bf16", lambda: lambda: as_float32(m16(x16)))
+    if use_compile:
+        build("compile_bf16", compiled)
     return out
+
+
+def as_float32(out):
+    """A model's outputs (a tensor, tuple or dict of them) with floating tensors in
+    float32, as the float32 variants return them."""
+    from torch.utils import _pytree as pytree
+
+    return pytree.tree_map(lambda t: t.float() if isinstance(t, torch.Tensor)
+                           and t.is_floating_point() else t, out)
 
 
 def engine_variants(model, inputs, threads: int, workdir: str) -> tuple[dict, dict, dict]:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from raytune_kernels.cpu.amx import precision_problem
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.features import featurize, featurize_nest
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info, host_device
@@ -78,9 +79,9 @@ def cpu_backend(cpu: CpuInfo, threads: int = 1, precision: str = DEFAULT) -> Bac
     measured machine model); the estimate prices configs at the `threads` the tuner
     measures them with. In bf16, convolutions also run on AMX tiles, which the CPU must
     have."""
-    if precision != DEFAULT and not cpu.amx:
-        raise UnknownTargetError(f"precision {precision} runs convolutions on AMX tiles "
-                                 f"(amx-tile, amx-bf16), which {cpu.name} lacks")
+    problem = precision_problem(cpu, precision)
+    if problem:
+        raise UnknownTargetError(problem)
     return Backend("llvm", cpu, functools.partial(no_kernel_reason, cpu=cpu,
                                                   precision=precision),
                    functools.partial(_cpu_space, cpu=cpu, precision=precision),

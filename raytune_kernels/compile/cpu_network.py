@@ -39,6 +39,7 @@ from raytune_kernels.compile.cpu_plan import (Buf, Planner, Step, allocate, bord
                                               transform_cost, transforms_asked)
 from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
                                              random_inputs, scaled_error)
+from raytune_kernels.cpu.amx import precision_problem
 from raytune_kernels.cpu.probe import CHECK_CHILD, start_child, unusable_mcpu
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.lower import operand_kinds
@@ -484,9 +485,9 @@ def compile_network_cpu(model: torch.nn.Module,
         cold = any(r.cold_weights for r in recs)  # transforms and torch timed as kernels
         opts = MeasureOptions(threads=threads, min_repeat_ms=5, repeats=5, cold_weights=cold)
         cpu, precision = cpu_info(tgt.mcpu), tgt.precision
-        if precision != DEFAULT and not cpu.amx:
-            raise CompileError(f"target {str(tgt)!r}: precision {precision} runs convolutions "
-                               f"on AMX tiles (amx-tile, amx-bf16), which {cpu.name} lacks")
+        problem = precision_problem(cpu, precision)
+        if problem:
+            raise CompileError(f"target {str(tgt)!r}: {problem}")
         no_kernel = {t.key: why for t in part.tasks
                      if (why := no_kernel_reason(t.compute, cpu, precision))}
         recs = _in_todays_spaces(recs, part.tasks, cpu, no_kernel, precision)

@@ -29,16 +29,14 @@ once, before the space offers these kernels and before one is loaded.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from raytune_kernels.cpu.contraction import Conv2dContraction
-from raytune_kernels.cpu.im2col import gemm_outer, tile_variants
+from raytune_kernels.cpu.contraction_base import residual_cfg
+from raytune_kernels.cpu.im2col import copy_loops, gemm_outer, tile_variants
 from raytune_kernels.cpu.loopnest import (AMX_ROWS, AMX_STEP, PARALLEL, SERIAL, SET, Access,
                                           Affine, AmxGemm, Buffer, For, LoopNest, Split,
                                           StoreTile, Tile, UpdateTile, ZeroTile, to_bf16)
-from raytune_kernels.cpu.contraction_base import residual_cfg
 from raytune_kernels.cpu.lower import epilogue_steps, operand_kinds, pack_operands
 from raytune_kernels.cpu.machine import CpuInfo
 from raytune_kernels.space import Space
@@ -54,6 +52,14 @@ FIELDS = ("im2col", "direct")
 # a conv whose channels fill no vector (a stem's 3): "folded", the input rounded once with
 # each pixel's run of kw x C values (contiguous in NHWC) as its channels, one tap per kh
 FOLD_MOST = 64  # the longest run of kw x C values folded (a stem's 7 x 3 = 21)
+
+
+def precision_problem(cpu: CpuInfo, precision: str) -> str | None:
+    """Why a CPU cannot compute in `precision` (an llvm target's), or None."""
+    if precision != "fp32" and not cpu.amx:
+        return (f"precision {precision} runs convolutions on AMX tiles (amx-tile, "
+                f"amx-bf16), which {cpu.name} lacks")
+    return None
 
 
 def applicable(c: Compute, cpu: CpuInfo, precision: str) -> bool:
@@ -174,11 +180,7 @@ def _copy_stage(con: Conv2dContraction, cfg, row: int, tiles: list) -> list:
     for count, w, offset in tile_variants(con.ow, min(7, con.ow)):
         stmts = _copy(con, cb, row, tiles, w, Affine((("wt", w),), offset),
                       Affine((("oh", 1),)))
-        inner = (For("kh", con.kh, SERIAL, (For("kw", con.kw, SERIAL,
-                                                (For("wt", count, SERIAL, stmts),)),)),)
-        extents = (con.c // cb, con.oh)
-        out.append(For("q", math.prod(extents), PARALLEL,
-                       (Split("q", ("cq", "oh"), extents),) + inner))
+        out.append(copy_loops(con, cb, count, stmts))
     return out
 
 

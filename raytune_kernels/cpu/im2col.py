@@ -94,12 +94,17 @@ def _copy_stage(con: Conv2dContraction, cfg, r: int, tiles: list) -> list:
                     ("kw", cb), ("wt", width * r)), offset * r)
         stmts = (UpdateTile(tile.name, Access("a", a), (0, sw * cb), None, SET),
                  StoreTile(tile.name, Access("ws", o), (0, r)))
-        inner = (For("kh", con.kh, SERIAL, (For("kw", con.kw, SERIAL,
-                                                (For("wt", count, SERIAL, stmts),)),)),)
-        extents = (con.c // cb, con.oh)
-        out.append(For("q", math.prod(extents), PARALLEL,
-                       (Split("q", ("cq", "oh"), extents),) + inner))
+        out.append(copy_loops(con, cb, count, stmts))
     return out
+
+
+def copy_loops(con: Conv2dContraction, cb: int, count: int, stmts: tuple) -> For:
+    """The loops of a receptive-field copy around `stmts`: (channel block cq, output row
+    oh) shared out, then kh, kw and `count` column tiles wt."""
+    inner = (For("kh", con.kh, SERIAL, (For("kw", con.kw, SERIAL,
+                                            (For("wt", count, SERIAL, stmts),)),)),)
+    extents = (con.c // cb, con.oh)
+    return For("q", math.prod(extents), PARALLEL, (Split("q", ("cq", "oh"), extents),) + inner)
 
 
 def _gemm_stage(c: Compute, con, cfg, kinds, r: int, p: int, tiles: list) -> list:
