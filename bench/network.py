@@ -67,6 +67,7 @@ import torch
 from raytune_kernels import tune_network, zoo
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.compile.api import compile_network
+from raytune_kernels.compile.report import network_bound
 from raytune_kernels.precision import DEFAULT, PRECISIONS, tolerance
 from raytune_kernels.target import Target, target_arg
 from raytune_kernels.timing import TimingOptions, median, time_fn
@@ -123,13 +124,14 @@ def torch_variants(model, x, use_compile: bool) -> dict:
     return out
 
 
-def bf16_variants(model, x, use_compile: bool) -> dict:
+def bf16_variants(model, x, use_compile: bool, atol: float | None = None) -> dict:
     """PyTorch in bfloat16 on a CPU that computes in it (oneDNN on AMX or AVX512-BF16):
     the model and a float input cast (integer inputs, token ids, stay), images
     channels_last; eager, and torch.compile with freezing. Each is checked against eager
-    float32 within bf16's network tolerance before it is timed. name -> callable returning
-    float32 outputs, or None where it cannot be built or fails its check (and on a CPU
-    without bf16 arithmetic, where PyTorch would emulate it, slower than float32)."""
+    float32 within `atol` (by default bf16's network tolerance) before it is timed.
+    name -> callable returning float32 outputs, or None where it cannot be built or fails
+    its check (and on a CPU without bf16 arithmetic, where PyTorch would emulate it,
+    slower than float32)."""
     from torch.utils import _pytree as pytree
 
     from raytune_kernels.compile.report import output_error
@@ -152,7 +154,7 @@ def bf16_variants(model, x, use_compile: bool) -> dict:
             fn = make()
             with torch.no_grad():
                 err = output_error(tuple(pytree.tree_flatten(fn())[0]), want)
-            if not err <= tolerance("bf16").network:
+            if not err <= (tolerance("bf16").network if atol is None else atol):
                 raise ValueError(f"its output differs from eager by {err:.3g}")
             out[name] = fn
         except Exception as exc:
@@ -183,15 +185,16 @@ def as_float32(out):
                            and t.is_floating_point() else t, out)
 
 
-def engine_variants(model, inputs, threads: int, workdir: str) -> tuple[dict, dict, dict]:
+def engine_variants(model, inputs, threads: int, workdir: str, bf16_atol: float | None = None
+                    ) -> tuple[dict, dict, dict]:
     """What a user would pick instead on a CPU, from the model exported to ONNX once:
     ONNX Runtime (all graph optimisations, `threads` intra-op threads, one inter-op) and
     OpenVINO (CPU, LATENCY hint, `threads` threads) in f32 inference, and OpenVINO in
     bf16 (openvino_bf16; its own default on a CPU with bf16 arithmetic, AMX or
     AVX512-BF16) where this CPU has it. Each is checked against eager before it is timed
-    (bf16 within that precision's network tolerance). Returns name -> zero-argument
-    callable, name -> version, and name -> why it is not here (not installed, export or
-    check failed, no bf16 here)."""
+    (bf16 within `bf16_atol`, by default that precision's network tolerance). Returns
+    name -> zero-argument callable, name -> version, and name -> why it is not here (not
+    installed, export or check failed, no bf16 here)."""
     from raytune_kernels.compile.report import output_error
 
     fns, versions, missing = {}, {}, {}
@@ -247,7 +250,8 @@ def engine_variants(model, inputs, threads: int, workdir: str) -> tuple[dict, di
 
     add("onnxruntime", onnxruntime)
     add("openvino", openvino)
-    add("openvino_bf16", lambda: openvino("bf16"), tolerance("bf16").network)
+    add("openvino_bf16", lambda: openvino("bf16"),
+        tolerance("bf16").network if bf16_atol is None else bf16_atol)
     return fns, versions, missing
 
 
@@ -733,10 +737,13 @@ def main() -> None:
                                 threads=args.threads, refine=0)
         fns["unrefined"] = lambda: plain(*inputs)
     fns.update(torch_variants(model, x, not args.no_compile))
-    fns.update(bf16_variants(model, x, not args.no_compile))
+    # bf16 variants are checked as a bf16 network of ours is (report.network_bound)
+    bf16_atol = network_bound(model, inputs, "bf16")[0]
+    fns.update(bf16_variants(model, x, not args.no_compile, bf16_atol))
     with tempfile.TemporaryDirectory(prefix="rk_engines_") as tmp:
         engines, engine_versions, engines_missing = engine_variants(model, inputs,
-                                                                    args.threads, tmp)
+                                                                    args.threads, tmp,
+                                                                    bf16_atol)
     fns.update(engines)
     # each variant's arithmetic: ours the target's; PyTorch's and the engines' by name
     precisions = {k: "bf16" if k.endswith("_bf16") else DEFAULT

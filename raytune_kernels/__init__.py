@@ -239,7 +239,8 @@ def compile_network(model: "torch.nn.Module",
         (its largest magnitude) must be <= atol, so large activations are not refused for
         float rounding, nor small ones passed by a bound larger than themselves. By default
         the network tolerance of the target's precision (raytune_kernels/precision.py:
-        1e-3 in fp32).
+        1e-3 in fp32); on "llvm" in bf16, twice the error PyTorch's own bf16 run of the
+        model makes where that is larger (deep networks lose more to rounding).
     verbose
         Print the plan's summary.
     solver

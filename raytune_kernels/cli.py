@@ -99,8 +99,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         with torch.no_grad():
             eager = median(time_fn(lambda: model(*inputs), TimingOptions(3, 200, 7)))
         where = f"on the CPU, {args.threads} thread(s)"
-    atol = tolerance(tgt.precision).network
-    print(f"checked against the model (difference <= {atol:g} of the output's scale)\n"
+    atol = getattr(net, "checked_within", tolerance(tgt.precision).network)
+    print(f"checked against the model (difference <= {atol:.3g} of the output's scale)\n"
           f"ours {ours * 1e3:.3f} ms, PyTorch eager {eager * 1e3:.3f} ms "
           f"({eager / ours:.2f}x), {where}")
     prof = net.profile(png=args.png, end_to_end=ours) if (args.profile or args.png) else None

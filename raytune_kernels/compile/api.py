@@ -19,7 +19,7 @@ from raytune_kernels.cpu.machine import host_device
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import Partition
 from raytune_kernels.layout.problem import solve_ilp
-from raytune_kernels.precision import DEFAULT, tolerance
+from raytune_kernels.precision import DEFAULT
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.task import Task
 from raytune_kernels.tune.records import (Record, describe_devices, describe_location,
@@ -51,8 +51,7 @@ def compile_network(model: torch.nn.Module,
     return compile_network_cpu(model, example_inputs, cpu_records(records, str(tgt), threads),
                                tgt, fallback=fallback, threads=threads, layout=layout,
                                time_limit_s=time_limit_s, check=check,
-                               atol=tolerance(tgt.precision).network if atol is None
-                               else atol, verbose=verbose,
+                               atol=atol, verbose=verbose,
                                solver=solver, refine=refine)
 
 

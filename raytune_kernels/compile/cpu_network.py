@@ -37,8 +37,8 @@ from raytune_kernels.compile.choose import (TORCH, Solver, candidates_from_recor
                                             step_problem)
 from raytune_kernels.compile.cpu_plan import (Buf, Planner, Step, allocate, borders_wanted,
                                               transform_cost, transforms_asked)
-from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
-                                             random_inputs, scaled_error)
+from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, network_bound,
+                                             output_error, random_inputs, scaled_error)
 from raytune_kernels.cpu.amx import precision_problem
 from raytune_kernels.cpu.probe import CHECK_CHILD, start_child, unusable_mcpu
 from raytune_kernels.cpu.contraction import contraction
@@ -452,7 +452,8 @@ def compile_network_cpu(model: torch.nn.Module,
                         records: Iterable[Record] = (),
                         target: "str | Target" = "llvm",
                         fallback: str | None = None, threads: int = 1, layout: str = "ilp",
-                        time_limit_s: float = 20.0, check: bool = True, atol: float = 1e-3,
+                        time_limit_s: float = 20.0, check: bool = True,
+                        atol: float | None = None,
                         verbose: bool = False, solver: Solver = solve_ilp,
                         refine: int = 8) -> CompiledNetwork:
     """compile_network() for an llvm target from `records`, those of its target and thread
@@ -470,7 +471,7 @@ def compile_network_cpu(model: torch.nn.Module,
         raise CompileError(f"layout must be 'ilp' or 'uniform', got {layout!r}")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise CompileError(f"threads must be a positive integer, got {threads!r}")
-    if not time_limit_s > 0 or not atol >= 0:
+    if not time_limit_s > 0 or not (atol is None or atol >= 0):
         raise CompileError(f"time_limit_s must be > 0 and atol >= 0, got {time_limit_s!r} "
                            f"and {atol!r}")
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) \
@@ -558,7 +559,11 @@ def compile_network_cpu(model: torch.nn.Module,
         if agreed is not None:
             print(agreed.describe())
     if check:
-        check_network(net, model, inputs, atol)
+        why = ""
+        if atol is None:  # the target precision's bound (report.network_bound)
+            atol, why = network_bound(model, inputs, precision)
+        check_network(net, model, inputs, atol, why)
+        net.checked_within = atol
     return net
 
 
@@ -801,13 +806,16 @@ def _bindable(part: Partition, step: TaskStep, cand: Candidate) -> bool:
     return True
 
 
-def check_network(net: CompiledNetwork, model, inputs, atol: float) -> None:
-    """net(x) against model(x); on a mismatch, name the first step that diverges."""
+def check_network(net: CompiledNetwork, model, inputs, atol: float, why: str = "") -> None:
+    """net(x) against model(x); on a mismatch, name the first step that diverges. `why`
+    says where the bound comes from, when it is not the table's or the caller's."""
     with torch.no_grad():
         want = model(*inputs)
         got = net(*inputs)
     err = output_error(got, want)
     if err <= atol:
         return
+    limit = f"{atol:.3g}: {why}" if why else f"{atol}"
     raise CompileError(f"compiled network differs from the model: error {err:.3g} of the "
-                       f"output's scale (limit {atol}); {net.first_divergence(inputs, atol)}")
+                       f"output's scale (limit {limit}); "
+                       f"{net.first_divergence(inputs, atol)}")

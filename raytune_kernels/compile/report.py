@@ -3,6 +3,7 @@
 chart, and the fidelity of the tuner's estimate to the measured latency."""
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -40,6 +41,38 @@ def random_inputs(shapes, examples=None, seed: int = 0) -> list[torch.Tensor]:
             flat = ex.detach().cpu().reshape(-1)
             out.append(flat[torch.randperm(flat.numel(), generator=g)].reshape(ex.shape))
     return out
+
+
+def network_bound(model, inputs, precision: str) -> tuple[float, str]:
+    """The bound a network compiled in `precision` is checked within, of its output's
+    scale, and why: precision.py's network tolerance, or, in a reduced precision, twice
+    the error PyTorch itself makes running the model cast to it where that is larger (the
+    error of rounding grows with depth and with how a network's random weights cancel:
+    PyTorch's bf16 ResNet-18 0.016 of its output's scale, ResNet-50 0.14). A model that
+    PyTorch cannot run in it keeps the table's bound."""
+    from raytune_kernels.precision import DEFAULT, tolerance
+
+    table = tolerance(precision).network
+    if precision == DEFAULT:
+        return table, ""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    if dtype is None:  # tf32 has no tensor type of its own to cast to
+        return table, ""
+    try:
+        cast = copy.deepcopy(model).to(dtype)
+        with torch.no_grad():
+            want = model(*inputs)
+            got = cast(*(x.to(dtype) if x.is_floating_point() else x for x in inputs))
+        from torch.utils import _pytree as pytree
+
+        theirs = output_error(tuple(t.float() for t in pytree.tree_flatten(got)[0]
+                                    if isinstance(t, torch.Tensor)), want)
+    except Exception:  # an op without a kernel in that dtype here
+        return table, ""
+    if not 2 * theirs > table:
+        return table, ""
+    return 2 * theirs, (f"twice the {theirs:.3g} PyTorch's own {precision} gives this "
+                        "model")
 
 
 def output_error(got, want) -> float:
