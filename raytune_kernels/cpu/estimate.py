@@ -107,9 +107,9 @@ def cycles(nest: LoopNest, machine: MachineModel, threads: int = 1) -> float:
 
 
 def _weight_bytes(nest: LoopNest, threads: int) -> float:
-    """Bytes of the weights (the B operand of outer-product updates) read from memory:
-    once, or once per thread where the parallel loop around an update shares out a
-    variable their index does not use."""
+    """Bytes of the weights (the B operand of outer-product updates and AMX products)
+    read from memory: once, or once per thread where the parallel loop around an update
+    shares out a variable their index does not use."""
     sizes = {b.name: 4 * b.size for b in nest.buffers}
     most = 0.0
 
@@ -120,11 +120,8 @@ def _weight_bytes(nest: LoopNest, threads: int) -> float:
                 split = s.body[0] if s.body and isinstance(s.body[0], Split) else None
                 first = split.names[0] if split is not None else s.var
                 walk(s.body, first if s.kind == PARALLEL else shared)
-            elif isinstance(s, UpdateTile) and s.mode == BCAST_FMA and s.b is not None:
-                indexed = {v for v, c in s.b.index.terms if c}
-                copies = 1 if shared is None or shared in indexed else threads
-                most = max(most, sizes.get(s.b.buffer, 0) * copies)
-            elif isinstance(s, AmxGemm):
+            elif isinstance(s, UpdateTile) and s.mode == BCAST_FMA and s.b is not None \
+                    or isinstance(s, AmxGemm):
                 indexed = {v for v, c in s.b.index.terms if c}
                 copies = 1 if shared is None or shared in indexed else threads
                 most = max(most, sizes.get(s.b.buffer, 0) * copies)
