@@ -252,8 +252,8 @@ def test_the_engines_users_would_pick_instead_are_checked_then_timed(tmp_path):
             want = model(*inputs)
         got = torch.from_numpy(fns["openvino_bf16"]()[0])
         assert 0 < (got - want).abs().max() <= 5e-2 * want.abs().max()
-    elif "openvino" in fns:  # installed: this CPU infers in f32 only, and it says so
-        assert "infers in f32" in missing["openvino_bf16"], missing
+    elif "openvino" in fns:  # installed, and this CPU has no bf16: said, not left out
+        assert missing["openvino_bf16"], missing
     for name in ("onnxruntime", "openvino"):
         if importlib.util.find_spec(name) is None or importlib.util.find_spec("onnx") is None:
             assert name in missing and ("not installed" in missing[name]

@@ -1,7 +1,7 @@
 """Convolutions on AMX tiles in bf16 (cpu/amx.py): where the space offers them, their loop
 nests interpreted against the reference of bf16-rounded operands, their machine code
-against the interpreter where this CPU has AMX, the weights' packing, and the bf16 target
-through the compile."""
+against the same where this CPU has AMX, the weights' packing, and the bf16 target
+through the compile, the network check and a saved network."""
 import dataclasses
 import random
 
