@@ -45,19 +45,17 @@ def random_inputs(shapes, examples=None, seed: int = 0) -> list[torch.Tensor]:
 
 def network_bound(model, inputs, precision: str) -> tuple[float, str]:
     """The bound a network compiled in `precision` is checked within, of its output's
-    scale, and why: precision.py's network tolerance, or, in a reduced precision, twice
-    the error PyTorch itself makes running the model cast to it where that is larger (the
+    scale, and why: precision.py's network tolerance, or, in bf16, twice the error
+    PyTorch itself makes running the model cast to bf16 where that is larger (the
     error of rounding grows with depth and with how a network's random weights cancel:
     PyTorch's bf16 ResNet-18 0.016 of its output's scale, ResNet-50 0.14). A model that
     PyTorch cannot run in it keeps the table's bound."""
-    from raytune_kernels.precision import DEFAULT, tolerance
+    from raytune_kernels.precision import tolerance
 
     table = tolerance(precision).network
-    if precision == DEFAULT:
+    if precision != "bf16":  # fp32, and the GPU's precisions (checked by the table alone)
         return table, ""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    if dtype is None:  # tf32 has no tensor type of its own to cast to
-        return table, ""
+    dtype = torch.bfloat16
     try:
         cast = copy.deepcopy(model).to(dtype)
         with torch.no_grad():
