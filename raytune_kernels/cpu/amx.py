@@ -1,6 +1,12 @@
-"""Convolutions on AMX tensor tiles in bfloat16 (`llvm -precision=bf16` on a CPU with
-amx-bf16), float32 accumulation, activations float32 in memory: groups of 1, batch 1,
-output channels in whole 16s, input channels in whole 16s or few enough to fold.
+"""Convolutions and denses on AMX tensor tiles in bfloat16 (`llvm -precision=bf16` on a
+CPU with amx-bf16), float32 accumulation, activations float32 in memory: convs of groups 1,
+batch 1, output channels in whole 16s, input channels in whole 16s or few enough to fold;
+denses whose reduction is in whole 16s.
+
+A dense y[M, N] = x[M, K] @ w[N, K]^T is the 1x1 conv of K channels over an M x 1 image
+into N channels padded to the channel block (its output [M][Npad], as the dense's own
+kernels write it): NHWC of that image is the dense's row-major x and y, so the conv's
+im2col fields serve it unchanged (tiles of 16 rows).
 
 How the operand reaches the tiles is the knob `fields`. With "direct", the bordered NHWC
 input is rounded to bf16 once (each pixel's channels padded with zeros to a step's 32)
@@ -28,6 +34,8 @@ Linux hands a process AMX's tile state only when asked: cpu/build.py's `permit_a
 once, before the space offers these kernels and before one is loaded.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -63,15 +71,32 @@ def precision_problem(cpu: CpuInfo, precision: str) -> str | None:
 
 
 def applicable(c: Compute, cpu: CpuInfo, precision: str) -> bool:
-    if not (precision == "bf16" and cpu.amx and LANES in cpu.lanes and c.op == "conv2d"
-            and c.attr("groups") == 1 and c.inputs[0].shape[0] == 1
+    if not (precision == "bf16" and cpu.amx and LANES in cpu.lanes):
+        return False
+    if c.op == "dense":
+        return c.inputs[0].shape[-1] % LANES == 0
+    if not (c.op == "conv2d" and c.attr("groups") == 1 and c.inputs[0].shape[0] == 1
             and c.output.shape[1] % LANES == 0):
         return False
-    return bool(fields_of(Conv2dContraction.from_compute(c)))
+    return bool(fields_of(view(c)))
+
+
+def view(c: Compute, ob: int = LANES) -> Conv2dContraction:
+    """The conv these tiles compute: a conv's own, or a dense's 1x1 conv of K channels
+    over an M x 1 image into N channels padded to a multiple of the channel block `ob`."""
+    if c.op != "dense":
+        return Conv2dContraction.from_compute(c)
+    *lead, k = c.inputs[0].shape
+    m, n = math.prod(lead), c.inputs[1].shape[0]
+    return Conv2dContraction(1, k, m, 1, -(-n // ob) * ob, 1, 1, m, 1, (1, 1), (0, 0),
+                             (1, 1))
 
 
 def fields_of(con: Conv2dContraction) -> tuple[str, ...]:
-    """The ways A can reach the tiles for this conv (knob `fields`)."""
+    """The ways A can reach the tiles for this conv (knob `fields`): a single column (a
+    dense's rows) reads its fields as whole-row tiles alone."""
+    if con.c % LANES == 0 and con.ow == 1 == con.kh * con.kw:
+        return ("im2col",)
     if con.c % LANES == 0:
         return FIELDS
     if con.kw * con.c <= FOLD_MOST and con.dil[1] == 1:
@@ -84,9 +109,9 @@ def amx_space(c: Compute, cpu: CpuInfo) -> Space:
     a pixel's channels at (kh, kw) as one run, every channel block of the products reads
     the same workspace), and one layout for every AMX conv leaves the plan no transform
     to place between them, where records of mixed layouts left 15 in ResNet-18."""
-    con = Conv2dContraction.from_compute(c)
+    con = view(c)
     combos = [(LANES, LANES * nt, mt, nt, con.c) for mt, nt in SHAPES
-              if (con.k // LANES) % nt == 0]
+              if c.op == "dense" or (con.k // LANES) % nt == 0]  # a dense's N is padded
     independent = (("fields", fields_of(con)), ("out_layout", ("nhwc",)),
                    ("spatial_order", (("ko", "pt"), ("pt", "ko"))), ("parallel", (1, 2)))
     return Space(("lanes", "ob", "mt", "nt", "cb"), tuple(combos), independent)
@@ -135,7 +160,7 @@ def fused_pack(cfg) -> bool:
 
 
 def lower_amx(c: Compute, cfg) -> LoopNest:
-    con = Conv2dContraction.from_compute(c)
+    con = view(c, cfg["ob"])
     cb, mt, nt = cfg["cb"], cfg["mt"], cfg["nt"]
     whole = cb == con.c or cb % LANES == 0  # the folded fields' NHWC: any C
     if cfg["lanes"] != LANES or not whole or con.c % cb or cfg["ob"] != LANES * nt \
@@ -333,16 +358,19 @@ def _block_pack(con: Conv2dContraction, cfg, row: int, tiles: list, heights: lis
 
 
 def pack_amx(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
-    con = Conv2dContraction.from_compute(c)
+    con = view(c, cfg["ob"])
     bufs = pack_operands(c, cfg, operands)
+    w = operands[1]
+    if c.op == "dense":  # [N][K] -> [Npad][K][1][1], zeros past N
+        import torch
+        w = torch.cat([w.detach(), w.new_zeros(con.k - w.shape[0], con.c)])[:, :, None, None]
     nest = lower_amx(c, cfg)
     _, row, _ = _geometry(con)
     fields = cfg.get("fields", "im2col")
     if fields != "im2col":
-        bufs["b"] = pack_weights(operands[1], con, con.c, _rounded(con, fields)[1],
-                                 per_tap=fields)
+        bufs["b"] = pack_weights(w, con, con.c, _rounded(con, fields)[1], per_tap=fields)
     else:
-        bufs["b"] = pack_weights(operands[1], con, cfg["cb"], row)
+        bufs["b"] = pack_weights(w, con, cfg["cb"], row)
     for b in nest.buffers:
         if b.role == "scratch":
             bufs[b.name] = np.zeros(b.size, np.float32)

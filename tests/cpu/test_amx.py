@@ -11,7 +11,7 @@ import torch
 
 from raytune_kernels.backend import backend_for, cpu_backend
 from raytune_kernels.cpu.amx import (SHAPES, applicable, fields_of, fused_pack, pack_weights,
-                                     pixel_tile)
+                                     pixel_tile, view)
 from raytune_kernels.cpu.contraction import Conv2dContraction
 from raytune_kernels.cpu.kernel import run_candidate
 from raytune_kernels.cpu.loopnest import from_bf16, interpret, to_bf16
@@ -26,7 +26,7 @@ from raytune_kernels.space import Config
 from raytune_kernels.target import parse_target
 from raytune_kernels.task import Task
 
-from tests.support.cuda_cases import bias, conv, residual, unary
+from tests.support.cuda_cases import bias, conv, make, residual, unary
 
 AMX_CPU = dataclasses.replace(cpu_info(), lanes=(16, 8), amx=True)
 HOST_AMX = cpu_info().amx
@@ -42,6 +42,11 @@ CASES = [  # 1x1 over 7x7 (tiles of 2 rows, a ragged last one); 3x3 stride 2 wit
     conv((1, 16, 5, 37), 32, 3, 1, 1, epilogue=(bias(), residual(), unary("relu"))),
     # a stem: 3 channels, each kh's 7 x 3 values folded into one rounded pixel
     conv((1, 3, 21, 23), 32, 7, 2, 3, epilogue=(bias(), unary("relu"))),
+    # denses: 40 outputs padded to the channel block; 74 rows in tiles of 16 and a ragged
+    # 10, with a residual; one row and a reduction of 80 (zeros to 96)
+    make("dense", ((1, 32), (40, 32)), epilogue=(bias(1), unary("gelu"))),
+    make("dense", ((2, 37, 48), (32, 48)), epilogue=(bias(2), residual())),
+    make("dense", ((1, 80), (10, 80))),
 ]
 
 
@@ -51,8 +56,8 @@ def _configs(c, n: int, seed: int) -> list[Config]:
     the whole image first."""
     space = space_for(c, AMX_CPU, "bf16")
     part, rng, out = dict(space.parts)["amx"], random.Random(seed), []
-    folded = fields_of(Conv2dContraction.from_compute(c)) == ("folded",)
-    kinds = ("folded",) if folded else ("direct", "fused", "ahead")
+    kinds = {("folded",): ("folded",), ("im2col",): ("fused", "ahead")}.get(
+        fields_of(view(c)), ("direct", "fused", "ahead"))
     while len(out) < n:
         cfg = space._tag("amx", part.sample(rng))
         kind = cfg["fields"] if cfg["fields"] != "im2col" else \
@@ -111,6 +116,20 @@ def test_built_kernels_compute_what_the_nest_says(case):
         got = run_candidate(c, cfg, ops, threads=2)
         want = _bf16_reference(c, ops)
         assert (got - want).abs().max() <= 1e-5 * want.abs().max(), cfg.to_json()
+
+
+def test_a_dense_is_the_1x1_conv_of_its_rows_into_channels_padded_to_the_block():
+    d = make("dense", ((2, 37, 48), (40, 48)), epilogue=(bias(2),))
+    con = view(d, 32)
+    assert (con.c, con.h, con.w, con.k, con.kh, con.kw, con.oh, con.ow) == \
+        (48, 74, 1, 64, 1, 1, 74, 1)
+    assert fields_of(con) == ("im2col",)  # tiles of 16 rows, not of one row's 1 pixel
+    assert pixel_tile(con) == (16, 1)
+    assert applicable(d, AMX_CPU, "bf16") and not applicable(d, AMX_CPU, "fp32")
+    assert not applicable(make("dense", ((1, 24), (32, 24))), AMX_CPU, "bf16")  # K = 24
+    configs = _configs(d, 60, 0)
+    assert {cfg["nt"] for cfg in configs} == {1, 2, 3}  # N padded for any nt
+    assert layouts_of(Task(d.key(), d, 1), configs[0]) == ("NCHW", "NCHW")  # row-major
 
 
 def test_pixel_tiles_are_whole_rows_or_near_equal_parts_of_one():
