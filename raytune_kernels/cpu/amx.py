@@ -39,7 +39,7 @@ import math
 
 import numpy as np
 
-from raytune_kernels.cpu.contraction import Conv2dContraction
+from raytune_kernels.cpu.contraction import Conv2dContraction, MatmulContraction
 from raytune_kernels.cpu.contraction_base import residual_cfg
 from raytune_kernels.cpu.im2col import copy_loops, gemm_outer, tile_variants
 from raytune_kernels.cpu.loopnest import (AMX_ROWS, AMX_STEP, PARALLEL, SERIAL, SET, Access,
@@ -75,6 +75,9 @@ def applicable(c: Compute, cpu: CpuInfo, precision: str) -> bool:
         return False
     if c.op == "dense":
         return c.inputs[0].shape[-1] % LANES == 0
+    if c.op == "matmul":
+        con = MatmulContraction.from_compute(c)
+        return con is not None and con.k % LANES == 0 and con.n % LANES == 0
     if not (c.op == "conv2d" and c.attr("groups") == 1 and c.inputs[0].shape[0] == 1
             and c.output.shape[1] % LANES == 0):
         return False
@@ -102,6 +105,16 @@ def fields_of(con: Conv2dContraction) -> tuple[str, ...]:
     if con.kw * con.c <= FOLD_MOST and con.dil[1] == 1:
         return ("folded",)
     return ()
+
+
+def matmul_space(c: Compute) -> Space:
+    """A batched matmul's: both operands rounded at run time, B into the dot product's
+    pair order; its output row-major, as the matmul's own kernels write it."""
+    con = MatmulContraction.from_compute(c)
+    combos = [(LANES, LANES * nt, mt, nt) for mt, nt in SHAPES if (con.n // LANES) % nt == 0]
+    independent = (("spatial_order", (("bt", "pt", "ko"), ("bt", "ko", "pt"))),
+                   ("parallel", (1, 2)))
+    return Space(("lanes", "ob", "mt", "nt"), tuple(combos), independent)
 
 
 def amx_space(c: Compute, cpu: CpuInfo) -> Space:
@@ -160,6 +173,8 @@ def fused_pack(cfg) -> bool:
 
 
 def lower_amx(c: Compute, cfg) -> LoopNest:
+    if c.op == "matmul":
+        return _lower_matmul(c, cfg)
     con = view(c, cfg["ob"])
     cb, mt, nt = cfg["cb"], cfg["mt"], cfg["nt"]
     whole = cb == con.c or cb % LANES == 0  # the folded fields' NHWC: any C
@@ -358,8 +373,13 @@ def _block_pack(con: Conv2dContraction, cfg, row: int, tiles: list, heights: lis
 
 
 def pack_amx(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
-    con = view(c, cfg["ob"])
     bufs = pack_operands(c, cfg, operands)
+    if c.op == "matmul":  # both operands as they come: rounded by the kernel
+        for b in _lower_matmul(c, cfg).buffers:
+            if b.role == "scratch":
+                bufs[b.name] = np.zeros(b.size, np.float32)
+        return bufs
+    con = view(c, cfg["ob"])
     w = operands[1]
     if c.op == "dense":  # [N][K] -> [Npad][K][1][1], zeros past N
         import torch
@@ -398,3 +418,89 @@ def pack_weights(w, con: Conv2dContraction, cb: int, row: int, per_tap: str = ""
     vnni = vnni.transpose(0, 2, 3, 1, 4)  # tile, step, pair, channel, value of the pair
     return np.ascontiguousarray(to_bf16(np.ascontiguousarray(vnni))).view(np.float32).ravel()
 
+
+
+def _lower_matmul(c: Compute, cfg) -> LoopNest:
+    """y[b] = x[b] @ w[b], both operands activations: x's rows rounded into wa (K padded
+    to a step's 32 with zeros), w's rows rounded two at a time into wb in the dot
+    product's pair order ([N/16][K'/2 pairs][16 columns][2] per batch), then blocks of mt
+    tiles of 16 rows by nt x 16 columns on the tile registers, the epilogue from scratch
+    into the row-major output."""
+    con = MatmulContraction.from_compute(c)
+    mt, nt, ob = cfg["mt"], cfg["nt"], cfg["ob"]
+    if con is None or cfg["lanes"] != LANES or ob != LANES * nt or con.k % LANES or \
+            con.n % ob or (mt, nt) not in SHAPES:
+        raise ValueError(f"amx: config {cfg.to_json()} does not fit {c.describe()} (K and "
+                         f"N in whole {LANES}s, ob = {LANES}*nt dividing N, (mt, nt) in "
+                         f"{SHAPES})")
+    bt, m, k, n = con.batch, con.m, con.k, con.n
+    row = -(-k // AMX_STEP) * AMX_STEP // 2  # slots of a rounded row of x or pair column
+    nb, kb = n // LANES, n // ob
+    tiles: list[Tile] = []
+    ahead = [_round_rows(bt * m, k, row, tiles)]
+    pair = Tile(f"p{len(tiles)}", (2, 1), 1)
+    tiles.append(pair)
+    b_in = Affine((("bt", k * n), ("p", 2 * n), ("nb", LANES)))
+    b_out = Affine((("bt", nb * row * LANES), ("nb", row * LANES), ("p", LANES)))
+    ahead.append(For("q", bt * (k // 2), PARALLEL, (
+        Split("q", ("bt", "p"), (bt, k // 2)),
+        For("nb", nb, SERIAL, (UpdateTile(pair.name, Access("b", b_in), (n, 0), None, SET),
+                               StoreTile(pair.name, Access("wb", b_out), (0, 0), bf16=True,
+                                         pairs=True))))))
+    if 2 * row > k:  # the pairs past K: zeros
+        zero = Tile(f"z{len(tiles)}", (1, 1), 2)
+        tiles.append(zero)
+        at = Affine((("bt", nb * row * LANES), ("nb", row * LANES), ("zp", LANES)),
+                    k // 2 * LANES)
+        ahead.append(For("q", bt * nb, PARALLEL, (
+            Split("q", ("bt", "nb"), (bt, nb)),
+            For("zp", row - k // 2, SERIAL, (
+                ZeroTile(zero.name), StoreTile(zero.name, Access("wb", at), (0, 0),
+                                               bf16=True))))))
+    kinds = operand_kinds(c)
+    out, scratch = [], 0
+    for nr, rows, row0 in tile_variants(m, mt * AMX_ROWS):
+        heights = [AMX_ROWS] * (rows // AMX_ROWS) + \
+            ([rows % AMX_ROWS] if rows % AMX_ROWS else [])
+        cap = len(heights) * nt * 256
+        cs = Affine((("bt", nr * kb * cap), ("pt", kb * cap), ("ko", cap)), scratch)
+        scratch += bt * nr * kb * cap
+        a = Affine((("bt", m * row), ("pt", mt * AMX_ROWS * row)), row0 * row)
+        b = Affine((("bt", nb * row * LANES), ("ko", nt * row * LANES)))
+        gemm = AmxGemm(Access("wa", a), row, AMX_ROWS * row, tuple(heights), Access("wb", b),
+                       row * LANES, 2 * row // AMX_STEP, nt, Access("cs", cs))
+        body: list = [gemm]
+        for i, h in enumerate(heights):
+            for j in range(nt):
+                tile = Tile(f"g{len(tiles)}", (h, 1), 1)
+                tiles.append(tile)
+                o = Affine((("bt", m * n), ("pt", mt * AMX_ROWS * n), ("ko", ob)),
+                           (row0 + i * AMX_ROWS) * n + j * LANES)
+                epi = epilogue_steps(c, kinds, o, (n, 0), {"ko": kb}, cfg,
+                                     first_channel=j * LANES)
+                body += [UpdateTile(tile.name, Access("cs", cs.offset((i * nt + j) * 256)),
+                                    (LANES, 0), None, SET),
+                         StoreTile(tile.name, Access("out", o), (n, 0), epi)]
+        out.append(gemm_outer(cfg, {"bt": bt, "ko": kb, "pt": nr}, tuple(body)))
+    bufs = [Buffer("a", bt * m * k, "in"), Buffer("b", bt * k * n, "in")]
+    bufs += [Buffer(f"e{i}", n if kd.kind == "channel" else bt * m * n, "in")
+             for i, kd in enumerate(kinds)]
+    bufs += [Buffer("out", bt * m * n, "out"), Buffer("wa", bt * m * row, "scratch"),
+             Buffer("wb", bt * nb * row * LANES, "scratch"), Buffer("cs", scratch, "scratch")]
+    return LoopNest(f"k_{c.key()}_amx", tuple(bufs), tuple(tiles), tuple(ahead + out), LANES)
+
+
+def _round_rows(count: int, k: int, row: int, tiles: list) -> For:
+    """`count` rows of k floats from a, rounded into wa's rows of `row` slots, the values
+    past k zero."""
+    vecs = k // LANES
+    tile = Tile(f"c{len(tiles)}", (1, 1), vecs)
+    tiles.append(tile)
+    stmts = (UpdateTile(tile.name, Access("a", Affine((("r", k),))), (0, 0), None, SET),
+             StoreTile(tile.name, Access("wa", Affine((("r", row),))), (0, 0), bf16=True))
+    if 2 * row > k:
+        zero = Tile(f"z{len(tiles)}", (1, 1), (2 * row - k) // LANES)
+        tiles.append(zero)
+        stmts += (ZeroTile(zero.name), StoreTile(zero.name, Access(
+            "wa", Affine((("r", row),), k // 2)), (0, 0), bf16=True))
+    return For("r", count, PARALLEL, stmts)

@@ -109,13 +109,19 @@ class StoreTile:
     With `bf16`, each vector is rounded to bfloat16 (to nearest, ties to even) and stored
     whole, a masked tile's dead lanes as well (they hold what its masked loads read, 0),
     as lanes/2 four-byte slots of two values each, first value in the low half: the
-    index, the strides and the vector offsets (v*lanes/2) then count slots."""
+    index, the strides and the vector offsets (v*lanes/2) then count slots.
+
+    With `pairs` as well, rows are taken two at a time (the tile's rows 2r and 2r+1, as
+    two rows of the reduction) and interleaved value by value: slot j of vector v holds
+    row 2r's lane j in its low half and row 2r+1's in its high half (the dot product's
+    VNNI order), lanes slots at (row 2r's offset) + v*lanes."""
 
     tile: str
     out: Access
     out_strides: tuple[int, int]
     epilogue: tuple[EpiStep, ...] = ()
     bf16: bool = False
+    pairs: bool = False
 
 
 AMX_ROWS, AMX_STEP = 16, 32  # an AMX tile's rows; bf16 values of one dot-product step
@@ -505,6 +511,14 @@ def _store(nest: LoopNest, s: StoreTile, env, bufs, acc: np.ndarray, tile: Tile)
         value = apply_epilogue_np(step, value, ops).astype(np.float32)
     base, live = s.out.index.eval(env), tile.width(nest.lanes)
     rows = np.array(tile.offsets(s.out_strides))[:, None]
+    if s.pairs:  # rows 2r and 2r+1 interleaved, a slot of two bf16 values per lane
+        whole = tile.vecs * nest.lanes
+        halves = bufs[s.out.buffer].view(np.uint16)
+        for r in range(0, tile.rows, 2):
+            both = np.stack([value[r, :whole], value[r + 1, :whole]], axis=-1).ravel()
+            at = 2 * (base + int(rows[r, 0]))
+            halves[at: at + 2 * whole] = to_bf16(both)
+        return
     if s.bf16:  # slots of two bf16 values, whole vectors: write the 16-bit halves
         whole = tile.vecs * nest.lanes
         halves = bufs[s.out.buffer].view(np.uint16)

@@ -13,7 +13,7 @@ import numpy as np
 
 from raytune_kernels.task import Compute
 from raytune_kernels.cpu.amx import (applicable as amx_applicable, amx_space, lower_amx,
-                                     pack_amx)
+                                     matmul_space, pack_amx)
 from raytune_kernels.cpu.machine import CpuInfo
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.im2col import (applicable as im2col_applicable, im2col_space,
@@ -79,7 +79,8 @@ def space_for(compute: Compute, cpu: CpuInfo, precision: str = DEFAULT
         if winograd_applicable(compute, variant):
             parts.append((name, winograd_space(compute, cpu, variant)))
     if amx_applicable(compute, cpu, precision):
-        parts.append(("amx", amx_space(compute, cpu)))
+        parts.append(("amx", matmul_space(compute) if compute.op == "matmul"
+                      else amx_space(compute, cpu)))
     return UnionSpace("algorithm", tuple(parts)) if len(parts) > 1 else direct
 
 

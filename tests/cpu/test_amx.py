@@ -26,7 +26,7 @@ from raytune_kernels.space import Config
 from raytune_kernels.target import parse_target
 from raytune_kernels.task import Task
 
-from tests.support.cuda_cases import bias, conv, make, residual, unary
+from tests.support.cuda_cases import bias, conv, make, residual, scalar, unary
 
 AMX_CPU = dataclasses.replace(cpu_info(), lanes=(16, 8), amx=True)
 HOST_AMX = cpu_info().amx
@@ -47,6 +47,10 @@ CASES = [  # 1x1 over 7x7 (tiles of 2 rows, a ragged last one); 3x3 stride 2 wit
     make("dense", ((1, 32), (40, 32)), epilogue=(bias(1), unary("gelu"))),
     make("dense", ((2, 37, 48), (32, 48)), epilogue=(bias(2), residual())),
     make("dense", ((1, 80), (10, 80))),
+    # batched matmuls, both operands rounded at run time: 20 rows (16 and a ragged 4) and a
+    # reduction of 48 (zero pairs to 64) with a scalar; 4-d, 37 rows, with a residual
+    make("matmul", ((2, 20, 48), (2, 48, 32)), epilogue=(scalar("div", 8.0),)),
+    make("matmul", ((1, 3, 37, 64), (1, 3, 64, 48)), epilogue=(residual(),)),
 ]
 
 
@@ -56,12 +60,13 @@ def _configs(c, n: int, seed: int) -> list[Config]:
     the whole image first."""
     space = space_for(c, AMX_CPU, "bf16")
     part, rng, out = dict(space.parts)["amx"], random.Random(seed), []
-    kinds = {("folded",): ("folded",), ("im2col",): ("fused", "ahead")}.get(
-        fields_of(view(c)), ("direct", "fused", "ahead"))
+    kinds = ("any",) if c.op == "matmul" else \
+        {("folded",): ("folded",), ("im2col",): ("fused", "ahead")}.get(
+            fields_of(view(c)), ("direct", "fused", "ahead"))
     while len(out) < n:
         cfg = space._tag("amx", part.sample(rng))
-        kind = cfg["fields"] if cfg["fields"] != "im2col" else \
-            "fused" if fused_pack(cfg) else "ahead"
+        kind = "any" if c.op == "matmul" else cfg["fields"] if cfg["fields"] != "im2col" \
+            else "fused" if fused_pack(cfg) else "ahead"
         if kind == kinds[len(out) % len(kinds)]:
             out.append(cfg)
     return out
@@ -130,6 +135,22 @@ def test_a_dense_is_the_1x1_conv_of_its_rows_into_channels_padded_to_the_block()
     configs = _configs(d, 60, 0)
     assert {cfg["nt"] for cfg in configs} == {1, 2, 3}  # N padded for any nt
     assert layouts_of(Task(d.key(), d, 1), configs[0]) == ("NCHW", "NCHW")  # row-major
+
+
+def test_a_matmul_rounds_b_into_pairs_of_the_reduction_per_16_columns():
+    """The kernel's own rounding of B (an activation) lays it out as pack_weights lays
+    out a dense's weights: the same tiles read either."""
+    c = make("matmul", ((1, 16, 48), (1, 48, 32)))
+    assert applicable(c, AMX_CPU, "bf16")
+    assert not applicable(make("matmul", ((1, 16, 40), (1, 40, 32))), AMX_CPU, "bf16")
+    assert not applicable(make("matmul", ((1, 16, 48), (1, 48, 40))), AMX_CPU, "bf16")
+    cfg = _configs(c, 1, 0)[0]
+    ops = random_operands(c, 0)
+    bufs = pack(c, cfg, ops)
+    interpret(lower(c, cfg), bufs)
+    w = ops[1][0].t()  # [N][K], as a dense's weights
+    want = pack_weights(w[:, :, None, None], view(make("dense", ((1, 48), (32, 48)))), 48, 32)
+    assert np.array_equal(bufs["wb"].view(np.uint32), want.view(np.uint32))
 
 
 def test_pixel_tiles_are_whole_rows_or_near_equal_parts_of_one():

@@ -271,6 +271,9 @@ class _Emitter:
                 shared[k, j, v] = self.vload(bases[k][j], v * lanes, _mask(tile, v))
             return shared[k, j, v]
 
+        if s.pairs:
+            self._store_pairs(s, po)
+            return
         for r, (row, off) in enumerate(zip(self.accs[s.tile], tile.offsets(s.out_strides))):
             for v, acc in enumerate(row):
                 x = self.b.load(acc, typ=self.mod.vt)
@@ -282,6 +285,21 @@ class _Emitter:
                     self.b.store(half, self.at(po, off + v * lanes // 2), align=2)
                 else:
                     self.vstore(x, po, off + v * lanes, _mask(tile, v))
+
+    def _store_pairs(self, s: StoreTile, po) -> None:
+        """Rows 2r and 2r+1 interleaved lane by lane, rounded to bf16 (loopnest.StoreTile
+        with pairs)."""
+        tile, lanes = self.mod.nest.tile(s.tile), self.mod.nest.lanes
+        order = [x for j in range(lanes) for x in (j, lanes + j)]
+        mask = Value(vector(I32, 2 * lanes), "<" + ", ".join(f"i32 {j}" for j in order) + ">")
+        rows, offsets = self.accs[s.tile], tile.offsets(s.out_strides)
+        for r in range(0, len(rows), 2):
+            for v, (low, high) in enumerate(zip(rows[r], rows[r + 1])):
+                x = self.b.shuffle_vector(self.b.load(low, typ=self.mod.vt),
+                                          self.b.load(high, typ=self.mod.vt), mask,
+                                          lanes=2 * lanes)
+                half = self.b.fptrunc(x, vector("bfloat", 2 * lanes))
+                self.b.store(half, self.at(po, offsets[r] + v * lanes), align=2)
 
     def _amx_gemm(self, s: AmxGemm) -> None:
         """The tiles' dot-product loops, one per tap, accumulators carried in x86_amx

@@ -295,9 +295,11 @@ class Builder:
         element = vec.type[1:-1].split(" x ", 1)[1]
         return self._value(element, f"extractelement {vec.operand()}, {idx.operand()}")
 
-    def shuffle_vector(self, x: Value, y: Value, mask: Value) -> Value:
-        return self._value(x.type, f"shufflevector {x.operand()}, {y.operand()}, "
-                                   f"{mask.operand()}")
+    def shuffle_vector(self, x: Value, y: Value, mask: Value, lanes: int = 0) -> Value:
+        """x and y's lanes picked by `mask`: `lanes` of them (x's count by default)."""
+        typ = x.type if not lanes else vector(x.type[1:-1].split(" x ", 1)[1], lanes)
+        return self._value(typ, f"shufflevector {x.operand()}, {y.operand()}, "
+                                f"{mask.operand()}")
 
     def phi(self, type: str, name: str = "") -> Phi:
         value = Phi(type, "%" + _quoted(self.fn.names.take(name)))
