@@ -185,6 +185,22 @@ def as_float32(out):
                            and t.is_floating_point() else t, out)
 
 
+class _Flat(torch.nn.Module):
+    """`model` called with its inputs as given, returning its output tensors flattened as
+    capture flattens them: the TorchScript ONNX exporter passes a Hugging Face model's
+    config flags (use_cache) beside positional inputs otherwise, and it exports tensors
+    and tuples of them, not ModelOutputs."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs):
+        from torch.utils import _pytree as pytree
+
+        return tuple(pytree.tree_flatten(self.model(*inputs))[0])
+
+
 def engine_variants(model, inputs, threads: int, workdir: str, bf16_atol: float | None = None
                     ) -> tuple[dict, dict, dict]:
     """What a user would pick instead on a CPU, from the model exported to ONNX once:
@@ -203,7 +219,7 @@ def engine_variants(model, inputs, threads: int, workdir: str, bf16_atol: float 
     feeds = [x.numpy() for x in inputs]
     try:
         with torch.no_grad():
-            torch.onnx.export(model, tuple(inputs), path, input_names=names,
+            torch.onnx.export(_Flat(model), tuple(inputs), path, input_names=names,
                               opset_version=17, dynamo=False)
             want = model(*inputs)
     except Exception as exc:

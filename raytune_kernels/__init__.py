@@ -222,8 +222,8 @@ def compile_network(model: "torch.nn.Module",
         threads, on "cuda" those of its arch and precision.
     target
         "llvm", "llvm -mcpu=NAME", "cuda", "cuda -arch=sm_XY", "cuda -precision=P" (tf32,
-        fp16, bf16; fp32 by default), "llvm -precision=bf16" (convolutions on AMX tiles, on
-        a CPU that has them).
+        fp16, bf16; fp32 by default), "llvm -precision=bf16" (convolutions, denses and
+        matmuls on AMX tiles, on a CPU that has them).
     fallback
         "torch": a task without records, and any step PyTorch runs faster, runs PyTorch's
         kernel; None: our untuned config.

@@ -77,8 +77,8 @@ class Backend:
 def cpu_backend(cpu: CpuInfo, threads: int = 1, precision: str = DEFAULT) -> Backend:
     """Loop nests rendered to LLVM IR for `cpu` (its vector widths, registers and
     measured machine model); the estimate prices configs at the `threads` the tuner
-    measures them with. In bf16, convolutions also run on AMX tiles, which the CPU must
-    have."""
+    measures them with. In bf16, convolutions, denses and matmuls also run on AMX tiles,
+    which the CPU must have."""
     problem = precision_problem(cpu, precision)
     if problem:
         raise UnknownTargetError(problem)

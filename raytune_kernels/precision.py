@@ -4,9 +4,9 @@
 On cuda, "tf32", "fp16" and "bf16" also admit tensor-core kernels (mma.sync) whose
 operands are rounded to that format on their way to the tensor cores, always accumulating
 in float32; activations and weights stay float32 in memory, so every precision reads and
-writes the same buffers. On llvm, "bf16" also admits convolutions on AMX tiles
-(cpu/amx.py): activations rounded to bf16 on their way in, weights packed in bf16,
-float32 accumulation and float32 activations in memory.
+writes the same buffers. On llvm, "bf16" also admits convolutions, denses and matmuls
+on AMX tiles (cpu/amx.py): operands rounded to bf16 on their way in, weights packed in
+bf16, float32 accumulation and float32 activations in memory.
 
 Tolerances are of the output's scale: a kernel's output is compared with its float32
 reference by torch.allclose(rtol, atol) on the measurer's unit-scaled operands, a network's

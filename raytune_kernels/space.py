@@ -137,6 +137,7 @@ class Space:
 KNOB_DEFAULTS = {
     "out_layout": "blocked",  # windows were blocked before they had the knob
     "split": 1,  # FFMA GEMMs on a GPU walked the whole reduction before split-K
+    "chunk": 0,  # AMX GEMMs on a CPU walked the whole reduction before chunks
 }
 
 

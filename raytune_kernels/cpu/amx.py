@@ -35,6 +35,7 @@ once, before the space offers these kernels and before one is loaded.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -60,13 +61,14 @@ FIELDS = ("im2col", "direct")
 # a conv whose channels fill no vector (a stem's 3): "folded", the input rounded once with
 # each pixel's run of kw x C values (contiguous in NHWC) as its channels, one tap per kh
 FOLD_MOST = 64  # the longest run of kw x C values folded (a stem's 7 x 3 = 21)
+CHUNKS = (4, 6, 8, 12, 16)  # steps of 32 values: a chunk of 16 x 16 rows of A is 8-32 KiB
 
 
 def precision_problem(cpu: CpuInfo, precision: str) -> str | None:
     """Why a CPU cannot compute in `precision` (an llvm target's), or None."""
     if precision != "fp32" and not cpu.amx:
-        return (f"precision {precision} runs convolutions on AMX tiles (amx-tile, "
-                f"amx-bf16), which {cpu.name} lacks")
+        return (f"precision {precision} runs convolutions, denses and matmuls on AMX "
+                f"tiles (amx-tile, amx-bf16), which {cpu.name} lacks")
     return None
 
 
@@ -123,11 +125,24 @@ def amx_space(c: Compute, cpu: CpuInfo) -> Space:
     the same workspace), and one layout for every AMX conv leaves the plan no transform
     to place between them, where records of mixed layouts left 15 in ResNet-18."""
     con = view(c)
-    combos = [(LANES, LANES * nt, mt, nt, con.c) for mt, nt in SHAPES
-              if c.op == "dense" or (con.k // LANES) % nt == 0]  # a dense's N is padded
-    independent = (("fields", fields_of(con)), ("out_layout", ("nhwc",)),
+    combos = [(LANES, LANES * nt, mt, nt, con.c, fields, chunk) for mt, nt in SHAPES
+              if c.op == "dense" or (con.k // LANES) % nt == 0  # a dense's N is padded
+              for fields in fields_of(con) for chunk in chunks(con, fields)]
+    independent = (("out_layout", ("nhwc",)),
                    ("spatial_order", (("ko", "pt"), ("pt", "ko"))), ("parallel", (1, 2)))
-    return Space(("lanes", "ob", "mt", "nt", "cb"), tuple(combos), independent)
+    return Space(("lanes", "ob", "mt", "nt", "cb", "fields", "chunk"), tuple(combos),
+                 independent)
+
+
+def chunks(con: Conv2dContraction, fields: str) -> tuple[int, ...]:
+    """Steps of the reduction a block's products walk before the next block's (knob
+    `chunk`; 0: the whole of it): with im2col fields, the operand that stays while the
+    inner loop turns (A's rows or B's channels) is then a chunk, which stays in L1 where
+    the whole reduction would not."""
+    if fields != "im2col":
+        return (0,)
+    steps = 2 * _geometry(con)[1] // AMX_STEP
+    return (0,) + tuple(k for k in CHUNKS if k < steps and steps % k == 0)
 
 
 def _geometry(con: Conv2dContraction) -> tuple[int, int, int]:
@@ -187,6 +202,9 @@ def lower_amx(c: Compute, cfg) -> LoopNest:
     if fields not in fields_of(con):
         raise ValueError(f"amx: fields={fields!r} for {c.describe()}, expected one of "
                          f"{fields_of(con)}")
+    if cfg.get("chunk", 0) not in chunks(con, fields):
+        raise ValueError(f"amx: chunk={cfg['chunk']} for {c.describe()} with {fields} "
+                         f"fields, expected one of {chunks(con, fields)}")
     r, row, p = _geometry(con)
     direct = fields != "im2col"
     hp, wp = con.padded()
@@ -317,10 +335,17 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
                            (row0 * con.ow + col0) * row)
                 a_row, a_tile = row, th * con.ow * row
             b_tile = len(taps) * steps * 256
-            gemm = AmxGemm(Access("ws", a), a_row, a_tile, tuple(m * w for m in heights),
-                           Access("b", Affine((("ko", nt * b_tile),))), b_tile, steps, nt,
-                           Access("cs", cs), taps)
-            body: list = [gemm]
+            chunk = cfg.get("chunk", 0) or steps
+            gemms = [AmxGemm(Access("ws", a), a_row, a_tile, tuple(m * w for m in heights),
+                             Access("b", Affine((("ko", nt * b_tile),))), b_tile, chunk, nt,
+                             Access("cs", cs), taps)]
+            if chunk < steps:  # the rest of the reduction, chunk by chunk, added to C
+                on = Affine((("kc", chunk * AMX_STEP // 2),), chunk * AMX_STEP // 2)
+                gemms.append(dataclasses.replace(
+                    gemms[0], a=Access("ws", _combine(a, on)),
+                    b=Access("b", Affine((("ko", nt * b_tile), ("kc", chunk * 256)),
+                                         chunk * 256)), accumulate=True))
+            body: list = []
             for i, m in enumerate(heights):
                 first = row0 + i * th
                 for j in range(nt):
@@ -338,15 +363,36 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
                                         (w * LANES, LANES), None, SET),
                              StoreTile(tile.name, Access("out", o), (o_row, o_col), epi)]
             split = (Split("pt", ("pr", "pc"), (nr, nc)),)
-            if fused_pack(cfg):
-                pack = _block_pack(con, cfg, row, tiles, heights, th, w,
-                                   Affine((("pr", mt * th),), row0),
-                                   Affine((("pc", tw),), col0))
-                out.append(For("pt", nr * nc, PARALLEL,
-                               split + pack + (For("ko", kb, SERIAL, tuple(body)),)))
-            else:
-                out.append(gemm_outer(cfg, {"ko": kb, "pt": nr * nc}, split + tuple(body)))
+            pack = _block_pack(con, cfg, row, tiles, heights, th, w,
+                               Affine((("pr", mt * th),), row0),
+                               Affine((("pc", tw),), col0)) if fused_pack(cfg) else ()
+            out.append(_blocks(cfg, {"ko": kb, "pt": nr * nc}, split, pack, gemms,
+                               steps // chunk, tuple(body)))
     return out, scratch
+
+
+def _blocks(cfg, live: dict, split: tuple, pack: tuple, gemms: list, chunks: int,
+            epilogue: tuple):
+    """The block loops around the products and the epilogue. Over a reduction in
+    `chunks` (and one parallel loop), the inner block loop turns inside the chunk loop:
+    the outer block's operand chunk stays in cache while the inner's stream past, then
+    the epilogue runs over the inner blocks. `pack` (the outer pixel block's fields)
+    comes first."""
+    first, rest = gemms[0], gemms[1:]
+    if chunks == 1 or cfg["parallel"] != 1:
+        body = (first,) + tuple(For("kc", chunks - 1, SERIAL, (g,)) for g in rest)
+        if pack:
+            return For("pt", live["pt"], PARALLEL,
+                       split + pack + (For("ko", live["ko"], SERIAL, body + epilogue),))
+        return gemm_outer(cfg, live, split + body + epilogue)
+    outer, inner = cfg["spatial_order"]
+    at_outer, at_inner = (split, ()) if outer == "pt" else ((), split)
+
+    def turn(stmts: tuple) -> For:
+        return For(inner, live[inner], SERIAL, at_inner + stmts)
+    body = (turn((first,)), For("kc", chunks - 1, SERIAL, (turn(tuple(rest)),)),
+            turn(epilogue))
+    return For(outer, live[outer], PARALLEL, at_outer + pack + body)
 
 
 def _block_pack(con: Conv2dContraction, cfg, row: int, tiles: list, heights: list,

@@ -185,7 +185,7 @@ def _cycles(body, tiles: dict, u: VectorUnit, ctx: tuple) -> float:
         elif isinstance(s, AmxGemm):
             per_step = max(s.mt * s.nt * AMX_DOT_CYCLES, (s.mt + s.nt) * AMX_LOAD_CYCLES)
             total += len(s.taps) * s.steps * (per_step + LOOP_CYCLES) \
-                + s.mt * s.nt * AMX_DOT_CYCLES
+                + s.mt * s.nt * (AMX_DOT_CYCLES + s.accumulate * AMX_LOAD_CYCLES)
         elif isinstance(s, Reduce):
             ops, loads = _expr_cost(s.expr)
             per_step = max((ops + 1) / u.fma_per_cycle, loads / u.loads_per_cycle,

@@ -139,7 +139,8 @@ class AmxGemm:
     offsets of A added in turn (a convolution's (kh, kw) read straight from its input; one
     tap, 0, for a workspace of whole receptive fields), B's steps following on. C tile
     (i, j), rows[i] rows of 16 floats, lands at c.index + (i*nt + j)*256, rows 16 floats
-    apart."""
+    apart. With `accumulate`, the products add to the C tiles already there (a reduction
+    walked in chunks) instead of starting from zero."""
 
     a: Access
     a_row: int
@@ -151,6 +152,7 @@ class AmxGemm:
     nt: int
     c: Access
     taps: tuple[int, ...] = (0,)
+    accumulate: bool = False
 
     @property
     def mt(self) -> int:
@@ -563,5 +565,8 @@ def _amx_gemm(s: AmxGemm, env, bufs) -> None:
         first = 0
         for i, m in enumerate(s.rows):
             at = c0 + (i * s.nt + j) * 256
-            out[at: at + 16 * m] = c[first: first + m].astype(np.float32).reshape(-1)
+            got = c[first: first + m].astype(np.float32).reshape(-1)
+            if s.accumulate:
+                got = out[at: at + 16 * m] + got
+            out[at: at + 16 * m] = got
             first += m

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from raytune_kernels.backend import backend_for, cpu_backend
-from raytune_kernels.cpu.amx import (SHAPES, applicable, fields_of, fused_pack, pack_weights,
-                                     pixel_tile, view)
+from raytune_kernels.cpu.amx import (SHAPES, applicable, chunks, fields_of, fused_pack,
+                                     pack_weights, pixel_tile, view)
 from raytune_kernels.cpu.contraction import Conv2dContraction
 from raytune_kernels.cpu.kernel import run_candidate
 from raytune_kernels.cpu.loopnest import from_bf16, interpret, to_bf16
@@ -47,6 +47,7 @@ CASES = [  # 1x1 over 7x7 (tiles of 2 rows, a ragged last one); 3x3 stride 2 wit
     make("dense", ((1, 32), (40, 32)), epilogue=(bias(1), unary("gelu"))),
     make("dense", ((2, 37, 48), (32, 48)), epilogue=(bias(2), residual())),
     make("dense", ((1, 80), (10, 80))),
+    make("dense", ((1, 37, 256), (48, 256)), epilogue=(bias(2), unary("relu"))),  # 8 steps
     # batched matmuls, both operands rounded at run time: 20 rows (16 and a ragged 4) and a
     # reduction of 48 (zero pairs to 64) with a scalar; 4-d, 37 rows, with a residual
     make("matmul", ((2, 20, 48), (2, 48, 32)), epilogue=(scalar("div", 8.0),)),
@@ -135,6 +136,33 @@ def test_a_dense_is_the_1x1_conv_of_its_rows_into_channels_padded_to_the_block()
     configs = _configs(d, 60, 0)
     assert {cfg["nt"] for cfg in configs} == {1, 2, 3}  # N padded for any nt
     assert layouts_of(Task(d.key(), d, 1), configs[0]) == ("NCHW", "NCHW")  # row-major
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_reduction_walked_in_chunks_adds_up_to_the_whole(native):
+    """chunk: each block's products over part of the reduction, added to its C tiles,
+    the inner block loop inside the chunk loop (either loop outer, fields rounded per
+    block or ahead) or each fused block alone (parallel 2)."""
+    if native and not HOST_AMX:
+        pytest.skip("this CPU has no AMX bf16 tiles")
+    c = CASES[9]
+    assert chunks(view(c), "im2col") == (0, 4)
+    assert chunks(view(c), "direct") == (0,)
+    base = dict(_configs(c, 1, 0)[0].knobs)
+    for order, parallel in ((("ko", "pt"), 1), (("pt", "ko"), 1), (("pt", "ko"), 2)):
+        cfg = Config(tuple(sorted({**base, "chunk": 4, "mt": 2, "nt": 1, "ob": 16,
+                                   "spatial_order": order, "parallel": parallel}.items())))
+        ops = random_operands(c, 1)
+        if native:
+            got = run_candidate(c, cfg, ops, threads=2)
+        else:
+            bufs = pack(c, cfg, ops)
+            interpret(lower(c, cfg), bufs)
+            got = unpack(c, cfg, bufs["out"])
+        want = _bf16_reference(c, ops)
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max(), cfg.to_json()
+    with pytest.raises(ValueError, match="chunk=3"):
+        lower(c, Config(tuple(sorted({**base, "chunk": 3}.items()))))
 
 
 def test_a_matmul_rounds_b_into_pairs_of_the_reduction_per_16_columns():

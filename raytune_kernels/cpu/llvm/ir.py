@@ -315,7 +315,9 @@ class _Emitter:
         rows = [const(i16, m) for m in s.rows]
         pa, pb, pc = self.pointer(s.a), self.pointer(s.b), self.pointer(s.c)
         tiles = [(i, j) for i in range(s.mt) for j in range(s.nt)]
-        accs = {(i, j): b.call(zero, [rows[i], width]) for i, j in tiles}
+        accs = {(i, j): b.call(load, [rows[i], width, self.at(pc, (i * s.nt + j) * 256),
+                                      i64(64)]) if s.accumulate
+                else b.call(zero, [rows[i], width]) for i, j in tiles}
         for t, tap in enumerate(s.taps):  # one loop over the steps of each tap
             pre = b.block
             body = self.fn.append_basic_block("amx.body")
