@@ -411,6 +411,27 @@ def test_epilogue_math_matches_torch_over_a_wide_range(op):
         (op, (got - expected)[finite].abs().max().item())
 
 
+@pytest.mark.parametrize("op", ["mish", "exp", "erf", "gelu", "sigmoid", "tanh", "silu",
+                                "softplus", "gelu_tanh", "hardswish"])
+def test_epilogue_math_keeps_nan_a_nan_and_meets_the_infinities(op):
+    """NaN in, NaN out, as torch: the clamps that keep exp and the reciprocals in range
+    must not turn a NaN into a number (exp's gave 1.2e-38, sigmoid's 1)."""
+    from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
+    compute = Compute("dense", (TensorSpec((2, 16)), TensorSpec((16, 16))),
+                      TensorSpec((2, 16)), (), (EpilogueOp(op),))
+    x = torch.tensor([[math.nan] * 16, [math.inf, -math.inf, 0.0, 1.0, -1.0, 50.0, -50.0,
+                                        1e-3] * 2])
+    eye = torch.eye(16)
+    x[1] = x[1].nan_to_num(posinf=3e38, neginf=-3e38)  # x @ I: an infinity times 0 is NaN
+    expected = reference(compute, x, eye)
+    cfg = space_for(compute, cpu_info()).sample(random.Random(0))
+    got = run_candidate(compute, cfg, [x, eye], threads=1)
+    assert torch.isnan(got[0]).all(), (op, got[0])
+    assert torch.equal(torch.isnan(expected[1]), torch.isnan(got[1])), (op, got[1])
+    finite = torch.isfinite(expected[1])
+    assert torch.allclose(got[1][finite], expected[1][finite], rtol=2e-6, atol=1e-6), op
+
+
 def test_exp_underflows_to_zero_and_a_masked_softmax_writes_no_denormal():
     """Causal attention's masked scores (finfo.min, -inf, -1e4 added) give probabilities of
     exactly 0: never a denormal, which would cost every FMA of the next matmul a microcode

@@ -249,6 +249,9 @@ class Builder:
     def add(self, x: Value, y: Value, flags=()) -> Value:
         return self._binary("add", x, y, flags)
 
+    def sub(self, x: Value, y: Value, flags=()) -> Value:
+        return self._binary("sub", x, y, flags)
+
     def mul(self, x: Value, y: Value, flags=()) -> Value:
         return self._binary("mul", x, y, flags)
 

@@ -9,7 +9,7 @@ entry:
   %".7" = alloca <4 x float>
   br label %"i.body"
 i.body:
-  %"i" = phi  i64 [0, %"entry"], [%".98", %"i.body"]
+  %"i" = phi  i64 [0, %"entry"], [%".130", %"i.body"]
   store <4 x float> splat (float              0x0), ptr %".6"
   store <4 x float> splat (float              0x0), ptr %".7"
   %".11" = mul nsw i64 %"i", 2
@@ -49,59 +49,91 @@ i.body:
   %".45" = load <4 x float>, ptr %".6"
   %".46" = fsub <4 x float> splat (float              0x0), %".45"
   %".47" = fcmp olt <4 x float> %".46", splat (float 0xc055d33340000000)
-  %".48" = call <4 x float> @"llvm.maxnum.v4f32"(<4 x float> %".46", <4 x float> splat (float 0xc055d33340000000))
-  %".49" = call <4 x float> @"llvm.minnum.v4f32"(<4 x float> %".48", <4 x float> splat (float 0x4056133340000000))
-  %".50" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".49", <4 x float> splat (float 0x3ff7154760000000), <4 x float> splat (float 0x3fe0000000000000))
-  %".51" = call <4 x float> @"llvm.floor.v4f32"(<4 x float> %".50")
-  %".52" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".51", <4 x float> splat (float 0xbfe6300000000000), <4 x float> %".49")
-  %".53" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".51", <4 x float> splat (float 0x3f2bd01060000000), <4 x float> %".52")
-  %".54" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> splat (float 0x3f2a0d2ce0000000), <4 x float> %".53", <4 x float> splat (float 0x3f56e879c0000000))
-  %".55" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".54", <4 x float> %".53", <4 x float> splat (float 0x3f81112100000000))
-  %".56" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".55", <4 x float> %".53", <4 x float> splat (float 0x3fa5553820000000))
-  %".57" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".56", <4 x float> %".53", <4 x float> splat (float 0x3fc5555540000000))
-  %".58" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".57", <4 x float> %".53", <4 x float> splat (float 0x3fe0000000000000))
-  %".59" = fmul <4 x float> %".53", %".53"
-  %".60" = fadd <4 x float> %".53", splat (float 0x3ff0000000000000)
-  %".61" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".58", <4 x float> %".59", <4 x float> %".60")
-  %".62" = fptosi <4 x float> %".51" to <4 x i32>
-  %".63" = add <4 x i32> %".62", splat (i32 127)
-  %".64" = shl <4 x i32> %".63", splat (i32 23)
-  %".65" = bitcast <4 x i32> %".64" to <4 x float>
-  %".66" = fmul <4 x float> %".61", %".65"
-  %".67" = select  <4 x i1> %".47", <4 x float> splat (float              0x0), <4 x float> %".66"
-  %".68" = fadd <4 x float> splat (float 0x3ff0000000000000), %".67"
-  %".69" = fdiv <4 x float> splat (float 0x3ff0000000000000), %".68"
-  store <4 x float> %".69", ptr %".44", align 4
-  %".71" = load <4 x float>, ptr %".7"
-  %".72" = fsub <4 x float> splat (float              0x0), %".71"
-  %".73" = fcmp olt <4 x float> %".72", splat (float 0xc055d33340000000)
-  %".74" = call <4 x float> @"llvm.maxnum.v4f32"(<4 x float> %".72", <4 x float> splat (float 0xc055d33340000000))
-  %".75" = call <4 x float> @"llvm.minnum.v4f32"(<4 x float> %".74", <4 x float> splat (float 0x4056133340000000))
-  %".76" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".75", <4 x float> splat (float 0x3ff7154760000000), <4 x float> splat (float 0x3fe0000000000000))
-  %".77" = call <4 x float> @"llvm.floor.v4f32"(<4 x float> %".76")
-  %".78" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".77", <4 x float> splat (float 0xbfe6300000000000), <4 x float> %".75")
-  %".79" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".77", <4 x float> splat (float 0x3f2bd01060000000), <4 x float> %".78")
-  %".80" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> splat (float 0x3f2a0d2ce0000000), <4 x float> %".79", <4 x float> splat (float 0x3f56e879c0000000))
-  %".81" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".80", <4 x float> %".79", <4 x float> splat (float 0x3f81112100000000))
-  %".82" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".81", <4 x float> %".79", <4 x float> splat (float 0x3fa5553820000000))
-  %".83" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".82", <4 x float> %".79", <4 x float> splat (float 0x3fc5555540000000))
-  %".84" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".83", <4 x float> %".79", <4 x float> splat (float 0x3fe0000000000000))
-  %".85" = fmul <4 x float> %".79", %".79"
-  %".86" = fadd <4 x float> %".79", splat (float 0x3ff0000000000000)
-  %".87" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".84", <4 x float> %".85", <4 x float> %".86")
-  %".88" = fptosi <4 x float> %".77" to <4 x i32>
-  %".89" = add <4 x i32> %".88", splat (i32 127)
-  %".90" = shl <4 x i32> %".89", splat (i32 23)
-  %".91" = bitcast <4 x i32> %".90" to <4 x float>
-  %".92" = fmul <4 x float> %".87", %".91"
-  %".93" = select  <4 x i1> %".73", <4 x float> splat (float              0x0), <4 x float> %".92"
-  %".94" = fadd <4 x float> splat (float 0x3ff0000000000000), %".93"
-  %".95" = fdiv <4 x float> splat (float 0x3ff0000000000000), %".94"
-  %".96" = getelementptr inbounds float, ptr %".44", i64 4
-  store <4 x float> %".95", ptr %".96", align 4
-  %".98" = add nsw nuw i64 %"i", 1
-  %".99" = icmp slt i64 %".98", 3
-  br i1 %".99", label %"i.body", label %"i.done"
+  %".48" = fcmp uno <4 x float> %".46", %".46"
+  %".49" = call <4 x float> @"llvm.maxnum.v4f32"(<4 x float> %".46", <4 x float> splat (float 0xc055d33340000000))
+  %".50" = call <4 x float> @"llvm.minnum.v4f32"(<4 x float> %".49", <4 x float> splat (float 0x4056133340000000))
+  %".51" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".50", <4 x float> splat (float 0x3ff7154760000000), <4 x float> splat (float 0x3fe0000000000000))
+  %".52" = call <4 x float> @"llvm.floor.v4f32"(<4 x float> %".51")
+  %".53" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".52", <4 x float> splat (float 0xbfe6300000000000), <4 x float> %".50")
+  %".54" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".52", <4 x float> splat (float 0x3f2bd01060000000), <4 x float> %".53")
+  %".55" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> splat (float 0x3f2a0d2ce0000000), <4 x float> %".54", <4 x float> splat (float 0x3f56e879c0000000))
+  %".56" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".55", <4 x float> %".54", <4 x float> splat (float 0x3f81112100000000))
+  %".57" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".56", <4 x float> %".54", <4 x float> splat (float 0x3fa5553820000000))
+  %".58" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".57", <4 x float> %".54", <4 x float> splat (float 0x3fc5555540000000))
+  %".59" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".58", <4 x float> %".54", <4 x float> splat (float 0x3fe0000000000000))
+  %".60" = fmul <4 x float> %".54", %".54"
+  %".61" = fadd <4 x float> %".54", splat (float 0x3ff0000000000000)
+  %".62" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".59", <4 x float> %".60", <4 x float> %".61")
+  %".63" = fptosi <4 x float> %".52" to <4 x i32>
+  %".64" = add <4 x i32> %".63", splat (i32 127)
+  %".65" = shl <4 x i32> %".64", splat (i32 23)
+  %".66" = bitcast <4 x i32> %".65" to <4 x float>
+  %".67" = fmul <4 x float> %".62", %".66"
+  %".68" = select  <4 x i1> %".47", <4 x float> splat (float              0x0), <4 x float> %".67"
+  %".69" = select  <4 x i1> %".48", <4 x float> %".46", <4 x float> %".68"
+  %".70" = fadd <4 x float> splat (float 0x3ff0000000000000), %".69"
+  %".71" = fcmp ogt <4 x float> %".70", splat (float 0x43f0000000000000)
+  %".72" = select  <4 x i1> %".71", <4 x float> splat (float 0x3ff0000000000000), <4 x float> %".70"
+  %".73" = bitcast <4 x float> %".72" to <4 x i32>
+  %".74" = sub <4 x i32> splat (i32 2129859011), %".73"
+  %".75" = bitcast <4 x i32> %".74" to <4 x float>
+  %".76" = fneg <4 x float> %".72"
+  %".77" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".76", <4 x float> %".75", <4 x float> splat (float 0x3ff0000000000000))
+  %".78" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".75", <4 x float> %".77", <4 x float> %".75")
+  %".79" = fneg <4 x float> %".72"
+  %".80" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".79", <4 x float> %".78", <4 x float> splat (float 0x3ff0000000000000))
+  %".81" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".78", <4 x float> %".80", <4 x float> %".78")
+  %".82" = fneg <4 x float> %".72"
+  %".83" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".82", <4 x float> %".81", <4 x float> splat (float 0x3ff0000000000000))
+  %".84" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".81", <4 x float> %".83", <4 x float> %".81")
+  %".85" = select  <4 x i1> %".71", <4 x float> splat (float              0x0), <4 x float> %".84"
+  store <4 x float> %".85", ptr %".44", align 4
+  %".87" = load <4 x float>, ptr %".7"
+  %".88" = fsub <4 x float> splat (float              0x0), %".87"
+  %".89" = fcmp olt <4 x float> %".88", splat (float 0xc055d33340000000)
+  %".90" = fcmp uno <4 x float> %".88", %".88"
+  %".91" = call <4 x float> @"llvm.maxnum.v4f32"(<4 x float> %".88", <4 x float> splat (float 0xc055d33340000000))
+  %".92" = call <4 x float> @"llvm.minnum.v4f32"(<4 x float> %".91", <4 x float> splat (float 0x4056133340000000))
+  %".93" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".92", <4 x float> splat (float 0x3ff7154760000000), <4 x float> splat (float 0x3fe0000000000000))
+  %".94" = call <4 x float> @"llvm.floor.v4f32"(<4 x float> %".93")
+  %".95" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".94", <4 x float> splat (float 0xbfe6300000000000), <4 x float> %".92")
+  %".96" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".94", <4 x float> splat (float 0x3f2bd01060000000), <4 x float> %".95")
+  %".97" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> splat (float 0x3f2a0d2ce0000000), <4 x float> %".96", <4 x float> splat (float 0x3f56e879c0000000))
+  %".98" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".97", <4 x float> %".96", <4 x float> splat (float 0x3f81112100000000))
+  %".99" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".98", <4 x float> %".96", <4 x float> splat (float 0x3fa5553820000000))
+  %".100" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".99", <4 x float> %".96", <4 x float> splat (float 0x3fc5555540000000))
+  %".101" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".100", <4 x float> %".96", <4 x float> splat (float 0x3fe0000000000000))
+  %".102" = fmul <4 x float> %".96", %".96"
+  %".103" = fadd <4 x float> %".96", splat (float 0x3ff0000000000000)
+  %".104" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".101", <4 x float> %".102", <4 x float> %".103")
+  %".105" = fptosi <4 x float> %".94" to <4 x i32>
+  %".106" = add <4 x i32> %".105", splat (i32 127)
+  %".107" = shl <4 x i32> %".106", splat (i32 23)
+  %".108" = bitcast <4 x i32> %".107" to <4 x float>
+  %".109" = fmul <4 x float> %".104", %".108"
+  %".110" = select  <4 x i1> %".89", <4 x float> splat (float              0x0), <4 x float> %".109"
+  %".111" = select  <4 x i1> %".90", <4 x float> %".88", <4 x float> %".110"
+  %".112" = fadd <4 x float> splat (float 0x3ff0000000000000), %".111"
+  %".113" = fcmp ogt <4 x float> %".112", splat (float 0x43f0000000000000)
+  %".114" = select  <4 x i1> %".113", <4 x float> splat (float 0x3ff0000000000000), <4 x float> %".112"
+  %".115" = bitcast <4 x float> %".114" to <4 x i32>
+  %".116" = sub <4 x i32> splat (i32 2129859011), %".115"
+  %".117" = bitcast <4 x i32> %".116" to <4 x float>
+  %".118" = fneg <4 x float> %".114"
+  %".119" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".118", <4 x float> %".117", <4 x float> splat (float 0x3ff0000000000000))
+  %".120" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".117", <4 x float> %".119", <4 x float> %".117")
+  %".121" = fneg <4 x float> %".114"
+  %".122" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".121", <4 x float> %".120", <4 x float> splat (float 0x3ff0000000000000))
+  %".123" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".120", <4 x float> %".122", <4 x float> %".120")
+  %".124" = fneg <4 x float> %".114"
+  %".125" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".124", <4 x float> %".123", <4 x float> splat (float 0x3ff0000000000000))
+  %".126" = call <4 x float> @"llvm.fma.v4f32"(<4 x float> %".123", <4 x float> %".125", <4 x float> %".123")
+  %".127" = select  <4 x i1> %".113", <4 x float> splat (float              0x0), <4 x float> %".126"
+  %".128" = getelementptr inbounds float, ptr %".44", i64 4
+  store <4 x float> %".127", ptr %".128", align 4
+  %".130" = add nsw nuw i64 %"i", 1
+  %".131" = icmp slt i64 %".130", 3
+  br i1 %".131", label %"i.body", label %"i.done"
 i.done:
   ret void
 }
