@@ -194,6 +194,9 @@ class _Flat(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
+        # the exporter restores this module's mode, recursively, when it is done: a new
+        # module's (training) would leave the model with its dropout on
+        self.train(model.training)
 
     def forward(self, *inputs):
         from torch.utils import _pytree as pytree

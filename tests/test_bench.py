@@ -235,6 +235,33 @@ def test_network_bench_names_an_unknown_third_party_model():
         network.load_model("torchvision/no_such_net")
 
 
+def test_the_onnx_export_takes_inputs_as_given_and_leaves_the_model_as_it_was(tmp_path):
+    """A model returning a dict exports through bench/network.py's wrapper (its tensors
+    flattened, as capture flattens them), and the exporter, which restores the wrapper's
+    mode recursively when done, leaves the model in eval mode: its dropout off for every
+    variant timed after."""
+    import torch
+
+    network = _bench("network")
+
+    class Dict(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.drop = torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)
+
+        def forward(self, x):
+            y = self.drop(self.fc(x))
+            return {"y": y, "pooled": y.mean(-1)}
+
+    model, x = Dict().eval(), torch.randn(2, 8)
+    path = str(tmp_path / "m.onnx")
+    with torch.no_grad():
+        torch.onnx.export(network._Flat(model), (x,), path, opset_version=17, dynamo=False)
+        assert not model.training and not model.drop.training
+        assert torch.equal(model(x)["y"], model(x)["y"])
+        assert [t.shape for t in network._Flat(model)(x)] == [(2, 8), (2,)]
+
+
 def test_the_engines_users_would_pick_instead_are_checked_then_timed(tmp_path):
     """bench/network.py's ONNX Runtime and OpenVINO baselines (the `compare` extra): the
     same model exported to ONNX, each engine's output checked against eager; without the
