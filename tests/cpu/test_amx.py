@@ -354,6 +354,41 @@ def test_a_saved_bf16_network_loads_and_gives_the_same_outputs(tmp_path):
     assert torch.equal(loaded(x), net(x))
 
 
+class _Attention(torch.nn.Module):
+    """One attention head's worth of denses and batched matmuls: 128 tokens, width 64."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(64, 64) for _ in range(3))
+        self.out = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        scores = torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1)
+        return self.out(torch.nn.functional.gelu(scores @ v)) + x
+
+
+@needs_amx
+def test_an_untuned_bf16_transformer_runs_denses_and_matmuls_on_tiles_and_saves(tmp_path):
+    import raytune_kernels as rk
+    from raytune_kernels.compile.api import compile_network
+
+    torch.manual_seed(0)
+    model, x = _Attention().eval(), torch.randn(1, 128, 64)
+    with pytest.warns(UserWarning, match="untuned"):
+        net = compile_network(model, x, None, target="llvm -precision=bf16", threads=2)
+    tiled = {s.kernel.name for s in net.steps
+             if s.kernel is not None and s.kernel.name.endswith("_amx")}
+    # two dense kernels (q, k, v share one; the output's adds x), so a matmul at least
+    assert len(tiled) >= 3, [s.kernel.name for s in net.steps if s.kernel]
+    with torch.no_grad():
+        want = model(x)
+    err = ((net(x) - want).abs().max() / want.abs().max()).item()
+    assert 1e-6 < err <= 5e-2
+    net.save(str(tmp_path / "attn.rkn"))
+    assert torch.equal(rk.load(str(tmp_path / "attn.rkn"))(x), net(x))
+
+
 def test_the_bf16_bound_is_twice_pytorchs_own_bf16_error_where_that_is_larger():
     """A network can lose more to bf16 than a table can say (depth, cancellation): the
     check allows twice what PyTorch's own bf16 run of the model loses, and says so."""
