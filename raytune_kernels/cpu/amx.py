@@ -1,7 +1,8 @@
-"""Convolutions and denses on AMX tensor tiles in bfloat16 (`llvm -precision=bf16` on a
-CPU with amx-bf16), float32 accumulation, activations float32 in memory: convs of groups 1,
-batch 1, output channels in whole 16s, input channels in whole 16s or few enough to fold;
-denses whose reduction is in whole 16s.
+"""Convolutions, denses and batched matmuls on AMX tensor tiles in bfloat16 (`llvm
+-precision=bf16` on a CPU with amx-bf16), float32 accumulation, activations float32 in
+memory: convs of groups 1, batch 1, output channels in whole 16s, input channels in whole
+16s or few enough to fold; denses whose reduction is in whole 16s; matmuls whose reduction
+and columns are (_lower_matmul: both operands rounded at run time).
 
 A dense y[M, N] = x[M, K] @ w[N, K]^T is the 1x1 conv of K channels over an M x 1 image
 into N channels padded to the channel block (its output [M][Npad], as the dense's own
@@ -463,7 +464,6 @@ def pack_weights(w, con: Conv2dContraction, cb: int, row: int, per_tap: str = ""
     vnni = flat.reshape(k // LANES, LANES, 2 * row // AMX_STEP, AMX_STEP // 2, 2)
     vnni = vnni.transpose(0, 2, 3, 1, 4)  # tile, step, pair, channel, value of the pair
     return np.ascontiguousarray(to_bf16(np.ascontiguousarray(vnni))).view(np.float32).ravel()
-
 
 
 def _lower_matmul(c: Compute, cfg) -> LoopNest:
