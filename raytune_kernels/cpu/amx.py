@@ -124,7 +124,8 @@ def amx_space(c: Compute, cpu: CpuInfo) -> Space:
     """NHWC in (cb = C) and out: the layout decides no speed here (the rounding copies
     a pixel's channels at (kh, kw) as one run, every channel block of the products reads
     the same workspace), and one layout for every AMX conv leaves the plan no transform
-    to place between them, where records of mixed layouts left 15 in ResNet-18."""
+    to place between them, where records of mixed layouts left 15 in ResNet-18. A dense's
+    view is NHWC of its own row-major buffers."""
     con = view(c)
     combos = [(LANES, LANES * nt, mt, nt, con.c, fields, chunk) for mt, nt in SHAPES
               if c.op == "dense" or (con.k // LANES) % nt == 0  # a dense's N is padded
