@@ -3,9 +3,10 @@
 exp is vectorised here (llvm.exp would become one libm call per lane): range reduction
 x = n ln2 + r, a degree-6 polynomial for e^r (Cephes' expf coefficients, relative error
 about 1e-7), and 2^n built in the exponent bits. erf for the exact GELU uses Abramowitz &
-Stegun 7.1.26 (absolute error below 1.5e-7), its reciprocal by Newton steps (recip). softplus is max(x, 0) + log1p(e^-|x|), with
-log1p(u) = 2 atanh(u / (u + 2)) by its odd series (u <= 1, so the ratio is at most 1/3 and
-nine terms leave a relative error near 1e-9, with no cancellation for small u).
+Stegun 7.1.26 (absolute error below 1.5e-7), its reciprocal by Newton steps (recip).
+softplus is max(x, 0) + log1p(e^-|x|), with log1p(u) = 2 atanh(u / (u + 2)) by its odd
+series (u <= 1, so the ratio is at most 1/3 and nine terms leave a relative error near
+1e-9, with no cancellation for small u).
 """
 from __future__ import annotations
 
