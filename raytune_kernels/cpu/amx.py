@@ -1,8 +1,8 @@
 """Convolutions, denses and batched matmuls on AMX tensor tiles in bfloat16 (`llvm
 -precision=bf16` on a CPU with amx-bf16), float32 accumulation, activations float32 in
 memory: convs of groups 1, batch 1, output channels in whole 16s, input channels in whole
-16s or few enough to fold; denses whose reduction is in whole 16s; matmuls whose reduction
-and columns are (_lower_matmul: both operands rounded at run time).
+16s or few enough to fold; denses whose reduction is in whole 16s; batched matmuls of any
+shape (_lower_matmul: both operands rounded at run time).
 
 A dense y[M, N] = x[M, K] @ w[N, K]^T is the 1x1 conv of K channels over an M x 1 image
 into N channels padded to the channel block (its output [M][Npad], as the dense's own
@@ -79,8 +79,7 @@ def applicable(c: Compute, cpu: CpuInfo, precision: str) -> bool:
     if c.op == "dense":
         return c.inputs[0].shape[-1] % LANES == 0
     if c.op == "matmul":
-        con = MatmulContraction.from_compute(c)
-        return con is not None and con.k % LANES == 0 and con.n % LANES == 0
+        return MatmulContraction.from_compute(c) is not None
     if not (c.op == "conv2d" and c.attr("groups") == 1 and c.inputs[0].shape[0] == 1
             and c.output.shape[1] % LANES == 0):
         return False
@@ -114,7 +113,9 @@ def matmul_space(c: Compute) -> Space:
     """A batched matmul's: both operands rounded at run time, B into the dot product's
     pair order; its output row-major, as the matmul's own kernels write it."""
     con = MatmulContraction.from_compute(c)
-    combos = [(LANES, LANES * nt, mt, nt) for mt, nt in SHAPES if (con.n // LANES) % nt == 0]
+    blocks = -(-con.n // LANES)  # the last masked where 16 does not divide N: alone (nt 1)
+    combos = [(LANES, LANES * nt, mt, nt) for mt, nt in SHAPES
+              if blocks % nt == 0 and (con.n % LANES == 0 or nt == 1)]
     independent = (("spatial_order", (("bt", "pt", "ko"), ("bt", "ko", "pt"))),
                    ("parallel", (1, 2)))
     return Space(("lanes", "ob", "mt", "nt"), tuple(combos), independent)
@@ -470,65 +471,54 @@ def pack_weights(w, con: Conv2dContraction, cb: int, row: int, per_tap: str = ""
 def _lower_matmul(c: Compute, cfg) -> LoopNest:
     """y[b] = x[b] @ w[b], both operands activations: x's rows rounded into wa (K padded
     to a step's 32 with zeros), w's rows rounded two at a time into wb in the dot
-    product's pair order ([N/16][K'/2 pairs][16 columns][2] per batch), then blocks of mt
-    tiles of 16 rows by nt x 16 columns on the tile registers, the epilogue from scratch
-    into the row-major output."""
+    product's pair order ([N'/16][K'/2 pairs][16 columns][2] per batch, an odd K's last
+    row paired with zeros, N's last block masked where 16 does not divide it), then blocks
+    of mt tiles of 16 rows by nt x 16 columns on the tile registers, the epilogue from
+    scratch into the row-major output (its last columns masked)."""
     con = MatmulContraction.from_compute(c)
     mt, nt, ob = cfg["mt"], cfg["nt"], cfg["ob"]
-    if con is None or cfg["lanes"] != LANES or ob != LANES * nt or con.k % LANES or \
-            con.n % ob or (mt, nt) not in SHAPES:
-        raise ValueError(f"amx: config {cfg.to_json()} does not fit {c.describe()} (K and "
-                         f"N in whole {LANES}s, ob = {LANES}*nt dividing N, (mt, nt) in "
-                         f"{SHAPES})")
+    if con is None or cfg["lanes"] != LANES or ob != LANES * nt or \
+            -(-con.n // LANES) % nt or (con.n % LANES and nt != 1) or (mt, nt) not in SHAPES:
+        raise ValueError(f"amx: config {cfg.to_json()} does not fit {c.describe()} (ob = "
+                         f"{LANES}*nt, nt dividing N's blocks of {LANES}, 1 where a block "
+                         f"is partial; (mt, nt) in {SHAPES})")
     bt, m, k, n = con.batch, con.m, con.k, con.n
     row = -(-k // AMX_STEP) * AMX_STEP // 2  # slots of a rounded row of x or pair column
-    nb, kb = n // LANES, n // ob
+    nb, tail = -(-n // LANES), n % LANES
+    kb = nb // nt
     tiles: list[Tile] = []
-    ahead = [_round_rows(bt * m, k, row, tiles)]
-    pair = Tile(f"p{len(tiles)}", (2, 1), 1)
-    tiles.append(pair)
-    b_in = Affine((("bt", k * n), ("p", 2 * n), ("nb", LANES)))
-    b_out = Affine((("bt", nb * row * LANES), ("nb", row * LANES), ("p", LANES)))
-    ahead.append(For("q", bt * (k // 2), PARALLEL, (
-        Split("q", ("bt", "p"), (bt, k // 2)),
-        For("nb", nb, SERIAL, (UpdateTile(pair.name, Access("b", b_in), (n, 0), None, SET),
-                               StoreTile(pair.name, Access("wb", b_out), (0, 0), bf16=True,
-                                         pairs=True))))))
-    if 2 * row > k:  # the pairs past K: zeros
-        zero = Tile(f"z{len(tiles)}", (1, 1), 2)
-        tiles.append(zero)
-        at = Affine((("bt", nb * row * LANES), ("nb", row * LANES), ("zp", LANES)),
-                    k // 2 * LANES)
-        ahead.append(For("q", bt * nb, PARALLEL, (
-            Split("q", ("bt", "nb"), (bt, nb)),
-            For("zp", row - k // 2, SERIAL, (
-                ZeroTile(zero.name), StoreTile(zero.name, Access("wb", at), (0, 0),
-                                               bf16=True))))))
+    ahead = [_round_rows(bt * m, k, row, tiles), *_round_pairs(bt, k, n, row, tiles)]
     kinds = operand_kinds(c)
     out, scratch = [], 0
     for nr, rows, row0 in tile_variants(m, mt * AMX_ROWS):
         heights = [AMX_ROWS] * (rows // AMX_ROWS) + \
             ([rows % AMX_ROWS] if rows % AMX_ROWS else [])
         cap = len(heights) * nt * 256
-        cs = Affine((("bt", nr * kb * cap), ("pt", kb * cap), ("ko", cap)), scratch)
-        scratch += bt * nr * kb * cap
-        a = Affine((("bt", m * row), ("pt", mt * AMX_ROWS * row)), row0 * row)
-        b = Affine((("bt", nb * row * LANES), ("ko", nt * row * LANES)))
-        gemm = AmxGemm(Access("wa", a), row, AMX_ROWS * row, tuple(heights), Access("wb", b),
-                       row * LANES, 2 * row // AMX_STEP, nt, Access("cs", cs))
-        body: list = [gemm]
-        for i, h in enumerate(heights):
-            for j in range(nt):
-                tile = Tile(f"g{len(tiles)}", (h, 1), 1)
-                tiles.append(tile)
-                o = Affine((("bt", m * n), ("pt", mt * AMX_ROWS * n), ("ko", ob)),
-                           (row0 + i * AMX_ROWS) * n + j * LANES)
-                epi = epilogue_steps(c, kinds, o, (n, 0), {"ko": kb}, cfg,
-                                     first_channel=j * LANES)
-                body += [UpdateTile(tile.name, Access("cs", cs.offset((i * nt + j) * 256)),
-                                    (LANES, 0), None, SET),
-                         StoreTile(tile.name, Access("out", o), (n, 0), epi)]
-        out.append(gemm_outer(cfg, {"bt": bt, "ko": kb, "pt": nr}, tuple(body)))
+        # the channel blocks in whole vectors, then the masked last one alone
+        for first, count, mask in ((0, kb - bool(tail), 0), (kb - 1, int(bool(tail)), tail)):
+            if not count:
+                continue
+            cs = Affine((("bt", nr * count * cap), ("pt", count * cap), ("ko", cap)),
+                        scratch)
+            scratch += bt * nr * count * cap
+            a = Affine((("bt", m * row), ("pt", mt * AMX_ROWS * row)), row0 * row)
+            b = Affine((("bt", nb * row * LANES), ("ko", nt * row * LANES)),
+                       first * nt * row * LANES)
+            body: list = [AmxGemm(Access("wa", a), row, AMX_ROWS * row, tuple(heights),
+                                  Access("wb", b), row * LANES, 2 * row // AMX_STEP, nt,
+                                  Access("cs", cs))]
+            for i, h in enumerate(heights):
+                for j in range(nt):
+                    tile = Tile(f"g{len(tiles)}", (h, 1), 1, mask if j == nt - 1 else 0)
+                    tiles.append(tile)
+                    o = Affine((("bt", m * n), ("pt", mt * AMX_ROWS * n), ("ko", ob)),
+                               (row0 + i * AMX_ROWS) * n + (first * nt + j) * LANES)
+                    epi = epilogue_steps(c, kinds, o, (n, 0), {"ko": count}, cfg,
+                                         first_channel=(first * nt + j) * LANES)
+                    body += [UpdateTile(tile.name, Access("cs", cs.offset((i * nt + j) * 256)),
+                                        (LANES, 0), None, SET),
+                             StoreTile(tile.name, Access("out", o), (n, 0), epi)]
+            out.append(gemm_outer(cfg, {"bt": bt, "ko": count, "pt": nr}, tuple(body)))
     bufs = [Buffer("a", bt * m * k, "in"), Buffer("b", bt * k * n, "in")]
     bufs += [Buffer(f"e{i}", n if kd.kind == "channel" else bt * m * n, "in")
              for i, kd in enumerate(kinds)]
@@ -537,17 +527,54 @@ def _lower_matmul(c: Compute, cfg) -> LoopNest:
     return LoopNest(f"k_{c.key()}_amx", tuple(bufs), tuple(tiles), tuple(ahead + out), LANES)
 
 
+def _round_pairs(bt: int, k: int, n: int, row: int, tiles: list) -> list:
+    """w's rows rounded into wb two at a time, interleaved in the dot product's pair
+    order, per block of 16 columns (the last masked where 16 does not divide N: its dead
+    lanes zero); an odd K's last row paired with zeros; the pairs past K zero."""
+    nb, tail = -(-n // LANES), n % LANES
+    out: list = []
+    for rows, first, count in ((2, 0, k // 2), (1, k // 2, k % 2)):
+        if not count:
+            continue
+        stmts: tuple = ()
+        for blocks, mask, at in ((n // LANES, 0, 0), (int(bool(tail)), tail, n // LANES)):
+            if not blocks:
+                continue
+            pair = Tile(f"p{len(tiles)}", (rows, 1), 1, mask)
+            tiles.append(pair)
+            src = Affine((("bt", k * n), ("p", 2 * n), ("nb", LANES)),
+                         2 * first * n + at * LANES)
+            dst = Affine((("bt", nb * row * LANES), ("nb", row * LANES), ("p", LANES)),
+                         (at * row + first) * LANES)
+            stmts += (For("nb", blocks, SERIAL, (
+                UpdateTile(pair.name, Access("b", src), (n, 0), None, SET),
+                StoreTile(pair.name, Access("wb", dst), (0, 0), bf16=True, pairs=True))),)
+        out.append(For("q", bt * count, PARALLEL,
+                       (Split("q", ("bt", "p"), (bt, count)),) + stmts))
+    if 2 * row > k + k % 2:  # the pairs past K: zeros
+        zero = Tile(f"z{len(tiles)}", (1, 1), 2)
+        tiles.append(zero)
+        at = Affine((("bt", nb * row * LANES), ("nb", row * LANES), ("zp", LANES)),
+                    -(-k // 2) * LANES)
+        out.append(For("q", bt * nb, PARALLEL, (
+            Split("q", ("bt", "nb"), (bt, nb)),
+            For("zp", row - -(-k // 2), SERIAL, (
+                ZeroTile(zero.name), StoreTile(zero.name, Access("wb", at), (0, 0),
+                                               bf16=True))))))
+    return out
+
+
 def _round_rows(count: int, k: int, row: int, tiles: list) -> For:
     """`count` rows of k floats from a, rounded into wa's rows of `row` slots, the values
-    past k zero."""
-    vecs = k // LANES
-    tile = Tile(f"c{len(tiles)}", (1, 1), vecs)
+    past k zero (a last vector's dead lanes are, as its masked load reads them)."""
+    vecs = -(-k // LANES)
+    tile = Tile(f"c{len(tiles)}", (1, 1), vecs, k % LANES)
     tiles.append(tile)
     stmts = (UpdateTile(tile.name, Access("a", Affine((("r", k),))), (0, 0), None, SET),
              StoreTile(tile.name, Access("wa", Affine((("r", row),))), (0, 0), bf16=True))
-    if 2 * row > k:
-        zero = Tile(f"z{len(tiles)}", (1, 1), (2 * row - k) // LANES)
+    if 2 * row > vecs * LANES:
+        zero = Tile(f"z{len(tiles)}", (1, 1), (2 * row - vecs * LANES) // LANES)
         tiles.append(zero)
         stmts += (ZeroTile(zero.name), StoreTile(zero.name, Access(
-            "wa", Affine((("r", row),), k // 2)), (0, 0), bf16=True))
+            "wa", Affine((("r", row),), vecs * LANES // 2)), (0, 0), bf16=True))
     return For("r", count, PARALLEL, stmts)

@@ -114,7 +114,8 @@ class StoreTile:
     With `pairs` as well, rows are taken two at a time (the tile's rows 2r and 2r+1, as
     two rows of the reduction) and interleaved value by value: slot j of vector v holds
     row 2r's lane j in its low half and row 2r+1's in its high half (the dot product's
-    VNNI order), lanes slots at (row 2r's offset) + v*lanes."""
+    VNNI order), lanes slots at (row 2r's offset) + v*lanes; an odd last row pairs with
+    zeros."""
 
     tile: str
     out: Access
@@ -517,7 +518,8 @@ def _store(nest: LoopNest, s: StoreTile, env, bufs, acc: np.ndarray, tile: Tile)
         whole = tile.vecs * nest.lanes
         halves = bufs[s.out.buffer].view(np.uint16)
         for r in range(0, tile.rows, 2):
-            both = np.stack([value[r, :whole], value[r + 1, :whole]], axis=-1).ravel()
+            high = value[r + 1, :whole] if r + 1 < tile.rows else np.zeros(whole, np.float32)
+            both = np.stack([value[r, :whole], high], axis=-1).ravel()
             at = 2 * (base + int(rows[r, 0]))
             halves[at: at + 2 * whole] = to_bf16(both)
         return

@@ -52,6 +52,10 @@ CASES = [  # 1x1 over 7x7 (tiles of 2 rows, a ragged last one); 3x3 stride 2 wit
     # reduction of 48 (zero pairs to 64) with a scalar; 4-d, 37 rows, with a residual
     make("matmul", ((2, 20, 48), (2, 48, 32)), epilogue=(scalar("div", 8.0),)),
     make("matmul", ((1, 3, 37, 64), (1, 3, 64, 48)), epilogue=(residual(),)),
+    # an odd reduction of 37 (its last row paired with zeros) into 20 columns (a masked
+    # last block); 197 columns of 64, as ViT's attention scores
+    make("matmul", ((2, 20, 37), (2, 37, 20)), epilogue=(scalar("div", 8.0),)),
+    make("matmul", ((1, 3, 19, 64), (1, 3, 64, 197))),
 ]
 
 
@@ -170,8 +174,10 @@ def test_a_matmul_rounds_b_into_pairs_of_the_reduction_per_16_columns():
     out a dense's weights: the same tiles read either."""
     c = make("matmul", ((1, 16, 48), (1, 48, 32)))
     assert applicable(c, AMX_CPU, "bf16")
-    assert not applicable(make("matmul", ((1, 16, 40), (1, 40, 32))), AMX_CPU, "bf16")
-    assert not applicable(make("matmul", ((1, 16, 48), (1, 48, 40))), AMX_CPU, "bf16")
+    assert applicable(make("matmul", ((1, 16, 37), (1, 37, 20))), AMX_CPU, "bf16")
+    assert not applicable(make("matmul", ((3, 5, 16), (16, 32))), AMX_CPU, "bf16")  # broadcast
+    odd = make("matmul", ((1, 16, 37), (1, 37, 20)))  # N's last block partial: nt 1
+    assert {cfg["nt"] for cfg in _configs(odd, 20, 0)} == {1}
     cfg = _configs(c, 1, 0)[0]
     ops = random_operands(c, 0)
     bufs = pack(c, cfg, ops)

@@ -294,9 +294,10 @@ class _Emitter:
         mask = Value(vector(I32, 2 * lanes), "<" + ", ".join(f"i32 {j}" for j in order) + ">")
         rows, offsets = self.accs[s.tile], tile.offsets(s.out_strides)
         for r in range(0, len(rows), 2):
-            for v, (low, high) in enumerate(zip(rows[r], rows[r + 1])):
-                x = self.b.shuffle_vector(self.b.load(low, typ=self.mod.vt),
-                                          self.b.load(high, typ=self.mod.vt), mask,
+            for v, low in enumerate(rows[r]):
+                high = self.b.load(rows[r + 1][v], typ=self.mod.vt) if r + 1 < len(rows) \
+                    else self.const(0.0)  # an odd last row pairs with zeros
+                x = self.b.shuffle_vector(self.b.load(low, typ=self.mod.vt), high, mask,
                                           lanes=2 * lanes)
                 half = self.b.fptrunc(x, vector("bfloat", 2 * lanes))
                 self.b.store(half, self.at(po, offsets[r] + v * lanes), align=2)
