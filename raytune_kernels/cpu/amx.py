@@ -423,26 +423,21 @@ def _block_pack(con: Conv2dContraction, cfg, row: int, tiles: list, heights: lis
 
 def pack_amx(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
     bufs = pack_operands(c, cfg, operands)
+    for b in lower_amx(c, cfg).buffers:
+        if b.role == "scratch":
+            bufs[b.name] = np.zeros(b.size, np.float32)
     if c.op == "matmul":  # both operands as they come: rounded by the kernel
-        for b in _lower_matmul(c, cfg).buffers:
-            if b.role == "scratch":
-                bufs[b.name] = np.zeros(b.size, np.float32)
         return bufs
     con = view(c, cfg["ob"])
     w = operands[1]
     if c.op == "dense":  # [N][K] -> [Npad][K][1][1], zeros past N
         import torch
         w = torch.cat([w.detach(), w.new_zeros(con.k - w.shape[0], con.c)])[:, :, None, None]
-    nest = lower_amx(c, cfg)
-    _, row, _ = _geometry(con)
     fields = cfg.get("fields", "im2col")
     if fields != "im2col":
         bufs["b"] = pack_weights(w, con, con.c, _rounded(con, fields)[1], per_tap=fields)
     else:
-        bufs["b"] = pack_weights(w, con, cfg["cb"], row)
-    for b in nest.buffers:
-        if b.role == "scratch":
-            bufs[b.name] = np.zeros(b.size, np.float32)
+        bufs["b"] = pack_weights(w, con, cfg["cb"], _geometry(con)[1])
     return bufs
 
 
