@@ -43,15 +43,14 @@ from raytune_kernels.compile.cuda_plan import (NCHW, Const, GBuf, GpuPlan, GpuSt
                                                choose_layouts, physical_shape, plan_network,
                                                step_candidates, to_layout)
 from raytune_kernels.compile.artifact import graph_without_weights, save
-from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, output_error,
-                                             random_inputs, scaled_error)
+from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, network_bound,
+                                            output_error, random_inputs, scaled_error)
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import Partition, TaskStep, partition, run_steps
 from raytune_kernels.tune.records import Record, best_per_task
 from raytune_kernels.measure import MeasureOptions, random_operands, rotating_copies
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
-from raytune_kernels.precision import tolerance
 from raytune_kernels.timing import TimingOptions, median, time_runs
 from raytune_kernels.cuda import device
 from raytune_kernels.cuda.device import torch_gpu_mode
@@ -372,17 +371,19 @@ class GpuNetwork(Reporting):
         return f"no single step diverges beyond {atol}; the error accumulates"
 
 
-def check_gpu_network(net: GpuNetwork, model, inputs, atol: float) -> None:
+def check_gpu_network(net: GpuNetwork, model, inputs, atol: float, why: str = "") -> None:
     """net(x) against model(x) on the CPU; on a mismatch, name the first step whose value
-    diverges from the tasks' references."""
+    diverges from the tasks' references. `why` says where the bound comes from, when it is
+    not the table's or the caller's."""
     with torch.no_grad():
         want = model(*inputs)
     got = net(*inputs)
     err = output_error(got, want)
     if err <= atol:
         return
+    limit = f"{atol:.3g}: {why}" if why else f"{atol}"
     raise CompileError(f"compiled GPU network differs from the model: error {err:.3g} of "
-                       f"the output's scale (limit {atol}); "
+                       f"the output's scale (limit {limit}); "
                        f"{net.first_divergence(inputs, atol)}")
 
 
@@ -433,17 +434,14 @@ def compile_network_cuda(model: torch.nn.Module,
     of the estimate), named in one warning; with fallback="torch" it runs torch's kernel
     on the GPU tensors instead, and so does any step where torch's kernel, timed on the
     device, is faster. A task with no CUDA kernel at all is an error naming its layer,
-    unless fallback="torch". With `check`,
-    the output is compared with model(x) (difference <= atol of its scale; by default the
-    network tolerance of the target's precision, raytune_kernels/precision.py) and the
-    first diverging step named. `device` is the executor class (default: CupyDevice on
+    unless fallback="torch". With `check`, the output is compared with model(x)
+    (difference <= atol of its scale; by default the bound of the target's precision for
+    this model, report.network_bound) and the first diverging step named. `device` is the executor class (default: CupyDevice on
     the current GPU; tests pass an emulator): it times transforms and torch's kernels, and
     runs the plan. With `graph` (and a device that can capture), every call replays the
     whole network as one CUDA graph captured here; graph=False launches step by step (for
     debugging and per-step profiling)."""
     tgt = parse_target(target)
-    if atol is None:
-        atol = tolerance(tgt.precision).network
     if fallback not in (None, TORCH):
         raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
     if layout not in ("ilp", "uniform"):
@@ -491,7 +489,11 @@ def compile_network_cuda(model: torch.nn.Module,
     net.examples = inputs
     clock.lap("load and capture" if graph else "load")
     if check:
-        check_gpu_network(net, model, inputs, atol)
+        why = ""
+        if atol is None:  # the target precision's bound (report.network_bound)
+            atol, why = network_bound(model, inputs, tgt.precision)
+        check_gpu_network(net, model, inputs, atol, why)
+        net.checked_within = atol
         clock.lap("check")
     net.compile_phases = dict(clock.seconds)
     if verbose:

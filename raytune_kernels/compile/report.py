@@ -45,32 +45,118 @@ def random_inputs(shapes, examples=None, seed: int = 0) -> list[torch.Tensor]:
 
 def network_bound(model, inputs, precision: str) -> tuple[float, str]:
     """The bound a network compiled in `precision` is checked within, of its output's
-    scale, and why: precision.py's network tolerance, or, in bf16, twice the error
-    PyTorch itself makes running the model cast to bf16 where that is larger (the
-    error of rounding grows with depth and with how a network's random weights cancel:
-    PyTorch's bf16 ResNet-18 0.016 of its output's scale, ResNet-50 0.14). A model that
-    PyTorch cannot run in it keeps the table's bound."""
+    scale, and why: precision.py's network tolerance, or twice the error the precision's
+    own rounding costs this model where that is larger (rounding error grows with depth
+    and with how a network's random weights cancel). In bf16 that cost is PyTorch's own
+    run of the model cast to bf16 (ResNet-18 0.016 of its output's scale, ResNet-50
+    0.14); in tf32 and fp16, which PyTorch cannot run alike on a CPU, the model run in
+    float32 with every GEMM's operands rounded as a tensor core rounds them
+    (rounded_gemms). A model that cannot run so keeps the table's bound."""
     from raytune_kernels.precision import tolerance
 
     table = tolerance(precision).network
-    if precision != "bf16":  # fp32, and the GPU's precisions (checked by the table alone)
+    if precision not in ("bf16", "tf32", "fp16"):
         return table, ""
-    dtype = torch.bfloat16
+    from torch.utils import _pytree as pytree
+
     try:
-        cast = copy.deepcopy(model).to(dtype)
         with torch.no_grad():
             want = model(*inputs)
-            got = cast(*(x.to(dtype) if x.is_floating_point() else x for x in inputs))
-        from torch.utils import _pytree as pytree
-
+            if precision == "bf16":
+                dtype = torch.bfloat16
+                got = copy.deepcopy(model).to(dtype)(
+                    *(x.to(dtype) if x.is_floating_point() else x for x in inputs))
+                how = f"PyTorch's own {precision} gives this model"
+            else:
+                with rounded_gemms(precision):
+                    got = model(*inputs)
+                how = f"{precision}'s rounding of every GEMM operand gives this model"
         theirs = output_error(tuple(t.float() for t in pytree.tree_flatten(got)[0]
                                     if isinstance(t, torch.Tensor)), want)
     except Exception:  # an op without a kernel in that dtype here
         return table, ""
     if not 2 * theirs > table:
         return table, ""
-    return 2 * theirs, (f"twice the {theirs:.3g} PyTorch's own {precision} gives this "
-                        "model")
+    return 2 * theirs, f"twice the {theirs:.3g} {how}"
+
+
+def rounded(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """x in float32, each value rounded as a tensor core's operand in `precision`: tf32
+    to nearest with ties away from zero (cvt.rna), fp16 and bf16 to nearest even (cvt.rn;
+    fp16 overflows to inf past 65504). Other dtypes pass unchanged."""
+    if not x.is_floating_point():
+        return x
+    x = x.float()
+    if precision == "fp16":
+        return x.half().float()
+    if precision == "bf16":
+        return x.bfloat16().float()
+    if precision != "tf32":
+        raise ValueError(f"no tensor-core rounding for precision {precision!r}")
+    bits = x.contiguous().view(torch.int32)
+    # 13 of float32's 23 mantissa bits go: add half their unit to the magnitude (the
+    # sign bit is untouched; a carry rounds up into the exponent), then clear them
+    out = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+    return torch.where(torch.isfinite(x), out, x)
+
+
+class rounded_gemms(torch.overrides.TorchFunctionMode):
+    """Within it, convolutions (but depthwise ones), linear layers, matrix products and
+    scaled_dot_product_attention round their operands with `rounded`, and compute and
+    accumulate in float32, as a tensor-core kernel does; biases, softmax and everything
+    else stay float32. What a network of tensor-core kernels costs in error, without a
+    GPU."""
+
+    # the positions of a function's two GEMM operands
+    _CONV = {torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d,
+             torch.conv_transpose2d, torch.conv_transpose3d}
+    _OPERANDS = {**{f: (0, 1) for f in _CONV},
+                 **{f: (0, 1) for f in (torch.nn.functional.linear, torch.matmul, torch.mm,
+                                        torch.bmm, torch.Tensor.matmul, torch.Tensor.mm,
+                                        torch.Tensor.bmm, torch.Tensor.__matmul__)},
+                 **{f: (1, 2) for f in (torch.addmm, torch.baddbmm, torch.Tensor.addmm,
+                                        torch.Tensor.baddbmm)}}
+
+    def __init__(self, precision: str):
+        super().__init__()
+        rounded(torch.zeros(1), precision)  # an unknown precision fails here, not inside
+        self.precision = precision
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            return self._attention(*args, **kwargs)
+        at = self._OPERANDS.get(func)
+        if at is None or len(args) <= max(at) or self._depthwise(func, args, kwargs):
+            return func(*args, **kwargs)
+        args = list(args)
+        for i in at:
+            args[i] = rounded(args[i], self.precision)
+        return func(*args, **kwargs)
+
+    def _depthwise(self, func, args, kwargs) -> bool:  # a window kernel, not a GEMM
+        groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
+        return func in self._CONV and groups > 1 and args[1].shape[1] == 1
+
+    def _attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
+                   scale=None, enable_gqa=False):
+        f = torch.nn.functional.scaled_dot_product_attention
+        if dropout_p:  # random: nothing to compare with
+            return f(q, k, v, attn_mask, dropout_p, is_causal, scale=scale,
+                     enable_gqa=enable_gqa)
+        if enable_gqa and k.shape[-3] != q.shape[-3]:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+        r = lambda t: rounded(t, self.precision)  # noqa: E731
+        s = r(q) @ r(k).transpose(-2, -1)
+        s = s * (scale if scale is not None else q.shape[-1] ** -0.5)
+        if is_causal:
+            keep = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+            s = s.masked_fill(~keep, float("-inf"))
+        if attn_mask is not None:
+            s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+                else s + attn_mask
+        return (r(torch.softmax(s, dim=-1)) @ r(v)).to(q.dtype)
 
 
 def output_error(got, want) -> float:

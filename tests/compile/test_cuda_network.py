@@ -25,7 +25,7 @@ from raytune_kernels.compile.cuda_network import (GpuNetwork, check_gpu_network,
                                                   compile_network_cuda)
 from raytune_kernels.compile.cuda_plan import (ALIGN, NCHW, NHWC, GBuf, GpuStep, assign_offsets,
                                                same_order, to_layout)
-from raytune_kernels.compile.report import output_error
+from raytune_kernels.compile.report import output_error, rounded_gemms
 from raytune_kernels.frontend.partition import TaskStep
 from raytune_kernels.precision import tolerance
 from raytune_kernels.tune.records import record_of
@@ -191,6 +191,12 @@ def test_a_tensor_core_network_matches_the_model_within_its_precision(precision)
     assert net.graph and net.device.captures == 1  # every call replays one capture
     err = output_error(net(*inputs), model(*inputs))
     assert 1e-6 < err <= tolerance(precision).network
+    assert net.checked_within == tolerance(precision).network  # this model's bound
+    # the kernels round what report.rounded_gemms rounds, and only that: the network is
+    # far nearer that emulation than the float32 model (accumulation order apart)
+    with torch.no_grad(), rounded_gemms(precision):
+        emulated = model(*inputs)
+    assert output_error(net(*inputs), emulated) < err / 100
     with pytest.raises(CompileError, match=f"holds no cuda record for sm_90 in fp32, only "
                                            f"for cuda -arch=sm_90 -precision={precision}"):
         cuda_records(records, ARCH, plain_ok=False)
