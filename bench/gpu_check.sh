@@ -17,43 +17,44 @@
 #   mkdir -p .gpu/site && tar -xJf .gpu/site.tar.xz -C .gpu/site && export PYTHONPATH=$PWD/.gpu/site:$PWD
 #
 # Time. 480 s in all: up to 10 s to name the GPU and pack the records, the tests marked
-# `gpu` at most 110 s, one line each as it ends (the other tests need no GPU: CI runs
-# them; the network bench's own GPU test is left to the runs below, which do what it
-# does on real models), and the rest shared by the runs, in order. A run is one process
-# (bench/network.py --precision P,Q --rounds 2 --quick --no-compile): Ray, the model and
-# PyTorch's eager and CUDA-graph baselines are set up once, and each precision is tuned,
-# compiled and checked in turn, then all timed interleaved. The runs users run come
-# first, tf32 and fp16 of every model, sharing by weight; fp32 and bf16 follow in the
-# time they leave, a run with less than MIN_RUN_S left skipped and logged.
+# `gpu` at most 100 s, one line each as it ends (the other tests need no GPU: CI runs
+# them; the benches' own GPU tests are left out: the network bench is what the runs below
+# do on real models, the kernels bench a minute of its own), and the rest shared by the
+# models by weight, in order. A model is one process (bench/network.py --precision
+# tf32,fp16,bf16,fp32 --rounds 2 --quick --no-compile): Ray, the model and PyTorch's eager
+# and CUDA-graph baselines are set up once, each precision compiled from the records in
+# bench/results/<gpu>/ and checked, then all timed interleaved. Tuning (--tune-seconds,
+# resuming those records) goes to the precisions users run, tf32 first, then fp16, as far
+# as the model's share leaves time after RUN_FIXED_S and PRECISION_S a precision: each
+# tuned precision costs TUNE_FIXED_S beyond its budget, and gets at least MIN_TUNE_S, or
+# is not tuned (--tune-precisions), so every check still reaches its timings and tunes a
+# little further. A task without a record runs its untuned default (with tensor cores,
+# small blocks that fill the GPU), which a tuned task's first round measures first.
 # Each run is under `timeout` for its share less KILL_S, the grace its kill may take, so
 # the whole never passes 480 s; a run that ends early leaves its time to the next.
-# Tuning is bounded by time, not trials (--tune-seconds): each precision gets what its
-# run's share leaves after RUN_FIXED_S and PRECISION_S a precision (at least MIN_TUNE_S),
-# resuming the records already in bench/results/<gpu>/, so every check tunes a little
-# further and still reaches its timing. A task's first round measures its untuned
-# default (with tensor cores, small blocks that fill the GPU) before anything else.
 set -uo pipefail
 
 TOTAL_S=480
 RESERVE_S=10
-TESTS_S=110
+TESTS_S=100
 KILL_S=3
-MIN_RUN_S=60
-# what a run spends besides tuning, as the check's runs measured it: Ray, the model and
-# PyTorch's baselines once, then each precision's compile, check, timing and steps alone
-# (17-38 s)
+# what a run spends besides tuning, as the check's runs on an H100 measured it: Ray, the
+# model, PyTorch's baselines and the timing once (RUN_FIXED_S), each precision's compile,
+# check and steps alone (PRECISION_S: 2-8 s to compile, the rest to time), and each tuned
+# precision's actors and last round beyond its --tune-seconds (TUNE_FIXED_S: 16-32 s)
 RUN_FIXED_S=25
-PRECISION_S=30
-MIN_TUNE_S=5
-# model:precisions, one process each, in the order they run: the main runs share what is
-# left by weight, the extra runs what the main ones leave
-RUNS=(resnet18:tf32,fp16 mobilenet_v2:tf32,fp16 hf/BertModel:tf32,fp16)
-EXTRA=(resnet18:fp32,bf16 mobilenet_v2:fp32,bf16 hf/BertModel:fp32,bf16)
+PRECISION_S=12
+TUNE_FIXED_S=25
+MIN_TUNE_S=10
+PRECISIONS=tf32,fp16,bf16,fp32  # every one compiled, checked and timed
+TUNED=(tf32 fp16)  # tuned in this order where a model's share leaves time
+RUNS=(resnet18 mobilenet_v2 hf/BertModel)
 TRIALS=100000  # a cap the time budget reaches first
 declare -A WEIGHT=([resnet18]=12 [mobilenet_v2]=11 [hf/BertModel]=11)
 TESTS=(tests/cuda tests/compile/test_cuda_network.py tests/actors/test_tune_cuda.py
        tests/test_bench.py tests/test_cli.py)
-DESELECT=(tests/test_bench.py::test_network_bench_on_the_gpu)
+DESELECT=(tests/test_bench.py::test_network_bench_on_the_gpu
+          tests/test_bench.py::test_kernels_bench_on_the_gpu)
 
 DRY=0
 if [[ "${1:-}" == "--dry-run" ]]; then DRY=1; shift; fi
@@ -144,13 +145,23 @@ for p in precisions.split(","):
 EOF
 }
 
-run_model() {  # model:precisions, seconds: one bench/network.py run, its lines collected
-  local m=${1%:*} p=${1#*:} s=$2
-  local n=$(( $(tr -cd , <<< "$p" | wc -c) + 1 ))  # precisions in the run
-  local tune=$(( (s - KILL_S - RUN_FIXED_S - n * PRECISION_S) / n ))
-  ((tune < MIN_TUNE_S)) && tune=$MIN_TUNE_S
-  step "$s" python bench/network.py "$m" --target cuda --precision "$p" \
-    --trials "$TRIALS" --tune-seconds "$tune" --rounds 2 --quick --no-compile
+run_model() {  # model, seconds: one bench/network.py run, its lines collected
+  local m=$1 s=$2
+  local n=$(( $(tr -cd , <<< "$PRECISIONS" | wc -c) + 1 ))  # precisions compiled
+  local spare=$((s - KILL_S - RUN_FIXED_S - n * PRECISION_S))
+  local k=${#TUNED[@]} tune=0
+  while ((k > 0)); do  # as many of TUNED as get MIN_TUNE_S each
+    tune=$((spare / k - TUNE_FIXED_S))
+    ((tune >= MIN_TUNE_S)) && break
+    k=$((k - 1))
+  done
+  local which=none
+  ((k > 0)) && which=$(IFS=,; echo "${TUNED[*]:0:k}")
+  local budget=()
+  ((k > 0)) && budget=(--tune-seconds "$tune")
+  step "$s" python bench/network.py "$m" --target cuda --precision "$PRECISIONS" \
+    --tune-precisions "$which" --trials "$TRIALS" "${budget[@]}" --rounds 2 --quick \
+    --no-compile
   local rc=$?
   [[ $DRY == 1 ]] && return
   cat "$STEP" >> "$LOG"
@@ -159,27 +170,17 @@ run_model() {  # model:precisions, seconds: one bench/network.py run, its lines 
     why="exit status $rc"
     [[ $rc == 124 || $rc == 137 ]] && why="timed out after $((s - KILL_S)) s"
   fi
-  collect "$m" "$p" "$why"
-  say "$m $p: $why"
+  collect "$m" "$PRECISIONS" "$why"
+  say "$m: $why"
 }
 
 weights_left=0
-for r in "${RUNS[@]}"; do weights_left=$((weights_left + WEIGHT[${r%:*}])); done
-for r in "${RUNS[@]}"; do
-  w=${WEIGHT[${r%:*}]}
+for m in "${RUNS[@]}"; do weights_left=$((weights_left + WEIGHT[$m])); done
+for m in "${RUNS[@]}"; do
+  w=${WEIGHT[$m]}
   s=$(share "$w" "$weights_left" 1000)
   weights_left=$((weights_left - w))
-  run_model "$r" "$s"
-done
-for i in "${!EXTRA[@]}"; do
-  r=${EXTRA[$i]}
-  s=$(share 1 $((${#EXTRA[@]} - i)) 1000)
-  if ((s < MIN_RUN_S)); then
-    say "${r%:*} ${r#*:}: skipped, $s s left (a run needs $MIN_RUN_S)"
-    [[ $DRY == 1 ]] || collect "${r%:*}" "${r#*:}" "skipped: $s s left of the check's $TOTAL_S"
-    continue
-  fi
-  run_model "$r" "$s"
+  run_model "$m" "$s"
 done
 
 if [[ $DRY == 0 && "$(realpath "$OUTDIR")" != "$(realpath "$RESULTS")" ]]; then

@@ -496,7 +496,10 @@ def gpu_folder(name: str) -> str:
 
 
 def tune_gpu(args, model, inputs, target: Target, records: str, gpu: str):
-    """Tune `target` (resuming `records`) in the running Ray, or one it starts."""
+    """Tune `target` (resuming `records`) in the running Ray, or one it starts; a precision
+    left out of --tune-precisions takes the records as they are, without Ray."""
+    if target.precision not in args.tune_precisions:
+        return records_as_they_are(target, records)
     start = time.perf_counter()
     tuned = tune_network(model, inputs, target=str(target), trials=args.trials,
                          records=records, verbose=False, seconds=args.tune_seconds)
@@ -504,6 +507,21 @@ def tune_gpu(args, model, inputs, target: Target, records: str, gpu: str):
           f"({time.perf_counter() - start:.0f} s this run), estimated "
           f"{tuned.estimated_latency_s * 1e3:.3f} ms")
     return tuned
+
+
+def records_as_they_are(target: Target, path: str):
+    """A TuningResult of `path`'s records in `target`'s precision, none measured here (no
+    file: none; the network then runs untuned defaults); its estimate is left to the
+    compile."""
+    from raytune_kernels.target import parse_target
+    from raytune_kernels.tune.records import best_per_task, load_records
+    from raytune_kernels.tune.result import TuningResult
+
+    recs = [r for r in (load_records(path) if os.path.exists(path) else ())
+            if parse_target(r.target).precision == target.precision]
+    print(f"not tuned: {len(recs)} records for target {str(target)!r} as they are")
+    return TuningResult(best=best_per_task(recs), estimated_latency_s=math.nan,
+                        records=path, trials=len(recs))
 
 
 def compile_gpu(args, model, inputs, target: Target, records: str) -> dict:
@@ -662,6 +680,11 @@ def precision_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def tune_precision_list(text: str) -> tuple[str, ...]:
+    """--tune-precisions: as --precision, or 'none'."""
+    return () if text.strip() == "none" else precision_list(text)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -700,6 +723,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     metavar="LIST", help="cuda only: torch.compile's variants in these "
                     "precisions alone (comma-separated; default all: each takes a minute "
                     "or more); eager and CUDA graphs run in every precision")
+    ap.add_argument("--tune-precisions", type=tune_precision_list, default=PRECISIONS,
+                    metavar="LIST", help="cuda only: tune these of --precision (default "
+                    "all; 'none': none); the others compile from their records as they "
+                    "are")
     ap.add_argument("--fallback", choices=["torch"], default=None,
                     help="cuda only: run PyTorch's kernel for tasks without a record")
     ap.add_argument("--png", default=None, help="save the per-layer chart here")

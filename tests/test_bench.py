@@ -402,6 +402,33 @@ def test_records_default_per_gpu_with_the_precision_in_the_name():
         os.path.join(folder, "network_hf_BertModel_cuda_bf16.jsonl")
 
 
+def test_a_precision_left_untuned_compiles_from_its_records_as_they_are(tmp_path):
+    """bench/network.py --tune-precisions: the others take their records (of their own
+    precision only) without Ray; none at all is a network of untuned defaults."""
+    network = _bench("network")
+    args = network.parse_args(["resnet18", "--target", "cuda", "--precision",
+                               "tf32,fp16,fp32", "--tune-precisions", "tf32"])
+    assert args.tune_precisions == ("tf32",)
+    assert network.parse_args(["resnet18", "--target", "cuda", "--tune-precisions",
+                               "none"]).tune_precisions == ()
+    h100 = os.path.join(ROOT, "bench", "results", "h100-80gb-hbm3")
+    mixed = tmp_path / "mixed.jsonl"
+    with open(mixed, "w") as f:
+        for name in ("network_resnet18_cuda_fp16.jsonl", "network_resnet18_cuda.jsonl"):
+            f.write(open(os.path.join(h100, name)).read())
+    fp16 = Target("cuda", precision="fp16")
+    ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    got = network.tune_gpu(args, None, None, fp16, str(mixed), "a GPU")
+    assert not ray_before and not ("ray" in sys.modules and sys.modules["ray"].is_initialized())
+    fp16_lines = sum(1 for _ in open(os.path.join(h100, "network_resnet18_cuda_fp16.jsonl")))
+    assert got.trials == fp16_lines and got.records == str(mixed)
+    assert {r.target for r in got.best.values()} == {"cuda -arch=sm_90 -precision=fp16"}
+    assert len(got.best) == 21 and math.isnan(got.estimated_latency_s)
+    none = network.tune_gpu(args, None, None, Target("cuda", precision="fp32"),
+                            str(tmp_path / "absent.jsonl"), "a GPU")
+    assert none.trials == 0 and none.best == {}
+
+
 def test_every_baseline_how_in_every_precision():
     variants = torch_gpu.gpu_variants()
     assert [v.name for v in variants[:4]] == ["eager_fp32", "eager_tf32", "eager_fp16",
@@ -565,8 +592,7 @@ GPU_CHECK = os.path.join(ROOT, "bench", "gpu_check.sh")
 CHECK_TESTS = ["tests/cuda", "tests/compile/test_cuda_network.py",
                "tests/actors/test_tune_cuda.py", "tests/test_bench.py", "tests/test_cli.py"]
 CHECK_MODELS = ["resnet18", "mobilenet_v2", "hf/BertModel"]
-CHECK_PRECISIONS = ["tf32", "fp16", "fp32", "bf16"]  # the tensor-core ones first
-CHECK_RUNS = [(m, ps) for ps in ("tf32,fp16", "fp32,bf16") for m in CHECK_MODELS]
+CHECK_PRECISIONS = "tf32,fp16,bf16,fp32"  # each model's run compiles every one
 
 
 def _check(*argv: str, env: dict | None = None, script: str = GPU_CHECK):
@@ -574,31 +600,47 @@ def _check(*argv: str, env: dict | None = None, script: str = GPU_CHECK):
                           timeout=120, env={**os.environ, **(env or {})})
 
 
+def _steps(stdout: str) -> list[list[str]]:
+    return [line.split()[1:] for line in stdout.splitlines() if line.startswith("$ ")]
+
+
 def test_gpu_check_dry_run_plans_every_step_within_8_minutes(tmp_path):
     proc = _check("--dry-run", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
-    steps = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("$ ")]
+    steps = _steps(proc.stdout)
     assert all(s[:2] == ["timeout", "-k"] for s in steps)
     # the tests that need a GPU, one line each (the dry run prints -m's words apart)
     assert " ".join(steps[0][4:]) == "env RK_FAILURES_AT_ONCE=1 python -m pytest -v -m gpu " \
         "and not slow -rfE " \
-        "--durations=10 --deselect=tests/test_bench.py::test_network_bench_on_the_gpu " + \
+        "--durations=10 --deselect=tests/test_bench.py::test_network_bench_on_the_gpu " \
+        "--deselect=tests/test_bench.py::test_kernels_bench_on_the_gpu " + \
         " ".join(CHECK_TESTS)
     assert all(os.path.exists(os.path.join(ROOT, p)) for p in CHECK_TESTS)
-    # one process a model for tf32 and fp16, sharing the time; fp32 and bf16 only in the
-    # time those leave (none, when each takes its whole share)
+    # one process a model, every precision in it, sharing the time by weight
     runs = [(s[6], s[s.index("--precision") + 1]) for s in steps[1:]]
-    assert runs == CHECK_RUNS[:3]
+    assert runs == [(m, CHECK_PRECISIONS) for m in CHECK_MODELS]
     assert all(s[4:6] == ["python", "bench/network.py"] and "--quick" in s
                for s in steps[1:])
-    # tuning bounded by time: each precision's slice leaves the run its compile and timing
-    tune = [int(s[s.index("--tune-seconds") + 1]) for s in steps[1:]]
-    assert all(5 <= t <= (int(s[3]) - 25 - 2 * 30) / 2 for t, s in zip(tune, steps[1:]))
-    assert [line for line in proc.stdout.splitlines() if "skipped" in line] == \
-        [f"{m} {p}: skipped, 0 s left (a run needs 60)" for m, p in CHECK_RUNS[3:]]
+    # tuning bounded by time, tf32's alone in these shares: the run keeps its compiles,
+    # timing and the tuning's own fixed cost
+    for s in steps[1:]:
+        assert s[s.index("--tune-precisions") + 1] == "tf32"
+        tune = int(s[s.index("--tune-seconds") + 1])
+        assert 10 <= tune <= int(s[3]) - 25 - 4 * 12 - 25
     # each step's limit plus the grace of its kill, all together, within 480 s
     assert sum(int(s[2]) + int(s[3]) for s in steps) <= 480
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_a_gpu_check_short_of_time_tunes_nothing_and_still_times_every_precision(tmp_path):
+    script = tmp_path / "gpu_check.sh"
+    script.write_text(open(GPU_CHECK).read().replace("\nTOTAL_S=480\n", "\nTOTAL_S=300\n"))
+    proc = _check("--dry-run", script=str(script))
+    steps = _steps(proc.stdout)
+    assert proc.returncode == 0 and len(steps) == 4, proc.stderr
+    for s in steps[1:]:
+        assert s[s.index("--tune-precisions") + 1] == "none" and "--tune-seconds" not in s
+        assert s[s.index("--precision") + 1] == CHECK_PRECISIONS
 
 
 def test_the_gpu_check_sees_a_failure_as_it_happens(tmp_path):
@@ -666,17 +708,18 @@ def test_gpu_check_goes_on_past_failures_and_keeps_to_three_files(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out)) == ["gpu_check.jsonl", "gpu_check.log", "records.tar.gz"]
     lines = [json.loads(line) for line in (out / "gpu_check.jsonl").read_text().splitlines()]
-    # the runs that end at once leave their time to the extra ones, which run too
     assert [(x["model"], x["precision"]) for x in lines] == \
-        [(m, p) for m, ps in CHECK_RUNS for p in ps.split(",")]
+        [(m, p) for m in CHECK_MODELS for p in CHECK_PRECISIONS.split(",")]
     by_model = {m: [x for x in lines if x["model"] == m]
                 for m in ("resnet18", "mobilenet_v2", "hf/BertModel")}
-    assert [x.get("error") for x in by_model["resnet18"]] == [None] * 3 + ["no JSON line"]
+    assert [x.get("error") for x in by_model["resnet18"]] == [None, None, "no JSON line", None]
     assert all(x["error"] == "exit status 1" for x in by_model["mobilenet_v2"])
     assert all(x["error"].startswith("timed out after ") for x in by_model["hf/BertModel"])
     log = (out / "gpu_check.log").read_text()
-    assert "3 passed" in log and "boom in tf32,fp16" in log and "boom in fp32,bf16" in log and \
+    assert "3 passed" in log and f"boom in {CHECK_PRECISIONS}" in log and \
         "GPU: NVIDIA Fake GPU" in log
+    # the tests ending at once leave the runs time to tune both of the users' precisions
+    assert all(s[s.index("--tune-precisions") + 1] == "tf32,fp16" for s in _steps(log)[1:])
     import tarfile
     with tarfile.open(out / "records.tar.gz") as tar:
         assert sorted(os.path.basename(n) for n in tar.getnames()) == sorted(
