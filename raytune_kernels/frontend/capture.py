@@ -36,7 +36,8 @@ from raytune_kernels.frontend.graph import Graph
 from raytune_kernels.frontend.inline import autocast_off, export_call, inlinable
 from raytune_kernels.frontend.island import ISLAND, Island, MethodCall, island_of
 from raytune_kernels.frontend.conv1d import conv1d_module_handler, lift_unit_axis
-from raytune_kernels.frontend.passes import fold_affine, pad_channels, prune_params
+from raytune_kernels.frontend.passes import (compose_permutes, fold_affine, pad_channels,
+                                             prune_params)
 
 
 def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor,
@@ -53,7 +54,7 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Ten
         gm = _export(model, inputs)
     with torch.no_grad():
         graph = _Walker(gm, inputs, strict).run()
-    graph = prune_params(pad_channels(fold_affine(lift_unit_axis(graph))))
+    graph = prune_params(pad_channels(fold_affine(compose_permutes(lift_unit_axis(graph)))))
     islands = [n for n in graph.nodes if n.op == ISLAND]
     if islands:
         named = dict.fromkeys(f"{n.attr('what')} in '{n.layer}'" for n in islands)

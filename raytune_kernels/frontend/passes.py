@@ -1,5 +1,6 @@
 """Graph rewrites for inference: fold per-channel affine ops (batch norm) into conv/dense,
-and pad the channels of convs whose outputs do not fill vectors."""
+compose chains of permutes into one, and pad the channels of convs whose outputs do not
+fill vectors."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -52,6 +53,36 @@ def _fold(prod: Node, affine: Node, params: dict[str, torch.Tensor]) -> Node:
     params[w_name] = (weight * scale.reshape(view)).contiguous()
     params[b_name] = (bias * scale + shift).contiguous()
     return replace(prod, name=affine.name, inputs=(prod.inputs[0], w_name, b_name))
+
+
+def compose_permutes(graph: Graph) -> Graph:
+    """A permute whose input is another permute's output, read by nothing else, becomes
+    one permute of that permute's input: one copy where there were two (attention's keys,
+    split into heads and then transposed for Q K^T). A chain that composes to the identity
+    is its input, unless it is a graph output."""
+    users = graph.consumers()
+    now: dict[str, Node] = {}  # name -> the node as rewritten so far
+    dropped: set[str] = set()
+    alias: dict[str, str] = {}  # a value dropped as the identity -> the value it equals
+    out: list[Node] = []
+    for n in graph.nodes:
+        if any(i in alias for i in n.inputs):
+            n = replace(n, inputs=tuple(alias.get(i, i) for i in n.inputs))
+        first = now.get(n.inputs[0]) if n.op == "permute" and n.inputs else None
+        if first is not None and first.op == "permute" and users.get(first.name) == [n.name]:
+            dims = tuple(first.attr("dims")[d] for d in n.attr("dims"))
+            dropped.add(first.name)
+            if dims == tuple(range(len(dims))) and n.name not in graph.outputs:
+                alias[n.name] = first.inputs[0]
+                continue
+            n = replace(n, inputs=first.inputs,
+                        attrs=tuple((k, dims if k == "dims" else v) for k, v in n.attrs))
+        now[n.name] = n
+        out.append(n)
+    if not dropped:
+        return graph
+    kept = tuple(n for n in out if n.name not in dropped)
+    return Graph(graph.inputs, kept, graph.outputs, dict(graph.params))
 
 
 def prune_params(graph: Graph) -> Graph:

@@ -183,3 +183,37 @@ def test_ceil_mode_max_pooling_is_padding_and_an_ordinary_pool(shape, kernel, st
     from raytune_kernels.cpu.schedules import no_kernel_reason
     pools = [t for t in tasks if t.compute.op == "max_pool2d"]
     assert pools and no_kernel_reason(pools[0].compute, cpu_info()) is None
+
+
+def _permutes(graph):
+    return [n for n in graph.nodes if n.op == "permute"]
+
+
+def test_a_permute_of_a_permute_is_one_copy():
+    """Attention's keys: split into heads, then transposed for Q K^T: one permute of the
+    first's input, composed, where the first is read by nothing else."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 4)
+    graph = _check(lambda x: torch.relu(x).transpose(1, 2).transpose(-1, -2) * 2.0, x)
+    (p,) = _permutes(graph)
+    assert p.attr("dims") == (0, 2, 3, 1)
+    graph = _check(lambda x: torch.relu(x).permute(1, 0, 2, 3).permute(0, 2, 1, 3)
+                   .permute(3, 2, 1, 0) - 1.0, x)  # a chain of three
+    (p,) = _permutes(graph)
+    assert p.attr("dims") == (3, 0, 2, 1)
+
+
+def test_a_permute_read_twice_or_undone_is_kept_or_dropped_as_it_must_be():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 4)
+    # the first permute has a reader of its own: both copies stay
+    graph = _check(lambda x: (lambda t: t.transpose(-1, -2).reshape(2, 3, 20) +
+                              t.reshape(2, 3, 20))(torch.relu(x).transpose(1, 2)), x)
+    assert len(_permutes(graph)) == 2
+    # a chain that undoes itself is no copy at all
+    graph = _check(lambda x: torch.relu(x).transpose(1, 2).transpose(1, 2) + 1.0, x)
+    assert _permutes(graph) == []
+    # ... unless its end is what the model returns
+    graph = _check(lambda x: torch.relu(x).transpose(1, 2).transpose(1, 2), x)
+    (p,) = _permutes(graph)
+    assert p.attr("dims") == (0, 1, 2, 3)
