@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from raytune_kernels.compile.choose import TORCH
-from raytune_kernels.compile.step_fns import ConcatInto, Glue, Narrow, Reference
+from raytune_kernels.compile.step_fns import (ConcatInto, EmbeddingInto, Glue, Narrow,
+                                              Reference)
 from raytune_kernels.cpu.build import LoadedKernel, aligned, build
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.llvm.ir import render
@@ -256,6 +257,9 @@ class Planner:
         self._torch(node.name, kind, (node.layer,), args, out, Glue(node), 0.0, None)
         if node.op == "concat":  # written in place: no temporary, no second copy
             self.steps[-1].into = ConcatInto(node.attr("dim"))
+        elif node.op == "embedding" and getattr(args[1], "dtype", torch.float32) == \
+                torch.float32:  # a table of parameters, or of a float32 buffer
+            self.steps[-1].into = EmbeddingInto()
         self._produce(node.name, out, NCHW)
 
     def _produce(self, value: str, buf: Buf, label: str) -> None:

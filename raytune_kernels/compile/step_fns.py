@@ -45,6 +45,17 @@ class ConcatInto:
 
 
 @dataclass(frozen=True)
+class EmbeddingInto:
+    """An embedding's rows gathered straight into the output buffer: no temporary of the
+    output's size (a fresh allocation, its pages faulted in on every call, then a copy).
+    The ids arrive as float32 (exact below 2**24)."""
+
+    def __call__(self, out: torch.Tensor, ids: torch.Tensor, table: torch.Tensor) -> None:
+        torch.index_select(table, 0, ids.reshape(-1).long(),
+                           out=out.view(-1, table.shape[-1]))
+
+
+@dataclass(frozen=True)
 class Narrow:
     """The first n columns of each of `rows` rows, as `shape` (a dense whose N the kernel
     padded to its vector block)."""

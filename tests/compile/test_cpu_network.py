@@ -685,6 +685,23 @@ def test_token_id_inputs_are_timed_on_valid_ids():
     assert len(prof.rows) == len(net.steps)
 
 
+def test_an_embedding_gathers_straight_into_its_buffer():
+    """The embedding's rows go straight into the step's output buffer (no temporary of
+    the output's size, faulted in afresh on every call); fresh ids give fresh rows."""
+    from raytune_kernels.compile.step_fns import EmbeddingInto
+    torch.manual_seed(0)
+    model = Embed().eval()
+    ids = torch.randint(0, 50, (1, 12))
+    with pytest.warns(UserWarning, match="untuned"):
+        net = compile_network(model, (ids,))
+    (step,) = [s for s in net.steps if s.name == "emb"]
+    assert isinstance(step.into, EmbeddingInto) and step.kind == "glue"
+    for seed in range(3):
+        x = torch.randint(0, 50, (1, 12), generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            assert torch.allclose(net(x), model(x), atol=1e-5, rtol=1e-5)
+
+
 class Inverted(torch.nn.Module):
     """MobileNetV2's block: 1x1 expand, depthwise 3x3, 1x1 project, residual."""
 
