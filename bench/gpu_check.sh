@@ -24,8 +24,9 @@
 # tf32,fp16,bf16,fp32 --rounds 2 --quick --no-compile): Ray, the model and PyTorch's eager
 # and CUDA-graph baselines are set up once, each precision compiled from the records in
 # bench/results/<gpu>/ and checked, then all timed interleaved. Tuning (--tune-seconds,
-# resuming those records) goes to the precisions users run, tf32 first, then fp16, as far
-# as the model's share leaves time after RUN_FIXED_S and PRECISION_S a precision: each
+# resuming those records) goes to the precision with the fewest records, then the next,
+# as far as the model's share leaves time after RUN_FIXED_S and PRECISION_S a precision
+# (so that checks in turn tune each precision further): each
 # tuned precision costs TUNE_FIXED_S beyond its budget, and gets at least MIN_TUNE_S, or
 # is not tuned (--tune-precisions), so every check still reaches its timings and tunes a
 # little further. A task without a record runs its untuned default (with tensor cores,
@@ -46,8 +47,8 @@ RUN_FIXED_S=25
 PRECISION_S=12
 TUNE_FIXED_S=25
 MIN_TUNE_S=10
-PRECISIONS=tf32,fp16,bf16,fp32  # every one compiled, checked and timed
-TUNED=(tf32 fp16)  # tuned in this order where a model's share leaves time
+PRECISIONS=tf32,fp16,bf16,fp32  # every one compiled, checked and timed, and tuned where
+# a model's share leaves time: the one with the fewest records first (ties in this order)
 RUNS=(resnet18 mobilenet_v2 hf/BertModel)
 TRIALS=100000  # a cap the time budget reaches first
 declare -A WEIGHT=([resnet18]=12 [mobilenet_v2]=11 [hf/BertModel]=11)
@@ -145,18 +146,28 @@ for p in precisions.split(","):
 EOF
 }
 
+least_tuned() {  # model: PRECISIONS, one a line, fewest records in $RESULTS first
+  local p file
+  for p in ${PRECISIONS//,/ }; do
+    file="$RESULTS/network_${1//\//_}_cuda$([[ $p == fp32 ]] || echo "_$p").jsonl"
+    echo "$(cat "$file" 2>/dev/null | wc -l) $p"
+  done | sort -s -n -k1,1 | cut -d' ' -f2
+}
+
 run_model() {  # model, seconds: one bench/network.py run, its lines collected
   local m=$1 s=$2
   local n=$(( $(tr -cd , <<< "$PRECISIONS" | wc -c) + 1 ))  # precisions compiled
   local spare=$((s - KILL_S - RUN_FIXED_S - n * PRECISION_S))
-  local k=${#TUNED[@]} tune=0
-  while ((k > 0)); do  # as many of TUNED as get MIN_TUNE_S each
+  local -a order
+  mapfile -t order < <(least_tuned "$m")
+  local k=${#order[@]} tune=0
+  while ((k > 0)); do  # as many of them as get MIN_TUNE_S each
     tune=$((spare / k - TUNE_FIXED_S))
     ((tune >= MIN_TUNE_S)) && break
     k=$((k - 1))
   done
   local which=none
-  ((k > 0)) && which=$(IFS=,; echo "${TUNED[*]:0:k}")
+  ((k > 0)) && which=$(IFS=,; echo "${order[*]:0:k}")
   local budget=()
   ((k > 0)) && budget=(--tune-seconds "$tune")
   step "$s" python bench/network.py "$m" --target cuda --precision "$PRECISIONS" \

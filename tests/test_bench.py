@@ -702,6 +702,11 @@ def test_gpu_check_goes_on_past_failures_and_keeps_to_three_files(tmp_path):
     (bin_ / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA Fake GPU'\n")
     for f in bin_.iterdir():
         f.chmod(0o755)
+    # ResNet-18's records so far: 3 in tf32, 1 in fp16, 2 in fp32, none in bf16
+    had = repo / "bench" / "results" / "fake-gpu"
+    had.mkdir(parents=True)
+    for name, n in (("_tf32", 3), ("_fp16", 1), ("", 2)):
+        (had / f"network_resnet18_cuda{name}.jsonl").write_text("{}\n" * n)
     out = tmp_path / "out"
     proc = _check(str(out), env={"PATH": f"{bin_}:{os.environ['PATH']}"},
                   script=str(repo / "bench" / "gpu_check.sh"))
@@ -718,8 +723,10 @@ def test_gpu_check_goes_on_past_failures_and_keeps_to_three_files(tmp_path):
     log = (out / "gpu_check.log").read_text()
     assert "3 passed" in log and f"boom in {CHECK_PRECISIONS}" in log and \
         "GPU: NVIDIA Fake GPU" in log
-    # the tests ending at once leave the runs time to tune both of the users' precisions
-    assert all(s[s.index("--tune-precisions") + 1] == "tf32,fp16" for s in _steps(log)[1:])
+    # the tests ending at once leave the runs time to tune: the least tuned precisions
+    # first, as many as get 10 s each (ResNet-18 two, the others, then alone, all four)
+    assert [s[s.index("--tune-precisions") + 1] for s in _steps(log)[1:]] == \
+        ["bf16,fp16", CHECK_PRECISIONS, CHECK_PRECISIONS]
     import tarfile
     with tarfile.open(out / "records.tar.gz") as tar:
         assert sorted(os.path.basename(n) for n in tar.getnames()) == sorted(
