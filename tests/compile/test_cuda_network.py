@@ -206,6 +206,49 @@ def test_a_tensor_core_network_matches_the_model_within_its_precision(precision)
                              atol=1e-7)
 
 
+class Attention(torch.nn.Module):
+    """One attention block as Hugging Face writes it: projections, heads split by view and
+    permute, scaled_dot_product_attention with an additive mask, heads merged, an output
+    dense."""
+
+    def __init__(self, d=32, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        split = lambda y: y.view(b, t, self.heads, d // self.heads).transpose(1, 2)  # noqa
+        a = torch.nn.functional.scaled_dot_product_attention(
+            split(self.q(x)), split(self.k(x)), split(self.v(x)), attn_mask=mask)
+        return self.o(a.transpose(1, 2).reshape(b, t, d))
+
+
+def test_untuned_attention_on_tensor_cores_rounds_as_the_check_assumes():
+    """An attention block untuned in tf32 (the denses and both batched matmuls on tensor
+    cores, softmax in float32): within its bound of the model, and equal to the model run
+    with every GEMM operand rounded to tf32 (report.rounded_gemms, what the bound is made
+    of) up to float32's accumulation order."""
+    torch.manual_seed(0)
+    model = Attention().eval()
+    x = torch.randn(2, 16, 32)
+    mask = torch.zeros(2, 1, 16, 16).masked_fill(torch.rand(2, 1, 16, 16) > 0.8, -1e9)
+    mask[..., 0] = 0.0  # an additive mask, an input as Hugging Face's is
+    with pytest.warns(UserWarning, match="untuned default"):
+        net = compile_network_cuda(model, (x, mask), [], f"{TARGET} -precision=tf32",
+                                   device=EmulatorDevice)
+    ops = [net.part.task(s.key).compute.op for s in net.steps if s.key]
+    assert sorted(ops) == ["dense"] * 4 + ["matmul"] * 2 + ["softmax"]
+    with torch.no_grad():
+        want = model(x, mask)
+        with rounded_gemms("tf32"):
+            emulated = model(x, mask)
+    got = net(x, mask)
+    err = output_error(got, want)
+    assert 1e-5 < err <= net.checked_within
+    assert output_error(got, emulated) < err / 50
+
+
 def test_an_untuned_tensor_core_network_runs_small_blocks_and_times_its_phases(capsys):
     """Without records in tf32 every GEMM runs the rule's small-block tensor-core config
     for the arch's SMs (cuda.render.default_config), the network still matches the model
