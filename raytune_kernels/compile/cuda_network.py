@@ -436,11 +436,11 @@ def compile_network_cuda(model: torch.nn.Module,
     device, is faster. A task with no CUDA kernel at all is an error naming its layer,
     unless fallback="torch". With `check`, the output is compared with model(x)
     (difference <= atol of its scale; by default the bound of the target's precision for
-    this model, report.network_bound) and the first diverging step named. `device` is the executor class (default: CupyDevice on
-    the current GPU; tests pass an emulator): it times transforms and torch's kernels, and
-    runs the plan. With `graph` (and a device that can capture), every call replays the
-    whole network as one CUDA graph captured here; graph=False launches step by step (for
-    debugging and per-step profiling)."""
+    this model, report.network_bound) and the first diverging step named. `device` is the
+    executor class (default: CupyDevice on the current GPU; tests pass an emulator): it
+    times transforms and torch's kernels, and runs the plan. With `graph` (and a device
+    that can capture), every call replays the whole network as one CUDA graph captured
+    here; graph=False launches step by step (for debugging and per-step profiling)."""
     tgt = parse_target(target)
     if fallback not in (None, TORCH):
         raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
