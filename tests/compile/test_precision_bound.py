@@ -103,3 +103,20 @@ def test_the_tensor_core_bound_is_twice_what_the_rounding_costs_where_that_is_la
     assert why == f"twice the {cost:.3g} {precision}'s rounding of every GEMM operand " \
                   "gives this model"
     assert network_bound(model, (x,), "fp32") == (1e-3, "")
+
+
+def test_the_bf16_bound_is_twice_pytorchs_own_bf16_error_where_that_is_larger():
+    """A network can lose more to bf16 than a table can say (depth, cancellation): the
+    check allows twice what PyTorch's own bf16 run of the model loses, and says so."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 8, 8)
+    shallow = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1)).eval()
+    assert network_bound(shallow, (x,), "bf16") == (5e-2, "")
+    model = Cancelling().eval()
+    bound, why = network_bound(model, (x,), "bf16")
+    assert model.a.weight.dtype == torch.float32  # the user's model left as it was
+    with torch.no_grad():
+        want = model(x)
+        theirs = output_error(model.to(torch.bfloat16)(x.to(torch.bfloat16)).float(), want)
+    assert 2 * theirs > 5e-2 and bound == pytest.approx(2 * theirs)
+    assert f"twice the {theirs:.3g} PyTorch's own bf16" in why
