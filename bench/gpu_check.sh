@@ -25,11 +25,10 @@
 # and CUDA-graph baselines are set up once, each precision compiled from the records in
 # bench/results/<gpu>/ and checked, then all timed interleaved. Tuning (--tune-seconds,
 # resuming those records) goes to the precision with the fewest records, then the next,
-# as far as the model's share leaves time after RUN_FIXED_S and PRECISION_S a precision
-# (so that checks in turn tune each precision further): each
-# tuned precision costs TUNE_FIXED_S beyond its budget, and gets at least MIN_TUNE_S, or
-# is not tuned (--tune-precisions), so every check still reaches its timings and tunes a
-# little further. A task without a record runs its untuned default (with tensor cores,
+# as far as the model's share leaves time after RUN_FIXED_S and PRECISION_S a precision,
+# so that checks in turn tune each precision further: each tuned precision costs
+# TUNE_FIXED_S beyond its budget and gets at least MIN_TUNE_S, or is not tuned
+# (--tune-precisions), so every check still reaches its timings. A task without a record runs its untuned default (with tensor cores,
 # small blocks that fill the GPU), which a tuned task's first round measures first.
 # Each run is under `timeout` for its share less KILL_S, the grace its kill may take, so
 # the whole never passes 480 s; a run that ends early leaves its time to the next.
