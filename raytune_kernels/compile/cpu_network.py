@@ -37,7 +37,7 @@ from raytune_kernels.compile.choose import (TORCH, Solver, candidates_from_recor
                                             step_problem)
 from raytune_kernels.compile.cpu_plan import (Buf, Planner, Step, allocate, borders_wanted,
                                               transform_cost, transforms_asked)
-from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, network_bound,
+from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, held_to,
                                              output_error, random_inputs, scaled_error)
 from raytune_kernels.cpu.amx import precision_problem
 from raytune_kernels.cpu.probe import CHECK_CHILD, start_child, unusable_mcpu
@@ -559,11 +559,7 @@ def compile_network_cpu(model: torch.nn.Module,
         if agreed is not None:
             print(agreed.describe())
     if check:
-        why = ""
-        if atol is None:  # the target precision's bound (report.network_bound)
-            atol, why = network_bound(model, inputs, precision)
-        check_network(net, model, inputs, atol, why)
-        net.checked_within = atol
+        net.checked_within = check_network(net, model, inputs, atol, precision)
     return net
 
 
@@ -806,15 +802,18 @@ def _bindable(part: Partition, step: TaskStep, cand: Candidate) -> bool:
     return True
 
 
-def check_network(net: CompiledNetwork, model, inputs, atol: float, why: str = "") -> None:
-    """net(x) against model(x); on a mismatch, name the first step that diverges. `why`
-    says where the bound comes from, when it is not the table's or the caller's."""
+def check_network(net: CompiledNetwork, model, inputs, atol: float | None = None,
+                  precision: str = DEFAULT) -> float:
+    """net(x) against model(x), within `atol` of the output's scale or, without one, the
+    bound of `precision` for this model (report.held_to); on a mismatch, name the first
+    step that diverges. Returns the bound."""
     with torch.no_grad():
         want = model(*inputs)
         got = net(*inputs)
     err = output_error(got, want)
+    atol, why = held_to(err, model, inputs, precision, atol)
     if err <= atol:
-        return
+        return atol
     limit = f"{atol:.3g}: {why}" if why else f"{atol}"
     raise CompileError(f"compiled network differs from the model: error {err:.3g} of the "
                        f"output's scale (limit {limit}); "

@@ -43,7 +43,7 @@ from raytune_kernels.compile.cuda_plan import (NCHW, Const, GBuf, GpuPlan, GpuSt
                                                choose_layouts, physical_shape, plan_network,
                                                step_candidates, to_layout)
 from raytune_kernels.compile.artifact import graph_without_weights, save
-from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, network_bound,
+from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, held_to,
                                             output_error, random_inputs, scaled_error)
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import Partition, TaskStep, partition, run_steps
@@ -51,6 +51,7 @@ from raytune_kernels.tune.records import Record, best_per_task
 from raytune_kernels.measure import MeasureOptions, random_operands, rotating_copies
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
+from raytune_kernels.precision import DEFAULT
 from raytune_kernels.timing import TimingOptions, median, time_runs
 from raytune_kernels.cuda import device
 from raytune_kernels.cuda.device import torch_gpu_mode
@@ -371,16 +372,18 @@ class GpuNetwork(Reporting):
         return f"no single step diverges beyond {atol}; the error accumulates"
 
 
-def check_gpu_network(net: GpuNetwork, model, inputs, atol: float, why: str = "") -> None:
-    """net(x) against model(x) on the CPU; on a mismatch, name the first step whose value
-    diverges from the tasks' references. `why` says where the bound comes from, when it is
-    not the table's or the caller's."""
+def check_gpu_network(net: GpuNetwork, model, inputs, atol: float | None = None,
+                      precision: str = DEFAULT) -> float:
+    """net(x) against model(x) on the CPU, within `atol` of the output's scale or, without
+    one, the bound of `precision` for this model (report.held_to); on a mismatch, name the
+    first step whose value diverges from the tasks' references. Returns the bound."""
     with torch.no_grad():
         want = model(*inputs)
     got = net(*inputs)
     err = output_error(got, want)
+    atol, why = held_to(err, model, inputs, precision, atol)
     if err <= atol:
-        return
+        return atol
     limit = f"{atol:.3g}: {why}" if why else f"{atol}"
     raise CompileError(f"compiled GPU network differs from the model: error {err:.3g} of "
                        f"the output's scale (limit {limit}); "
@@ -436,7 +439,7 @@ def compile_network_cuda(model: torch.nn.Module,
     device, is faster. A task with no CUDA kernel at all is an error naming its layer,
     unless fallback="torch". With `check`, the output is compared with model(x)
     (difference <= atol of its scale; by default the bound of the target's precision for
-    this model, report.network_bound) and the first diverging step named. `device` is the
+    this model, report.held_to) and the first diverging step named. `device` is the
     executor class (default: CupyDevice on the current GPU; tests pass an emulator): it
     times transforms and torch's kernels, and runs the plan. With `graph` (and a device
     that can capture), every call replays the whole network as one CUDA graph captured
@@ -489,11 +492,7 @@ def compile_network_cuda(model: torch.nn.Module,
     net.examples = inputs
     clock.lap("load and capture" if graph else "load")
     if check:
-        why = ""
-        if atol is None:  # the target precision's bound (report.network_bound)
-            atol, why = network_bound(model, inputs, tgt.precision)
-        check_gpu_network(net, model, inputs, atol, why)
-        net.checked_within = atol
+        net.checked_within = check_gpu_network(net, model, inputs, atol, tgt.precision)
         clock.lap("check")
     net.compile_phases = dict(clock.seconds)
     if verbose:

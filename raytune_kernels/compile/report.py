@@ -80,6 +80,19 @@ def network_bound(model, inputs, precision: str) -> tuple[float, str]:
     return 2 * theirs, f"twice the {theirs:.3g} {how}"
 
 
+def held_to(err: float, model, inputs, precision: str,
+            atol: float | None = None) -> tuple[float, str]:
+    """The bound a network whose output is `err` off is checked within, and why: `atol`
+    where the caller gives one; else the precision's table where `err` is within it, and
+    only past it network_bound (which runs the model again, cast or rounded)."""
+    from raytune_kernels.precision import tolerance
+
+    if atol is not None:
+        return atol, ""
+    table = tolerance(precision).network
+    return (table, "") if err <= table else network_bound(model, inputs, precision)
+
+
 def rounded(x: torch.Tensor, precision: str) -> torch.Tensor:
     """x in float32, each value rounded as a tensor core's operand in `precision`: tf32
     to nearest with ties away from zero (cvt.rna), fp16 and bf16 to nearest even (cvt.rn;

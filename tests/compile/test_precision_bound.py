@@ -120,3 +120,20 @@ def test_the_bf16_bound_is_twice_pytorchs_own_bf16_error_where_that_is_larger():
         theirs = output_error(model.to(torch.bfloat16)(x.to(torch.bfloat16)).float(), want)
     assert 2 * theirs > 5e-2 and bound == pytest.approx(2 * theirs)
     assert f"twice the {theirs:.3g} PyTorch's own bf16" in why
+
+
+def test_the_models_own_bound_is_worked_out_only_past_the_table(monkeypatch):
+    """A check runs the model again (cast or rounded) only where the table's bound does
+    not hold: most networks are within it."""
+    from raytune_kernels.compile import report
+
+    calls = []
+    monkeypatch.setattr(report, "network_bound",
+                        lambda *a: calls.append(a) or (0.5, "the model's own"))
+    model, x = Cancelling().eval(), (torch.randn(1, 16, 8, 8),)
+    assert report.held_to(0.004, model, x, "tf32") == (1e-2, "") and not calls
+    assert report.held_to(0.02, model, x, "tf32") == (0.5, "the model's own")
+    assert len(calls) == 1 and calls[0][2] == "tf32"
+    assert report.held_to(math.nan, model, x, "bf16") == (0.5, "the model's own")
+    assert report.held_to(0.02, model, x, "tf32", atol=1e-3) == (1e-3, "")
+    assert len(calls) == 2
