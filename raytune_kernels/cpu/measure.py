@@ -19,26 +19,11 @@ from raytune_kernels.cpu.build import host_fault
 from raytune_kernels.cpu.kernel import prepare
 from raytune_kernels.cpu.schedules import lower, unpack
 from raytune_kernels.measure import (HOST_ERROR, RUNTIME_ERROR, MeasureOptions, MeasureResult,
-                                     check_output, operands_and_reference, rotating_copies)
+                                     check_output, last_task_operands, rotating_copies)
 from raytune_kernels.precision import tolerance
 from raytune_kernels.space import Config
 from raytune_kernels.task import Compute
 from raytune_kernels.timing import time_fn
-
-
-_LAST_TASK: dict = {}  # (compute, seed) -> operands_and_reference, for one task
-
-
-def _last_task_operands(compute: Compute, seed: int):
-    """operands_and_reference, kept for the task measured last: a round measures one
-    task's candidates one after another on the same draws, and computing the reference
-    took 5-12 ms of each ~110 ms measurement of a ResNet-18 conv at 1 thread. Kernels never
-    write the operands (they run on packed, aligned copies)."""
-    key = (compute, seed)
-    if key not in _LAST_TASK:
-        _LAST_TASK.clear()
-        _LAST_TASK[key] = operands_and_reference(compute, seed)
-    return _LAST_TASK[key]
 
 
 @dataclass
@@ -77,7 +62,7 @@ def measure_built(compute: Compute, cfg: Config, library: bytes, opts: MeasureOp
     start = time.perf_counter()
     try:
         nest = lower(compute, cfg)
-        ops, expected = _last_task_operands(compute, opts.seed)
+        ops, expected = last_task_operands(compute, opts.seed)
         prep = prepare(compute, cfg, nest, library, ops, opts.threads)
         prep.run()
         got = unpack(compute, cfg, prep.buffers["out"])

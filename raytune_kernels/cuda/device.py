@@ -126,23 +126,45 @@ def event_timer(launch, cp):
     return run
 
 
-def graph_timer(capture: Callable[[int], Callable[[], object]], cp):
-    """run(number): seconds for `number` calls replayed from one CUDA graph, by CUDA events
-    on the current stream. `capture(number)` records the calls once and returns a replay
-    (launch_graph for cupy kernels, torch_timing.graphed_capture for torch work); each
-    number asked gets its own graph, kept for the timer's life. A compiled network replays
-    its steps from one graph (compile/cuda_network.py), with no host work between kernels;
-    timed in a loop of launches from Python instead, a kernel shorter than the host's time
-    to issue a launch (several microseconds) would measure that rate, not itself."""
+# launches one captured graph holds: a longer run replays it, so a candidate's timing
+# captures a few hundred launches rather than every launch of every repeat's length (a
+# cupy launch costs the host microseconds to capture, and ~1200 were captured for a
+# 10 us kernel's 10 ms repeats); at least the most rotating copies (measure.rotating_copies)
+GRAPH_UNIT = 256
+
+
+def cycle_unit(copies: int, unit: int = GRAPH_UNIT) -> int:
+    """The graph length for launches that cycle through `copies` buffers: a whole number
+    of cycles, so that replaying it back to back reads each copy `copies` launches after
+    its last read, as one long capture would."""
+    return copies * max(1, unit // copies)
+
+
+def graph_timer(capture: Callable[[int], Callable[[], object]], cp, unit: int = GRAPH_UNIT):
+    """run(number): seconds for `number` calls replayed from CUDA graphs, by CUDA events
+    on the current stream. `capture(n)` records n calls once and returns a replay
+    (launch_graph for cupy kernels, torch_timing.graphed_capture for torch work); `number`
+    calls are number // unit replays of one graph of `unit` calls, then one graph of the
+    rest, each graph captured once for the timer's life and enqueued back to back (a
+    replay of `unit` kernels outlasts the host's enqueue of the next). A compiled network
+    replays its steps from one graph (compile/cuda_network.py), with no host work between
+    kernels; timed in a loop of launches from Python instead, a kernel shorter than the
+    host's time to issue a launch (several microseconds) would measure that rate, not
+    itself."""
     graphs: dict[int, Callable[[], object]] = {}
     start, end = cp.cuda.Event(), cp.cuda.Event()
 
+    def graph(n: int) -> Callable[[], object]:
+        if n not in graphs:
+            graphs[n] = capture(n)
+        return graphs[n]
+
     def run(number: int) -> float:
-        if number not in graphs:
-            graphs[number] = capture(number)
-        replay = graphs[number]
+        whole, rest = divmod(number, unit)
+        replays = [graph(unit)] * whole + ([graph(rest)] if rest else [])
         start.record()
-        replay()
+        for replay in replays:
+            replay()
         end.record()
         end.synchronize()
         return cp.cuda.get_elapsed_time(start, end) / 1e3

@@ -7,12 +7,14 @@ when torch has CUDA, with TF32 off so the reference is true float32; on the CPU 
 before any time counts; then warm-up, `number` grown until one repeat lasts
 min_repeat_ms, several repeats timed with CUDA events, and with flush_cache the L2 is
 flushed before each repeat by writing a buffer twice its size. A repeat replays its
-`number` launches from one CUDA graph, as a compiled network replays its kernels
-(cuda/device.graph_timer): a kernel shorter than the host's time to issue a launch is
-timed as it runs there, not at the launch rate of a loop in Python. With cold_weights a
-conv's or dense's launches read their weights from rotating copies that together cover
-twice the L2, as a network reads every layer's weights from memory (the L2 flush alone
-makes only a repeat's first launch cold).
+`number` launches from CUDA graphs of a few hundred launches each, back to back, as a
+compiled network replays its kernels (cuda/device.graph_timer): a kernel shorter than the
+host's time to issue a launch is timed as it runs there, not at the launch rate of a loop
+in Python. With cold_weights a conv's or dense's launches read their weights from
+rotating copies that together cover twice the L2, as a network reads every layer's
+weights from memory (the L2 flush alone makes only a repeat's first launch cold); a graph
+holds whole cycles of the copies. The operands and the reference are drawn once for the
+task measured last (measure.last_task_operands), as on a CPU.
 
 A kernel that faults (illegal address, misaligned access, ...) leaves the CUDA context
 unusable for the rest of the process: that comes back as CRASHED with `poisoned` in the
@@ -31,7 +33,7 @@ from raytune_kernels.cuda.render import config_precision, render_cuda
 from raytune_kernels.precision import tolerance
 from raytune_kernels.space import Config
 from raytune_kernels.measure import (CRASHED, RUNTIME_ERROR, MeasureOptions, MeasureResult,
-                                     check_output, operands_and_reference, rotating_copies)
+                                     check_output, last_task_operands, rotating_copies)
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.task import Compute
 from raytune_kernels.timing import time_runs
@@ -71,8 +73,8 @@ def measure_built_gpu(compute: Compute, cfg: Config, binary: bytes, opts: Measur
                                    f"({cuda_device.gpu_count()} visible)", build_s)
     try:
         cp = cuda_device.cupy()
-        ops, expected = operands_and_reference(compute, opts.seed,
-                                               lambda xs: gpu_reference(compute, xs))
+        ops, expected = last_task_operands(compute, opts.seed, "gpu",
+                                           lambda xs: gpu_reference(compute, xs))
         with cp.cuda.Device(device):
             kernel = render_cuda(compute, cfg)
             loaded = LoadedCudaKernel(binary, kernel.name)
@@ -90,12 +92,13 @@ def measure_built_gpu(compute: Compute, cfg: Config, binary: bytes, opts: Measur
             for _ in range(opts.warmup):
                 launch()
             flush = cuda_device.l2_flusher(cp) if opts.flush_cache else None
-            run = launch
+            run, unit = launch, cuda_device.GRAPH_UNIT
             if opts.cold_weights and compute.op in ("conv2d", "dense"):
                 weights = launch.buffers[1]
-                run = launch.rotating(1, rotating_copies(weights.nbytes,
-                                                         2 * cuda_device.l2_bytes(cp)))
-            timer = cuda_device.graph_timer(cuda_device.launch_graph(run, cp), cp)
+                copies = rotating_copies(weights.nbytes, 2 * cuda_device.l2_bytes(cp))
+                run = launch.rotating(1, copies)
+                unit = cuda_device.cycle_unit(copies)
+            timer = cuda_device.graph_timer(cuda_device.launch_graph(run, cp), cp, unit)
             times = time_runs(timer, opts.timing(), flush)
     except Exception as exc:
         return failed(exc)

@@ -141,16 +141,19 @@ def test_rotating_copies_are_aligned_and_lent_to_one_run_at_a_time(dense_task):
 
 
 def test_a_round_of_one_task_draws_its_operands_and_reference_once(dense_task):
-    from raytune_kernels.cpu.measure import _last_task_operands
-    from raytune_kernels.measure import operands_and_reference
+    from raytune_kernels.measure import last_task_operands, operands_and_reference
 
-    ops, expected = _last_task_operands(dense_task.compute, 0)
-    again = _last_task_operands(dense_task.compute, 0)
+    ops, expected = last_task_operands(dense_task.compute, 0)
+    again = last_task_operands(dense_task.compute, 0)
     assert again[0] is ops and again[1] is expected
     fresh = operands_and_reference(dense_task.compute, 0)
     assert all(torch.equal(a, b) for a, b in zip(ops, fresh[0]))
     assert torch.equal(expected, fresh[1])
-    assert _last_task_operands(dense_task.compute, 1)[1] is not expected  # another seed
+    assert last_task_operands(dense_task.compute, 1)[1] is not expected  # another seed
+    # another reference function never shares the draws' result
+    other = last_task_operands(dense_task.compute, 0, "gpu", lambda xs: xs[0].sum())
+    assert other[1].numel() == 1 and last_task_operands(dense_task.compute, 0)[1] is not \
+        other[1]
 
 
 def test_a_task_undefined_on_random_signs_is_checked_on_positive_draws():

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import raytune_kernels as rk
+from raytune_kernels import measure
 from raytune_kernels.cuda import device
 from raytune_kernels.cuda import measure as measure_gpu
 from tests.support import cuda_emulate
@@ -89,6 +90,47 @@ def test_time_runs_grows_number_and_flushes_before_each_repeat():
     assert times == pytest.approx([1e-4] * 4)
     assert calls[-1] * 1e-4 * 1e3 >= 5 and calls[0] == 1 and len(set(calls[-4:])) == 1
     assert flushes == [len(calls) - 4, len(calls) - 3, len(calls) - 2, len(calls) - 1]
+
+
+def test_graph_timer_replays_graphs_of_a_unit_and_the_rest():
+    """number calls are number // unit replays of one captured graph and one graph of the
+    rest: each length captured once, however many repeats ask for it, and exactly
+    `number` calls run."""
+    captured, ran = [], []
+
+    def capture(n):
+        captured.append(n)
+        return lambda: ran.append(n)
+    clock = types.SimpleNamespace(t=0.0)
+
+    class Event:
+        def record(self, stream=None):
+            self.t = clock.t + 1e-6 * sum(ran)  # a fake GPU: 1 us a call
+
+        def synchronize(self):
+            pass
+    cp = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=Event, get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3))
+    run = device.graph_timer(capture, cp, unit=64)
+    assert run(1000) == pytest.approx(1000e-6) and sum(ran) == 1000
+    assert sorted(captured) == [1000 % 64, 64]
+    ran.clear()
+    assert run(1000) == pytest.approx(1000e-6) and run(64) == pytest.approx(64e-6)
+    assert run(5) == pytest.approx(5e-6) and sorted(captured) == [5, 1000 % 64, 64]
+    assert ran.count(64) == 1000 // 64 + 1  # the second run(1000), then run(64)
+
+
+def test_a_graph_of_rotating_copies_holds_whole_cycles():
+    """Replayed back to back, a graph of whole cycles reads each copy as many launches
+    after its last read as there are copies, across the seam between two replays."""
+    for copies in (2, 3, 7, 11, 100, 200, 255, 256):
+        unit = device.cycle_unit(copies)
+        assert unit % copies == 0 and copies <= unit <= max(copies, device.GRAPH_UNIT)
+        seq = [i % copies for i in range(unit)] * 2  # two replays
+        last = {}
+        for i, c in enumerate(seq):
+            assert c not in last or i - last[c] == copies
+            last[c] = i
 
 
 class _FakeCupy:
@@ -198,7 +240,11 @@ needs_cxx = pytest.mark.skipif(cuda_emulate.compiler() is None, reason="no C++ c
 def test_measurement_flow_on_the_emulated_device(monkeypatch):
     """measure_built_gpu end to end with the emulator standing in for cupy and the GPU:
     check before timing, warm-up, repeats, L2 flushes; wrong and faulting kernels."""
-    flushes = []
+    flushes, references = [], []
+    monkeypatch.setattr(measure, "_LAST_TASK", {})
+    real_reference = measure_gpu.gpu_reference
+    monkeypatch.setattr(measure_gpu, "gpu_reference",
+                        lambda c, xs: (references.append(1), real_reference(c, xs))[1])
     real = device.l2_flusher
     monkeypatch.setattr(device, "l2_flusher",
                         lambda cp: (lambda f: lambda: (flushes.append(1), f()))(real(cp)))
@@ -221,6 +267,7 @@ def test_measurement_flow_on_the_emulated_device(monkeypatch):
         else:
             assert result.times == () and fake.launches == 1
     assert device.POISONED in result.error_msg and device.device_arch() == "sm_90"
+    assert references == [1]  # three candidates of one task: its operands drawn once
     # cold weights: the dense's launches cycle through copies covering twice the L2
     fake = _FakeCupy()
     monkeypatch.setattr(device, "cupy", lambda: fake)
@@ -306,7 +353,11 @@ def test_a_cubin_without_the_kernel_is_a_runtime_error(gpu):
 
 
 def test_l2_is_flushed_before_each_repeat(gpu, monkeypatch):
-    flushes = []
+    flushes, references = [], []
+    monkeypatch.setattr(measure, "_LAST_TASK", {})
+    real_reference = measure_gpu.gpu_reference
+    monkeypatch.setattr(measure_gpu, "gpu_reference",
+                        lambda c, xs: (references.append(1), real_reference(c, xs))[1])
     real = device.l2_flusher
 
     def counting(cp):
