@@ -12,9 +12,12 @@ Shared memory holds float32 operands as they are in global memory; each fragment
 by the PTX ISA's layout for its instruction and rounded to the precision as it is read
 (cvt.rna.tf32.f32, cvt.rn.f16x2.f32, cvt.rn.bf16x2.f32). So the buffers, their packing and
 their layouts are those of the FFMA kernels (cuda/gemm.py), and one network mixes both
-freely. An operand whose contiguous axis is k is stored [x][bk + 4]: the 8 rows x 4 k of
-a fragment read fall in 32 distinct banks; one contiguous along x is stored [k][bx + 8],
-where 4 k x 8 columns do. Rows stay 16-byte aligned for cp.async's 16-byte copies.
+freely. An operand whose contiguous axis is k is stored [x][bk + pad], one contiguous
+along x [k][bx + pad], each row padded (_pad) so that a warp's fragment loads touch every
+bank once: 8 rows x 4 k in tf32 (pad 4 along k), and in fp16/bf16, whose registers pair
+consecutive k, the pair read as one 8-byte load where k is contiguous (two 4-byte loads
+at an even stride share banks two ways, whatever the padding). Rows stay 16-byte aligned
+for cp.async's 16-byte copies.
 
 Split-K (`split` > 1, cuda/split_k.py) cuts the reduction into ranges of whole slices,
 one block each, for the small grids of a batch-1 network's late layers.
@@ -99,18 +102,64 @@ template <int N> __device__ __forceinline__ void rk_cp_async_wait() {
 """
 
 
-def _pad(contig: str) -> int:
-    return 4 if contig == "k" else 8
+# bank conflicts a warp's fragment reads may have: the model of _conflicts (32 banks of
+# 4 bytes; an 8-byte read served per half-warp), row paddings tried in order
+PADS = tuple(range(4, 36, 4))
 
 
-def _slice_floats(contig: str, bk: int, bx: int) -> int:
-    """Floats of one stage of an operand's bk x bx slice, padded (module docstring)."""
-    return bx * (bk + 4) if contig == "k" else bk * (bx + 8)
+def _pairs(precision: str, contig: str) -> bool:
+    """Whether a fragment register's two values are read as one 8-byte load: fp16/bf16
+    pair consecutive k in a register, consecutive in memory where k is contiguous."""
+    return precision != "tf32" and contig == "k"
 
 
-def smem_bytes(view, bm: int, bn: int, bk: int, stages: int) -> int:
-    return 4 * stages * (_slice_floats(view.a_contig, bk, bm) +
-                         _slice_floats(view.b_contig, bk, bn))
+def _fragment_words(precision: str, contig: str, stride: int) -> list[list[int]]:
+    """The float offsets a warp's 32 lanes read, one list per load of a fragment register
+    (PTX ISA layouts, g = lane / 4, t = lane % 4): row or column g at reduction index t
+    (tf32) or 2t and 2t + 1 (fp16/bf16). An operand contiguous along k is stored
+    [x][stride], one along x [k][stride]; the warp's own offsets (its tile, the k-step) add
+    the same to every lane and leave the banks' conflicts as they are."""
+    lanes = [(lane >> 2, lane & 3) for lane in range(32)]
+    ks = (0,) if precision == "tf32" else (0, 1)
+    scale = 1 if precision == "tf32" else 2
+    if contig == "k":
+        return [[g * stride + scale * t + d for g, t in lanes] for d in ks]
+    return [[(scale * t + d) * stride + g for g, t in lanes] for d in ks]
+
+
+def _conflicts(precision: str, contig: str, stride: int) -> int:
+    """The most 4-byte words of one bank a fragment load of the warp reads (1: none): its
+    32-bit loads as one request of 32 lanes, its 8-byte pair loads (_pairs) as two of 16."""
+    def worst(words: list[int], bank) -> int:
+        banks: dict[int, set[int]] = {}
+        for w in words:
+            banks.setdefault(bank(w), set()).add(w)
+        return max(len(v) for v in banks.values())
+    if _pairs(precision, contig):
+        first = _fragment_words(precision, contig, stride)[0]
+        return max(worst(half, lambda w: (w // 2) % 16) for half in (first[:16], first[16:]))
+    return max(worst(words, lambda w: w % 32)
+               for words in _fragment_words(precision, contig, stride))
+
+
+def _pad(precision: str, contig: str, bk: int, bx: int) -> int:
+    """Floats past each shared-memory row of an operand's slice ([x][bk] or [k][bx]): the
+    fewest, in whole 16-byte units (cp.async's 16-byte copies land aligned), whose rows
+    spread the warp's fragment reads over the banks without conflict; the least conflicted
+    where none does."""
+    row = bk if contig == "k" else bx
+    return min(PADS, key=lambda p: (_conflicts(precision, contig, row + p), p))
+
+
+def _slice_floats(precision: str, contig: str, bk: int, bx: int) -> int:
+    """Floats of one stage of an operand's bk x bx slice, padded (_pad)."""
+    pad = _pad(precision, contig, bk, bx)
+    return bx * (bk + pad) if contig == "k" else bk * (bx + pad)
+
+
+def smem_bytes(view, precision: str, bm: int, bn: int, bk: int, stages: int) -> int:
+    return 4 * stages * (_slice_floats(precision, view.a_contig, bk, bm) +
+                         _slice_floats(precision, view.b_contig, bk, bn))
 
 
 def _copy_widths(legal: bool, contig: str, tile_x: int) -> tuple[int, ...]:
@@ -141,7 +190,8 @@ def mma_space(view, precision: str) -> Space:
                     for stages in (1, 2, 3):
                         if (stages, bk, K_STEP[precision]) == (2, 16, 16):
                             continue  # ptxas (NVRTC 13) spilled 5 in 405 zoo samples
-                        if smem_bytes(view, bm, bn, bk, stages) <= MAX_SMEM_STATIC:
+                        if smem_bytes(view, precision, bm, bn, bk, stages) <= \
+                                MAX_SMEM_STATIC:
                             combos += [(wm, wn, warps_m, warps_n, bk, stages, va, vb, sp)
                                        for sp in split_k.splits(view, bm, bn, bk)]
     if not combos:
@@ -199,29 +249,35 @@ def _fragments(view, precision: str, mt: int, nt: int) -> list[str]:
     def a(r: str, k: str) -> str:
         return _at("As", view.a_contig, k, r)
 
-    def b(k: str, c: str) -> str:
+    def b(c: str, k: str) -> str:
         return _at("Bs", view.b_contig, k, c)
     if precision == "tf32":
-        af = [a("r", "ks + t"), a("r + 8", "ks + t"), a("r", "ks + t + 4"),
-              a("r + 8", "ks + t + 4")]
-        bf = [b("ks + t", "c"), b("ks + t + 4", "c")]
-        a_regs = [f"rk_tf32({v})" for v in af]
-        b_regs = [f"rk_tf32({v})" for v in bf]
+        a_regs = [f"rk_tf32({a(r, k)})" for r, k in (("r", "ks + t"), ("r + 8", "ks + t"),
+                                                      ("r", "ks + t + 4"),
+                                                      ("r + 8", "ks + t + 4"))]
+        b_regs = [f"rk_tf32({b('c', k)})" for k in ("ks + t", "ks + t + 4")]
+        a_stmts = [f"af[i][{q}] = {v};" for q, v in enumerate(a_regs)]
+        b_stmts = [f"bf[j][{q}] = {v};" for q, v in enumerate(b_regs)]
     else:
         pack = "rk_f16x2" if precision == "fp16" else "rk_bf16x2"
 
-        def two(f, row: str, k: str) -> str:
-            return f"{pack}({f(row, k)}, {f(row, k + ' + 1')})"
-        a_regs = [two(a, "r", "ks + 2 * t"), two(a, "r + 8", "ks + 2 * t"),
-                  two(a, "r", "ks + 2 * t + 8"), two(a, "r + 8", "ks + 2 * t + 8")]
-        b_regs = [f"{pack}({b('ks + 2 * t', 'c')}, {b('ks + 2 * t + 1', 'c')})",
-                  f"{pack}({b('ks + 2 * t + 8', 'c')}, {b('ks + 2 * t + 9', 'c')})"]
+        def pair(reg: str, at, contig: str, x: str, k: str) -> str:
+            """`reg` = the values at k and k + 1 packed, read as one 8-byte load where
+            they are adjacent in memory (_pairs), else as two."""
+            if _pairs(precision, contig):
+                return (f"{{ const float2 p = *reinterpret_cast<const float2*>(&{at(x, k)}); "
+                        f"{reg} = {pack}(p.x, p.y); }}")
+            return f"{reg} = {pack}({at(x, k)}, {at(x, k + ' + 1')});"
+        a_stmts = [pair(f"af[i][{q}]", a, view.a_contig, r, k) for q, (r, k) in enumerate(
+            (("r", "ks + 2 * t"), ("r + 8", "ks + 2 * t"), ("r", "ks + 2 * t + 8"),
+             ("r + 8", "ks + 2 * t + 8")))]
+        b_stmts = [pair(f"bf[j][{q}]", b, view.b_contig, "c", k)
+                   for q, k in enumerate(("ks + 2 * t", "ks + 2 * t + 8"))]
     lines = [f"unsigned af[{mt}][4], bf[{nt}][2];", "#pragma unroll",
              f"for (int i = 0; i < {mt}; ++i) {{", "const int r = wr + i * 16 + g;"]
-    lines += [f"af[i][{q}] = {v};" for q, v in enumerate(a_regs)] + ["}"]
-    lines += ["#pragma unroll", f"for (int j = 0; j < {nt}; ++j) {{",
-              "const int c = wc + j * 8 + g;"]
-    lines += [f"bf[j][{q}] = {v};" for q, v in enumerate(b_regs)] + ["}"]
+    lines += a_stmts + ["}", "#pragma unroll", f"for (int j = 0; j < {nt}; ++j) {{",
+                        "const int c = wc + j * 8 + g;"]
+    lines += b_stmts + ["}"]
     lines += ["#pragma unroll", f"for (int i = 0; i < {mt}; ++i)", "#pragma unroll",
               f"for (int j = 0; j < {nt}; ++j) rk_mma_{precision}(acc[i][j], af[i], bf[j]);"]
     return lines
@@ -246,8 +302,9 @@ def render_mma(compute: Compute, view, cfg: Config) -> CudaKernel:
     precision, split = cfg["precision"], cfg["split"]
     bm, bn, threads = wm * warps_m, wn * warps_n, 32 * warps_m * warps_n
     mt, nt = wm // 16, wn // 8
-    ka, kb = ((bm, bk + 4) if view.a_contig == "k" else (bk, bm + 8)), \
-        ((bn, bk + 4) if view.b_contig == "k" else (bk, bn + 8))
+    pa, pb = _pad(precision, view.a_contig, bk, bm), _pad(precision, view.b_contig, bk, bn)
+    ka, kb = ((bm, bk + pa) if view.a_contig == "k" else (bk, bm + pa)), \
+        ((bn, bk + pb) if view.b_contig == "k" else (bk, bn + pb))
     body = [f"__shared__ __align__(16) float As[{stages}][{ka[0]}][{ka[1]}];",
             f"__shared__ __align__(16) float Bs[{stages}][{kb[0]}][{kb[1]}];",
             "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
