@@ -48,7 +48,7 @@ from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, held
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import Partition, TaskStep, partition, run_steps
 from raytune_kernels.tune.records import Record, best_per_task
-from raytune_kernels.measure import MeasureOptions, random_operands, rotating_copies
+from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
 from raytune_kernels.precision import DEFAULT
@@ -335,7 +335,7 @@ class GpuNetwork(Reporting):
                 self.part.task(s.key).compute.op not in ("conv2d", "dense"):
             return None
         weights = self.device.constant(s.operands[1])
-        copies = rotating_copies(weights.numel() * 4, 2 * self.device.cache_bytes())
+        copies = device.weight_copies(weights.numel() * 4, self.device.cache_bytes())
         return self.device.kernel_call(s, copies)
 
     def _time(self, fn: Callable[[], object], opts: TimingOptions) -> float:

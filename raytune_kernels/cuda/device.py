@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from raytune_kernels.cuda.kernel import CudaKernel
+from raytune_kernels.measure import rotating_copies
 
 
 def has_cupy() -> bool:
@@ -129,15 +130,18 @@ def event_timer(launch, cp):
 # launches one captured graph holds: a longer run replays it, so a candidate's timing
 # captures a few hundred launches rather than every launch of every repeat's length (a
 # cupy launch costs the host microseconds to capture, and ~1200 were captured for a
-# 10 us kernel's 10 ms repeats); at least the most rotating copies (measure.rotating_copies)
+# 10 us kernel's 10 ms repeats); a multiple of every count of weight copies (weight_copies)
 GRAPH_UNIT = 256
 
 
-def cycle_unit(copies: int, unit: int = GRAPH_UNIT) -> int:
-    """The graph length for launches that cycle through `copies` buffers: a whole number
-    of cycles, so that replaying it back to back reads each copy `copies` launches after
-    its last read, as one long capture would."""
-    return copies * max(1, unit // copies)
+def weight_copies(nbytes: int, cache_bytes: int) -> int:
+    """How many rotating copies of a kernel's weights of `nbytes` its cold launches cycle
+    through on a GPU: measure.rotating_copies' (together at least twice the cache, at most
+    256) rounded up to a power of two, so that a graph of GRAPH_UNIT launches holds whole
+    cycles and, replayed back to back, reads each copy as long after its last read as any
+    other."""
+    copies = rotating_copies(nbytes, 2 * cache_bytes)
+    return min(GRAPH_UNIT, 1 << (copies - 1).bit_length())
 
 
 def graph_timer(capture: Callable[[int], Callable[[], object]], cp, unit: int = GRAPH_UNIT):

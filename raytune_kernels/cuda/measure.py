@@ -11,9 +11,9 @@ flushed before each repeat by writing a buffer twice its size. A repeat replays 
 compiled network replays its kernels (cuda/device.graph_timer): a kernel shorter than the
 host's time to issue a launch is timed as it runs there, not at the launch rate of a loop
 in Python. With cold_weights a conv's or dense's launches read their weights from
-rotating copies that together cover twice the L2, as a network reads every layer's
-weights from memory (the L2 flush alone makes only a repeat's first launch cold); a graph
-holds whole cycles of the copies. The operands and the reference are drawn once for the
+rotating copies that together cover twice the L2 (device.weight_copies), as a network reads
+every layer's weights from memory (the L2 flush alone makes only a repeat's first launch
+cold); a graph holds whole cycles of the copies. The operands and the reference are drawn once for the
 task measured last (measure.last_task_operands), as on a CPU.
 
 A kernel that faults (illegal address, misaligned access, ...) leaves the CUDA context
@@ -33,7 +33,7 @@ from raytune_kernels.cuda.render import config_precision, render_cuda
 from raytune_kernels.precision import tolerance
 from raytune_kernels.space import Config
 from raytune_kernels.measure import (CRASHED, RUNTIME_ERROR, MeasureOptions, MeasureResult,
-                                     check_output, last_task_operands, rotating_copies)
+                                     check_output, last_task_operands)
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.task import Compute
 from raytune_kernels.timing import time_runs
@@ -92,13 +92,12 @@ def measure_built_gpu(compute: Compute, cfg: Config, binary: bytes, opts: Measur
             for _ in range(opts.warmup):
                 launch()
             flush = cuda_device.l2_flusher(cp) if opts.flush_cache else None
-            run, unit = launch, cuda_device.GRAPH_UNIT
+            run = launch
             if opts.cold_weights and compute.op in ("conv2d", "dense"):
                 weights = launch.buffers[1]
-                copies = rotating_copies(weights.nbytes, 2 * cuda_device.l2_bytes(cp))
-                run = launch.rotating(1, copies)
-                unit = cuda_device.cycle_unit(copies)
-            timer = cuda_device.graph_timer(cuda_device.launch_graph(run, cp), cp, unit)
+                run = launch.rotating(1, cuda_device.weight_copies(
+                    weights.nbytes, cuda_device.l2_bytes(cp)))
+            timer = cuda_device.graph_timer(cuda_device.launch_graph(run, cp), cp)
             times = time_runs(timer, opts.timing(), flush)
     except Exception as exc:
         return failed(exc)

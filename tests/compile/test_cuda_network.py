@@ -318,7 +318,7 @@ def test_a_step_alone_reads_its_weights_from_rotating_copies(net):
     """profile()'s conv and dense steps: each launch reads the next copy of its weights
     (copies covering twice the device's L2, as the records were timed) and computes what
     the network's own launch does; the pool has no weights and is launched as it is."""
-    from raytune_kernels.measure import rotating_copies
+    from raytune_kernels.cuda.device import weight_copies
     net(*net.random_inputs())
     for s, call in zip(net.steps, net._calls):
         cold = net._cold(s)
@@ -326,8 +326,8 @@ def test_a_step_alone_reads_its_weights_from_rotating_copies(net):
             assert cold is None
             continue
         weights = net.device.constant(s.operands[1])
-        copies = rotating_copies(weights.numel() * 4, 2 * net.device.cache_bytes())
-        assert copies >= 2
+        copies = weight_copies(weights.numel() * 4, net.device.cache_bytes())
+        assert copies >= 2 and copies * weights.numel() * 4 >= 2 * net.device.cache_bytes()
         call()
         want = net.device.tensor(s.out).clone()
         net.device.weight_copies_read.clear()

@@ -120,13 +120,17 @@ def test_graph_timer_replays_graphs_of_a_unit_and_the_rest():
     assert ran.count(64) == 1000 // 64 + 1  # the second run(1000), then run(64)
 
 
-def test_a_graph_of_rotating_copies_holds_whole_cycles():
-    """Replayed back to back, a graph of whole cycles reads each copy as many launches
-    after its last read as there are copies, across the seam between two replays."""
-    for copies in (2, 3, 7, 11, 100, 200, 255, 256):
-        unit = device.cycle_unit(copies)
-        assert unit % copies == 0 and copies <= unit <= max(copies, device.GRAPH_UNIT)
-        seq = [i % copies for i in range(unit)] * 2  # two replays
+def test_weight_copies_cover_twice_the_cache_in_whole_cycles_of_a_graph():
+    """A GPU's rotating weight copies: together at least twice the L2 (or the most, 256),
+    a power of two, so a graph of GRAPH_UNIT launches cycling through them, replayed back
+    to back, reads every copy exactly `copies` launches after its last read."""
+    l2 = 50 << 20
+    for nbytes in (4, 37 << 10, 1 << 20, 2359296, 9437184, 30 << 20, 200 << 20):
+        copies = device.weight_copies(nbytes, l2)
+        assert copies & (copies - 1) == 0 and device.GRAPH_UNIT % copies == 0
+        assert copies * nbytes >= 2 * l2 or copies == 256
+        assert copies >= rotating_copies(nbytes, 2 * l2)
+        seq = [i % copies for i in range(device.GRAPH_UNIT)] * 2  # two replays
         last = {}
         for i, c in enumerate(seq):
             assert c not in last or i - last[c] == copies
@@ -273,7 +277,7 @@ def test_measurement_flow_on_the_emulated_device(monkeypatch):
     monkeypatch.setattr(device, "cupy", lambda: fake)
     cold = MeasureOptions(warmup=2, min_repeat_ms=0.5, repeats=3, cold_weights=True)
     assert measure_gpu.measure_built_gpu(c, cfg, source.encode(), cold).ok
-    copies = rotating_copies(c.inputs[1].numel * 4, 2 * fake.cuda.Device.attributes["L2CacheSize"])
+    copies = device.weight_copies(c.inputs[1].numel * 4, fake.cuda.Device.attributes["L2CacheSize"])
     assert copies > 2 and len(fake.weights) == copies
 
 
