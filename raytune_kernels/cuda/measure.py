@@ -77,7 +77,9 @@ def measure_built_gpu(compute: Compute, cfg: Config, binary: bytes, opts: Measur
                                            lambda xs: gpu_reference(compute, xs))
         with cp.cuda.Device(device):
             kernel = render_cuda(compute, cfg)
+            loading = time.perf_counter()
             loaded = LoadedCudaKernel(binary, kernel.name)
+            load_s = time.perf_counter() - loading
             launch = Launch(kernel, loaded, cuda_pack(compute, ops, cfg))
             launch()
             cp.cuda.Device(device).synchronize()
@@ -85,8 +87,10 @@ def measure_built_gpu(compute: Compute, cfg: Config, binary: bytes, opts: Measur
     except Exception as exc:  # a broken candidate is data, not a crash of the measurer
         return failed(exc)
     verdict = check_output(got, expected, checked_as(cfg, opts))
+    checked = time.perf_counter()
+    checking = (("load", load_s), ("check", checked - start - load_s))
     if verdict is not None:
-        return MeasureResult.error(*verdict, build_s, time.perf_counter() - start)
+        return MeasureResult.error(*verdict, build_s, checked - start, checking)
     try:
         with cp.cuda.Device(device):
             for _ in range(opts.warmup):
@@ -101,4 +105,6 @@ def measure_built_gpu(compute: Compute, cfg: Config, binary: bytes, opts: Measur
             times = time_runs(timer, opts.timing(), flush)
     except Exception as exc:
         return failed(exc)
-    return MeasureResult(tuple(times), None, "", build_s, time.perf_counter() - start)
+    end = time.perf_counter()
+    return MeasureResult(tuple(times), None, "", build_s, end - start,
+                         checking + (("timing", end - checked),))

@@ -21,8 +21,8 @@ from tests.support import cuda_emulate
 from raytune_kernels.cuda.build import build_cuda, compile_cuda
 from raytune_kernels.cuda.kernel import CudaBuffer, CudaKernel
 from raytune_kernels.cuda.render import cuda_space_for, render_cuda
-from raytune_kernels.measure import (CRASHED, MeasureOptions, MeasureResult, RUNTIME_ERROR,
-                                     WRONG_OUTPUT, rotating_copies)
+from raytune_kernels.measure import (CRASHED, MEASURE_PHASES, MeasureOptions, MeasureResult,
+                                     RUNTIME_ERROR, WRONG_OUTPUT, rotating_copies)
 from raytune_kernels.timing import TimingOptions, time_runs
 
 QUICK = MeasureOptions(warmup=2, min_repeat_ms=2, repeats=3, flush_cache=True)
@@ -265,6 +265,9 @@ def test_measurement_flow_on_the_emulated_device(monkeypatch):
         assert result.error_kind == kind, result.error_msg
         if kind is None:
             assert len(result.times) == 3 and len(flushes) == 3 and fake.launches > 6
+            # where its time went, by the phases a CPU measurement reports
+            assert [p for p, _ in result.phases] == list(MEASURE_PHASES)
+            assert sum(t for _, t in result.phases) == pytest.approx(result.run_s, rel=1e-6)
             # every timed repeat replayed a captured graph: no launch from a Python loop
             assert fake.captures >= 1 and fake.replays >= 3 + fake.captures
             assert len(fake.weights) == 1  # warm weights: the one buffer
