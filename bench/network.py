@@ -500,13 +500,25 @@ def tune_gpu(args, model, inputs, target: Target, records: str, gpu: str):
     left out of --tune-precisions takes the records as they are, without Ray."""
     if target.precision not in args.tune_precisions:
         return records_as_they_are(target, records)
-    start = time.perf_counter()
+    start, since = time.perf_counter(), time.time()
     tuned = tune_network(model, inputs, target=str(target), trials=args.trials,
                          records=records, verbose=False, seconds=args.tune_seconds)
     print(f"tuned {tuned.trials} trials for target {str(target)!r} on {gpu} "
           f"({time.perf_counter() - start:.0f} s this run), estimated "
-          f"{tuned.estimated_latency_s * 1e3:.3f} ms")
+          f"{tuned.estimated_latency_s * 1e3:.3f} ms{measuring(records, since)}")
     return tuned
+
+
+def measuring(records: str, since: float) -> str:
+    """What measuring this run's candidates took, from their records (written since
+    `since`, epoch seconds): ", N measured, median M ms each (build B ms)", or ""."""
+    from raytune_kernels.tune.records import load_records
+
+    new = [r for r in load_records(records).records if r.timestamp >= since]
+    if not new:
+        return ""
+    return (f", {len(new)} measured, median {median([r.run_s for r in new]) * 1e3:.0f} ms "
+            f"each (build {median([r.build_s for r in new]) * 1e3:.0f} ms)")
 
 
 def records_as_they_are(target: Target, path: str):
@@ -754,7 +766,7 @@ def main() -> None:
     model, inputs = load_model(args.model)
     x = inputs[0]
 
-    start = time.perf_counter()
+    start, since = time.perf_counter(), time.time()
     tuned = tune_network(model, inputs, trials=args.trials, seconds=args.tune_seconds,
                          records=records, threads=args.threads, target=target,
                          verbose=False)
@@ -763,7 +775,7 @@ def main() -> None:
     ray.shutdown()  # nothing of Ray's running while we time
     torch.set_num_threads(args.threads)
     print(f"tuned {tuned.trials} trials ({tune_s:.0f} s this run), estimated "
-          f"{tuned.estimated_latency_s * 1e3:.3f} ms")
+          f"{tuned.estimated_latency_s * 1e3:.3f} ms{measuring(records, since)}")
 
     from raytune_kernels.layout.costs import COUNTS
 

@@ -860,3 +860,20 @@ def test_cpu_records_default_per_precision():
         "/znver5/network_resnet18_2threads.jsonl")
     assert network.cpu_records("znver5", "hf/BertModel", 2, "bf16").endswith(
         "/znver5/network_hf_BertModel_2threads_bf16.jsonl")
+
+
+def test_the_tuning_line_tells_what_measuring_this_runs_candidates_took(tmp_path):
+    """bench/network.py's `measuring`: the records written since the run began (their
+    count, median run_s and build_s), none of the older ones; nothing for no new record."""
+    from raytune_kernels.tune.records import Record, RecordWriter
+
+    measuring = _bench("network").measuring
+    path = str(tmp_path / "r.jsonl")
+    old = [Record("k", "cuda", "gpu", {"x": i}, (1e-5,), None, "", 9.0, 9.0, 100.0)
+           for i in range(3)]
+    new = [Record("k", "cuda", "gpu", {"x": i}, (1e-5,), None, "", 0.2, run, 200.0)
+           for i, run in enumerate((0.05, 0.07, 0.2))]
+    with RecordWriter(path) as w:
+        w.write_batch(old + new)
+    assert measuring(path, 150.0) == ", 3 measured, median 70 ms each (build 200 ms)"
+    assert measuring(path, 300.0) == ""
