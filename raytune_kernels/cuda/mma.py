@@ -33,6 +33,7 @@ cp.async's commit and wait groups, so every kernel is checked without a GPU.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from raytune_kernels.cuda import split_k
@@ -142,11 +143,13 @@ def _conflicts(precision: str, contig: str, stride: int) -> int:
                for words in _fragment_words(precision, contig, stride))
 
 
+@functools.lru_cache(maxsize=None)
 def _pad(precision: str, contig: str, bk: int, bx: int) -> int:
     """Floats past each shared-memory row of an operand's slice ([x][bk] or [k][bx]): the
     fewest, in whole 16-byte units (cp.async's 16-byte copies land aligned), whose rows
     spread the warp's fragment reads over the banks without conflict; the least conflicted
-    where none does."""
+    where none does. Kept per shape: a space's combinations ask for it thousands of
+    times."""
     row = bk if contig == "k" else bx
     return min(PADS, key=lambda p: (_conflicts(precision, contig, row + p), p))
 
