@@ -16,8 +16,9 @@ import torch
 
 from raytune_kernels.cuda.build import compile_cuda, resource_problems
 from raytune_kernels.cuda.kernel import CudaKernel
+from raytune_kernels.cuda.gemm_views import Strides, contiguous_strides
 from raytune_kernels.cuda.render import (cuda_layouts, operand_layouts, render_cuda,
-                                         to_buffer_layout)
+                                         strided_problem, to_buffer_layout)
 from raytune_kernels.space import Config
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
 from raytune_kernels.layout.graph import Candidate
@@ -150,15 +151,17 @@ def same_order(shape: tuple[int, ...], a: str, b: str) -> bool:
 
 
 class Planner:
-    def __init__(self, part: Partition, arch: str):
+    def __init__(self, part: Partition, arch: str, in_place: "InPlace | None" = None):
         self.part, self.graph, self.arch = part, part.graph, arch
+        self.in_place = in_place or InPlace({}, {}, {})
+        self.read_in_place: dict[str, GBuf] = {}  # a permute's value -> the buffer it views
         self.steps: list[GpuStep] = []
         self.consts: list[np.ndarray] = []
         self.const_of: dict[tuple[str, str], Const] = {}
         self.produced: dict[str, tuple[GBuf, str]] = {}
         self.copies: dict[tuple[str, str], GBuf] = {}
-        self.built: dict[tuple[str, Config], tuple[CudaKernel, bytes]] = {}
-        self.prebuilt: dict[tuple[str, Config], tuple] = {}  # prebuild's, not yet taken
+        self.built: dict[tuple, tuple[CudaKernel, bytes]] = {}  # (key, config, strides)
+        self.prebuilt: dict[tuple, tuple] = {}  # prebuild's, not yet taken
         self.value_of: dict[int, tuple[str, str]] = {}
         self.aliases: list[GBuf] = []
         self.inputs = [GBuf(math.prod(s), tuple(s), pinned=True) for _, s in self.graph.inputs]
@@ -208,7 +211,8 @@ class Planner:
                               key=step.key, fn=fn), step.output)
             return
         cfg = cand.config
-        kernel, binary = self._build(step, compute, cfg)
+        strides = self.in_place.strides.get(step.output)
+        kernel, binary = self._build(step, compute, cfg, strides)
         out_layout = cuda_layouts(compute, cfg)[1]
         inputs = [b for b in kernel.buffers if b.role == "in"]
         if len(step.args) != len(inputs):
@@ -216,7 +220,7 @@ class Planner:
                                f"{len(inputs)} input buffers of task {step.key}'s kernel")
         ops = []
         for arg, kb, lay in zip(step.args, inputs, operand_layouts(compute, cfg)):
-            op = self.operand(arg, lay)
+            op = self.read_in_place.get(arg) or self.operand(arg, lay)
             size = self.consts[op.index].size if isinstance(op, Const) else op.size
             if size != kb.size:
                 raise CompileError(f"{step.layer}: operand {arg} holds {size} floats, kernel "
@@ -226,15 +230,16 @@ class Planner:
             if kb.role == "scratch":
                 self.consts.append(np.zeros(kb.size, np.float32))
                 ops.append(Const(len(self.consts) - 1))
-        out = GBuf(compute.output.numel, compute.output.shape, out_layout)
+        value = self.in_place.written.get(step.output, step.output)
+        out = GBuf(compute.output.numel, tuple(self.graph.shape_of(value)), out_layout)
         self._add(GpuStep(step.layer, "kernel", (step.layer,), ops, out, cand.seconds,
-                          step.key, kernel, binary), step.output)
+                          step.key, kernel, binary), value)
 
-    def prebuild(self, pairs: Iterable[tuple[str, Config]]) -> None:
-        """Render and NVRTC-build the kernels of these (task key, config) pairs on
+    def prebuild(self, todo: Iterable[tuple[str, Config, Strides | None]]) -> None:
+        """Render and NVRTC-build the kernels of these (task key, config, strides) on
         concurrent threads (NVRTC runs outside Python's lock), ahead of `task`, which
         takes each build from here or reports what went wrong with it."""
-        todo = list(dict.fromkeys(pairs))
+        todo = list(dict.fromkeys(todo))
         if not todo:
             return
         workers = min(len(todo), PREBUILD_THREADS, os.cpu_count() or 1)
@@ -242,22 +247,23 @@ class Planner:
             for key, built in zip(todo, pool.map(lambda kc: self._render_build(*kc), todo)):
                 self.prebuilt[key] = built
 
-    def _render_build(self, key: str, cfg: Config):
+    def _render_build(self, key: str, cfg: Config, strides: Strides | None = None):
         """(the kernel, or the exception rendering raised; the build, or None)."""
         try:
-            kernel = render_cuda(self.part.task(key).compute, cfg)
+            kernel = render_cuda(self.part.task(key).compute, cfg, strides)
         except Exception as exc:
             return exc, None
         return kernel, compile_cuda(kernel.source, self.arch, f"{kernel.name}.cu")
 
-    def _build(self, step: TaskStep, compute, cfg: Config) -> tuple[CudaKernel, bytes]:
-        """Render and NVRTC-build a (task, config) once; a config that no longer renders
-        or builds is an error naming the layer (records outlive code changes)."""
-        if (step.key, cfg) in self.built:
-            return self.built[(step.key, cfg)]
+    def _build(self, step: TaskStep, compute, cfg: Config,
+               strides: Strides | None = None) -> tuple[CudaKernel, bytes]:
+        """Render and NVRTC-build a (task, config, strides) once; a config that no longer
+        renders or builds is an error naming the layer (records outlive code changes)."""
+        at = (step.key, cfg, strides)
+        if at in self.built:
+            return self.built[at]
         where = f"layer {step.layer} (task {step.key}, {compute.describe()})"
-        kernel, built = self.prebuilt.pop((step.key, cfg), None) or \
-            self._render_build(step.key, cfg)
+        kernel, built = self.prebuilt.pop(at, None) or self._render_build(*at)
         if isinstance(kernel, Exception):
             raise CompileError(f"{where}: its best cuda config no longer renders: "
                                f"{kernel}") from None
@@ -265,11 +271,16 @@ class Planner:
         if problems:
             raise CompileError(f"{where}: its best cuda config does not build for "
                                f"{self.arch}: " + "; ".join(problems))
-        self.built[(step.key, cfg)] = (kernel, built.cubin)
-        return self.built[(step.key, cfg)]
+        self.built[at] = (kernel, built.cubin)
+        return self.built[at]
 
     def glue(self, step: GlueStep) -> None:
         node = self.graph.node_map()[step.node]
+        if node.name in self.in_place.read:  # its readers view its input in place
+            self.read_in_place[node.name] = self.value(node.inputs[0], NCHW)
+            return
+        if node.name in self.in_place.written.values():  # its producer wrote it
+            return
         shape = tuple(self.graph.shape_of(node.name))
         ops = [self.operand(v) for v in node.inputs]
         if node.op == "reshape" and isinstance(ops[0], GBuf):  # a view: no copy, no step
@@ -334,8 +345,10 @@ def plan_network(part: Partition, chosen: Sequence[Candidate | None], arch: str,
                  estimated_s: float = 0.0, layout_plan: LayoutPlan | None = None) -> GpuPlan:
     """The plan of a partitioned graph from each step's chosen candidate (a config, or
     TORCH; None for glue steps); builds every kernel with NVRTC for `arch`."""
-    planner = Planner(part, arch)
-    planner.prebuild((step.key, cand.config) for step, cand in zip(part.steps, chosen)
+    in_place = permutes_in_place(part, chosen)
+    planner = Planner(part, arch, in_place)
+    planner.prebuild((step.key, cand.config, in_place.strides.get(step.output))
+                     for step, cand in zip(part.steps, chosen)
                      if isinstance(step, TaskStep) and isinstance(cand.config, Config))
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):
@@ -346,6 +359,83 @@ def plan_network(part: Partition, chosen: Sequence[Candidate | None], arch: str,
     arena = assign_offsets(planner.steps, planner.inputs + outputs, planner.aliases)
     return GpuPlan(arch, part, planner.steps, planner.inputs, outputs, planner.consts,
                    arena, planner.value_of, estimated_s, layout_plan)
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """Permutes no step copies: `read` (a permute's value -> its element strides in its
+    input's buffer), whose readers, matmul kernels all, read that buffer in place;
+    `written` (a matmul's value -> the permute of it), a matmul's output that only a
+    permute reads, written in the permuted order; `strides` (a matmul step's value -> its
+    A's, B's and output's strides, each None where contiguous) for rendering them."""
+
+    read: dict[str, tuple[int, ...]]
+    written: dict[str, str]
+    strides: dict[str, Strides]
+
+
+def permutes_in_place(part: Partition, chosen: Sequence[Candidate | None]) -> InPlace:
+    """Where a permute (attention's head split, its transposed keys, its head merge) can
+    be a matmul's strided read or write instead of a copy of its own: each reader a
+    matmul kernel reading it as A or B, or the matmul that produced it read by it alone;
+    and the kernel's config renders so (render.strided_problem: a config tuned for the
+    contiguous matmul may need other tilings, such as keys read along the head width).
+    Values of the graph's outputs are never strided."""
+    graph = part.graph
+    nodes = graph.node_map()
+    chosen_of = {step.output: (step, cand) for step, cand in zip(part.steps, chosen)
+                 if isinstance(step, TaskStep)}
+    readers: dict[str, list] = {}
+    for step in part.steps:
+        args = step.args if isinstance(step, TaskStep) else nodes[step.node].inputs
+        for pos, arg in enumerate(args):
+            readers.setdefault(arg, []).append((step, pos))
+    kept = set(graph.outputs) | set(graph.params) | {name for name, _ in graph.inputs}
+    read, written, strides = {}, {}, {}
+
+    def strided(uses: list[tuple[str, int]], st: tuple[int, ...]) -> dict | None:
+        """The strides of every matmul step in `uses` (its value, the slot 0-2 that `st`
+        fills: A, B, output) with `st` added, where each still renders; else None."""
+        trial = {}
+        for value, slot in uses:
+            step, cand = chosen_of[value]
+            compute = part.task(step.key).compute
+            have = list(trial.get(value) or strides.get(value) or (None, None, None))
+            if compute.op != "matmul" or not isinstance(cand.config, Config) or \
+                    have[slot] is not None:
+                return None
+            have[slot] = st
+            if strided_problem(compute, cand.config, tuple(have)) is not None:
+                return None
+            trial[value] = tuple(have)
+        return trial
+
+    for step in part.steps:
+        node = nodes[step.node] if isinstance(step, GlueStep) else None
+        if node is None or node.op != "permute" or node.name in kept or \
+                node.inputs[0] in kept or node.inputs[0] in read:
+            continue
+        dims, src = tuple(node.attr("dims")), node.inputs[0]
+        base = contiguous_strides(tuple(graph.shape_of(src)))
+        users = readers.get(node.name, [])
+        if users and all(isinstance(s, TaskStep) and pos < 2 and s.output in chosen_of
+                         for s, pos in users):
+            trial = strided([(s.output, pos) for s, pos in users],
+                            tuple(base[d] for d in dims))
+            if trial is not None:
+                strides.update(trial)
+                read[node.name] = tuple(base[d] for d in dims)
+                continue
+        if src in chosen_of and [s for s, _ in readers.get(src, [])] == [step]:
+            permuted = contiguous_strides(tuple(graph.shape_of(node.name)))
+            out = [0] * len(dims)  # the matmul's axis dims[j] is the permuted value's j
+            for j, d in enumerate(dims):
+                out[d] = permuted[j]
+            trial = strided([(src, 2)], tuple(out))
+            if trial is not None:
+                strides.update(trial)
+                written[src] = node.name
+    return InPlace(read, written, strides)
 
 
 def step_candidates(part: Partition, records: list[Record],

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from raytune_kernels.task import Compute
-from raytune_kernels.cuda.epilogue import CudaLoweringError, broadcast_index
+from raytune_kernels.cuda.epilogue import (CudaLoweringError, broadcast_index, is_full,
+                                            operand_specs)
 
 
 class Ref(NamedTuple):
@@ -238,10 +239,113 @@ class MatmulGemm:
         return {rank - 2: f"({i})", rank - 1: f"({j})"}
 
 
-def gemm_view(c: Compute, layout: str = "NCHW"):
+Strides = tuple  # (A's, B's, the output's) element strides, each None where contiguous
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a row-major tensor of `shape`."""
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= d
+    return tuple(reversed(out))
+
+
+@dataclass(frozen=True)
+class StridedMatmulGemm(MatmulGemm):
+    """A matmul whose operands and output lie at given element strides: permuted views of
+    contiguous buffers, read and written in place (attention's heads split off the
+    projections' outputs and merged back, with no copy between). Batch axes equal, none
+    broadcast. Each matrix has a contiguous axis (stride 1), which the tile loaders walk
+    and the vector loads take; the output's is its columns, for the epilogue's stores."""
+
+    a_strides: tuple[int, ...] = ()
+    b_strides: tuple[int, ...] = ()
+    o_strides: tuple[int, ...] = ()
+
+    @classmethod
+    def from_strides(cls, c: Compute, strides: Strides) -> "StridedMatmulGemm":
+        base = MatmulGemm.from_compute(c)
+        if not base.a_batch == base.b_batch == base.out_batch:
+            raise CudaLoweringError("a strided matmul with broadcast batch axes")
+        shapes = (c.inputs[0].shape, c.inputs[1].shape, c.output.shape)
+        full = [tuple(s) if s is not None else contiguous_strides(tuple(shape))
+                for s, shape in zip(strides, shapes)]
+        for s, shape in zip(full, shapes):
+            if len(s) != len(shape):
+                raise CudaLoweringError(f"strides {s} for an operand of shape {shape}")
+        a, b, o = full
+        if 1 not in (a[-1], a[-2]) or 1 not in (b[-1], b[-2]):
+            raise CudaLoweringError(f"strided matmul operands {a}, {b} with neither matrix "
+                                    "axis contiguous")
+        if o[-1] != 1:
+            raise CudaLoweringError(f"strided matmul output {o}: its columns must be "
+                                    "contiguous")
+        if o != contiguous_strides(tuple(c.output.shape)) and any(
+                is_full(op, spec, c.output.shape) for op, spec in operand_specs(c)):
+            raise CudaLoweringError("a strided matmul output with an epilogue operand "
+                                    "of its shape (read where the output would lie)")
+        return cls(base.out_batch, base.a_batch, base.b_batch, base.m, base.n, base.k,
+                   a, b, o)
+
+    # A is [..., M, K], B [..., K, N]: contiguous along k, or along x (M of A, N of B)
+    a_contig = property(lambda self: "k" if self.a_strides[-1] == 1 else "x")
+    b_contig = property(lambda self: "x" if self.b_strides[-1] == 1 else "k")
+    a_vec = property(lambda self: _vector_legal(self.a_strides, self.m, self.k,
+                                                self.a_contig == "k"))
+    b_vec = property(lambda self: _vector_legal(self.b_strides, self.k, self.n,
+                                                self.b_contig == "x"))
+    out_vec = property(lambda self: _vector_legal(self.o_strides, self.m, self.n, True))
+
+    def _batch_offset(self, strides: tuple[int, ...]) -> str:
+        terms, inner = [], 1
+        for extent, stride in reversed(list(zip(self.out_batch, strides[:-2]))):
+            if extent > 1:
+                terms.append(f"(z / {inner} % {extent}) * {stride}")
+            inner *= extent
+        return " + ".join(reversed(terms)) or "0"
+
+    def prologue(self) -> list[str]:
+        return [f"const float* __restrict__ ab = in0 + {self._batch_offset(self.a_strides)};",
+                f"const float* __restrict__ bb = in1 + {self._batch_offset(self.b_strides)};",
+                f"const int obase = {self._batch_offset(self.o_strides)};"]
+
+    def a(self, k: str, x: str) -> Ref:
+        return Ref((), "", f"ab + ({x}) * {self.a_strides[-2]} + ({k}) * {self.a_strides[-1]}")
+
+    def b(self, k: str, x: str) -> Ref:
+        return Ref((), "", f"bb + ({k}) * {self.b_strides[-2]} + ({x}) * {self.b_strides[-1]}")
+
+    def out(self, i: str, j: str) -> str:
+        return f"obase + ({i}) * {self.o_strides[-2]} + ({j})"
+
+    def coords(self, i: str, j: str) -> dict[int, str]:
+        """Every coordinate of the output element, the batch's from z (the element's
+        offset is no flat index when the output is strided)."""
+        out, inner = super().coords(i, j), 1
+        for d in reversed(range(len(self.out_batch))):
+            out[d] = f"(z / {inner} % {self.out_batch[d]})" if self.out_batch[d] > 1 else "0"
+            inner *= self.out_batch[d]
+        return out
+
+
+def _vector_legal(strides: tuple[int, ...], rows: int, cols: int, cols_contig: bool) -> bool:
+    """Whether 16-byte loads along a matrix's contiguous axis are legal: its extent is a
+    multiple of 4 and every other stride too, so every run starts 16-byte aligned."""
+    extent = cols if cols_contig else rows
+    others = strides[:-1] if cols_contig else strides[:-2] + strides[-1:]
+    return extent % 4 == 0 and all(s % 4 == 0 for s in others)
+
+
+def gemm_view(c: Compute, layout: str = "NCHW", strides: Strides | None = None):
     """The GEMM view of a conv2d (other than one input channel per group), dense or
     matmul compute, with a conv's activations in `layout` (NCHW or NHWC); None for other
-    ops."""
+    ops. `strides` (a matmul's only): where its operands and output lie, when not
+    contiguous (StridedMatmulGemm)."""
+    if strides is not None:
+        if c.op != "matmul":
+            raise CudaLoweringError(f"strided operands of a {c.op} (a matmul's only)")
+        return StridedMatmulGemm.from_strides(c, strides)
     if c.op == "conv2d":
         return (ConvGemmNHWC if layout == "NHWC" else ConvGemm).from_compute(c)
     if c.op == "dense":

@@ -21,7 +21,7 @@ import numpy as np
 from raytune_kernels.task import Compute
 from raytune_kernels.cuda.epilogue import CudaLoweringError, epilogue_reason, is_full, operand_specs
 from raytune_kernels.cuda.gemm import gemm_space, render_gemm
-from raytune_kernels.cuda.gemm_views import gemm_view
+from raytune_kernels.cuda.gemm_views import Strides, gemm_view
 from raytune_kernels.cuda.kernel import CudaKernel, buffers_of
 from raytune_kernels.cuda import split_k
 from raytune_kernels.cuda.mma import MMA_PRECISIONS, mma_space, render_mma
@@ -100,11 +100,16 @@ def _mixed_space(compute: Compute, precision: str) -> UnionSpace:
     """FFMA and tensor-core GEMMs of one precision; a convolution's layout is a coupled
     knob of each part (each layout has its own GEMM view, so its own tilings)."""
     layouts = LAYOUTS if compute.op == "conv2d" else (None,)
-    ffma = [(lay, gemm_space(gemm_view(compute, lay or "NCHW"))) for lay in layouts]
+    return _union_of([(lay, gemm_view(compute, lay or "NCHW")) for lay in layouts], precision)
+
+
+def _union_of(views: list, precision: str) -> UnionSpace:
+    """The FFMA and tensor-core spaces of these (layout or None, GEMM view) pairs."""
+    ffma = [(lay, gemm_space(view)) for lay, view in views]
     mma = []
-    for lay in layouts:
+    for lay, view in views:
         try:
-            mma.append((lay, mma_space(gemm_view(compute, lay or "NCHW"), precision)))
+            mma.append((lay, mma_space(view, precision)))
         except ValueError:
             continue
     tag = (("precision", (precision,)),)
@@ -261,15 +266,44 @@ def cuda_layouts(compute: Compute, cfg: Config) -> tuple[str, str]:
     return lay, lay
 
 
-def render_cuda(compute: Compute, cfg: Config) -> CudaKernel:
+@functools.lru_cache(maxsize=256)
+def strided_space(compute: Compute, precision: str, strides: Strides) -> Space | UnionSpace:
+    """The space of a matmul whose operands or output lie at `strides` (gemm_views.
+    StridedMatmulGemm): the tilings of that view, which differ from the contiguous
+    matmul's where an operand's contiguous axis does (a transposed key)."""
+    view = gemm_view(compute, "NCHW", strides)
+    if precision in MMA_PRECISIONS:
+        return _union_of([(None, view)], precision)
+    return gemm_space(view)
+
+
+def strided_problem(compute: Compute, cfg: Config, strides: Strides) -> str | None:
+    """None when a config of the contiguous matmul renders at `strides` too; else why not
+    (a network then copies the operand into place, as it would without strides)."""
+    try:
+        space = strided_space(compute, config_precision(cfg), tuple(strides))
+    except (CudaLoweringError, ValueError) as exc:
+        return str(exc)
+    cfg = completed(cfg, space)
+    return union_problem(space, cfg) if isinstance(space, UnionSpace) else \
+        config_problem(space, cfg)
+
+
+def render_cuda(compute: Compute, cfg: Config, strides: Strides | None = None) -> CudaKernel:
     """CUDA C and launch geometry of one config; a config outside the compute's space
-    raises CudaLoweringError naming the knobs that are wrong."""
-    space = cuda_space_for(compute, config_precision(cfg))
+    raises CudaLoweringError naming the knobs that are wrong. `strides`: a matmul reading
+    or writing permuted views in place (strided_problem says whether cfg renders so)."""
+    space = cuda_space_for(compute, config_precision(cfg)) if strides is None else \
+        strided_space(compute, config_precision(cfg), tuple(strides))
     cfg = completed(cfg, space)  # a record written before a knob joined the space
     problem = union_problem(space, cfg) if isinstance(space, UnionSpace) else \
         config_problem(space, cfg)
     if problem:
         raise CudaLoweringError(f"bad cuda config for {compute.describe()}: {problem}")
+    if strides is not None:
+        view = gemm_view(compute, "NCHW", tuple(strides))
+        return render_mma(compute, view, cfg) if cfg.get("kernel") == "mma" else \
+            render_gemm(compute, view, cfg)
     if compute.op in ROW_OPS:
         return render_rows(compute, Rows.from_compute(compute), cfg)
     if compute.op == "elementwise":

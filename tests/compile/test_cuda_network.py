@@ -249,6 +249,69 @@ def test_untuned_attention_on_tensor_cores_rounds_as_the_check_assumes():
     assert output_error(got, emulated) < err / 50
 
 
+class Merged(torch.nn.Module):
+    """Heads split by a permute that a matmul reads (in place) and an add reads (a copy)."""
+
+    def __init__(self, d=32, heads=2):
+        super().__init__()
+        self.heads, self.q, self.k = heads, torch.nn.Linear(d, d), torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q = self.q(x).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        k = self.k(x).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        return q @ k.transpose(-1, -2) + q.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_attention_reads_and_writes_its_heads_in_place(precision):
+    """The head split (queries, keys transposed, values) and merge of an attention block
+    are matmuls reading and writing the projections' buffers at permuted strides: no copy
+    step is left, the output matches, and each step still checks against its value (the
+    context's step against the merged heads it now writes)."""
+    torch.manual_seed(0)
+    model = Attention().eval()
+    x, mask = torch.randn(2, 16, 32), torch.zeros(2, 1, 16, 16)
+    with pytest.warns(UserWarning, match="untuned default"):
+        net = compile_network_cuda(model, (x, mask), [], f"{TARGET} -precision={precision}",
+                                   device=EmulatorDevice)
+    assert [s.kind for s in net.steps] == ["kernel"] * 7
+    with torch.no_grad():
+        want = model(x, mask)
+    assert output_error(net(x, mask), want) <= net.checked_within
+    assert net.first_divergence((x, mask), net.checked_within).startswith("no single step")
+    context = next(s for s in net.steps if s.out.shape == (2, 16, 2, 16))  # heads merged
+    assert net.part.task(context.key).compute.output.shape == (2, 2, 16, 16)
+
+
+def test_a_permute_read_by_other_steps_or_tiled_otherwise_is_still_copied():
+    """A split read by a matmul and by a sum is copied (the sum reads it contiguous);
+    keys of a head width of 6 are copied when the scores' config loads 16 bytes of them
+    along the tokens (read in place, they run along the head width, where 6 floats admit
+    no 16-byte load); the queries are still read in place."""
+    torch.manual_seed(0)
+    model = Merged().eval()
+    x = torch.randn(2, 16, 32)
+    with pytest.warns(UserWarning, match="untuned default"):
+        net = compile_network_cuda(model, (x,), [], TARGET, device=EmulatorDevice)
+    assert sum(s.kind == "glue" for s in net.steps) == 1  # the shared split; k^T read in place
+    torch.manual_seed(0)
+    model, x = Attention(d=24, heads=4).eval(), torch.randn(1, 16, 24)
+    mask = torch.zeros(1, 1, 16, 16)
+    records = []
+    for task in rk.extract_tasks(model, (x, mask), target="cuda"):
+        space = list(cuda_space_for(task.compute))
+        scores = task.compute.op == "matmul" and task.compute.inputs[1].shape[-1] == 16
+        cfg = next(c for c in space if not scores or c["vb"] == 4)
+        records.append(record_of(task.key, TARGET, "emulated", cfg.to_json(),
+                                 MeasureResult(times=(1e-5, 1.1e-5))))
+    net = compile_network_cuda(model, (x, mask), records, TARGET, device=EmulatorDevice)
+    glue = [s for s in net.steps if s.kind == "glue"]
+    assert len(glue) == 1 and glue[0].out.shape == (1, 4, 6, 16)  # the keys, transposed
+    with torch.no_grad():
+        assert output_error(net(x, mask), model(x, mask)) <= net.checked_within
+
+
 def test_a_network_that_tf32_itself_costs_more_is_held_to_that_cost():
     """Two nearly equal convs subtracted: tf32 rounding alone moves the output past the
     table's 1e-2 of its scale, so the check holds the network to twice what the model run
