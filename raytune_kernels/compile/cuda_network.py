@@ -346,8 +346,9 @@ class GpuNetwork(Reporting):
     def _torch_time(self, s: GpuStep, opts: TimingOptions) -> float:
         """PyTorch's kernel for the step's task, on random operands in torch's layouts (the
         plan's constants are packed for our kernels: an NHWC convolution's weight is OHWI,
-        which torch would read as another convolution), timed as the records are."""
-        return self.device.torch_seconds(self.part.task(s.key).compute)
+        which torch would read as another convolution), timed as the records are; a
+        kernel of sibling denses against that many of torch's."""
+        return self.device.torch_seconds(self.part.task(s.key).compute) * max(1, len(s.parts))
 
     # the CPU network's explanation of estimate vs measurement reads only estimated_s and
     # profile(), which this class has in the same form
@@ -361,14 +362,17 @@ class GpuNetwork(Reporting):
                 view.copy_(x)
             for s, call in zip(self.steps, self._calls):
                 call()
-                if id(s) not in self.plan.value_of:
-                    continue
-                value, layout = self.plan.value_of[id(s)]
-                got = to_layout(self.view(s.out).cpu(), layout, NCHW).reshape(env[value].shape)
-                err = scaled_error(got, env[value])
-                if not err <= atol:
-                    return (f"first divergence at step {s.name} ({s.kind}, task {s.key}, value "
-                            f"{value}, error {err:.3g} of the value's scale)")
+                done = [(value, buf, NCHW) for value, buf in s.parts]  # sibling denses
+                if id(s) in self.plan.value_of:
+                    value, layout = self.plan.value_of[id(s)]
+                    done.append((value, s.out, layout))
+                for value, buf, layout in done:
+                    got = to_layout(self.view(buf).cpu(), layout, NCHW).reshape(
+                        env[value].shape)
+                    err = scaled_error(got, env[value])
+                    if not err <= atol:
+                        return (f"first divergence at step {s.name} ({s.kind}, task {s.key}, "
+                                f"value {value}, error {err:.3g} of the value's scale)")
         return f"no single step diverges beyond {atol}; the error accumulates"
 
 

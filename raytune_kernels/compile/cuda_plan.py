@@ -16,10 +16,12 @@ import torch
 
 from raytune_kernels.cuda.build import compile_cuda, resource_problems
 from raytune_kernels.cuda.kernel import CudaKernel
-from raytune_kernels.cuda.gemm_views import Strides, contiguous_strides
-from raytune_kernels.cuda.render import (cuda_layouts, operand_layouts, render_cuda,
-                                         strided_problem, to_buffer_layout)
+from raytune_kernels.cuda import split_k
+from raytune_kernels.cuda.gemm_views import Strides, contiguous_strides, gemm_view
+from raytune_kernels.cuda.render import (block_tile, cuda_layouts, operand_layouts,
+                                         render_cuda, strided_problem, to_buffer_layout)
 from raytune_kernels.space import Config
+from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
 from raytune_kernels.layout.graph import Candidate
 from raytune_kernels.compile.step_fns import Glue, Reference
@@ -46,6 +48,7 @@ class GBuf:
     pinned: bool = False  # graph inputs and outputs keep their memory for the whole run
     alias: "GBuf | None" = None
     offset: int = -1
+    within: int = 0  # an alias's floats from its buffer's start (one of merged outputs)
 
     @property
     def root(self) -> "GBuf":
@@ -74,6 +77,9 @@ class GpuStep:
     kernel: CudaKernel | None = None
     binary: bytes | None = None  # the cubin NVRTC built for the plan's arch
     fn: Callable | None = None
+    # a kernel computing several tasks' steps at once (sibling_denses): each one's value
+    # and the part of `out` that holds it
+    parts: tuple[tuple[str, GBuf], ...] = ()
 
     @property
     def reads(self) -> list[GBuf]:
@@ -151,10 +157,14 @@ def same_order(shape: tuple[int, ...], a: str, b: str) -> bool:
 
 
 class Planner:
-    def __init__(self, part: Partition, arch: str, in_place: "InPlace | None" = None):
+    def __init__(self, part: Partition, arch: str, in_place: "InPlace | None" = None,
+                 siblings: "dict[str, Siblings] | None" = None):
         self.part, self.graph, self.arch = part, part.graph, arch
         self.in_place = in_place or InPlace({}, {}, {})
+        self.siblings = siblings or {}  # the first's value -> the denses run as one kernel
+        self.merged = {s.output for g in self.siblings.values() for s in g.steps[1:]}
         self.read_in_place: dict[str, GBuf] = {}  # a permute's value -> the buffer it views
+        self.stacked: dict[tuple[str, ...], Const] = {}  # sibling parameters, stacked
         self.steps: list[GpuStep] = []
         self.consts: list[np.ndarray] = []
         self.const_of: dict[tuple[str, str], Const] = {}
@@ -202,6 +212,11 @@ class Planner:
 
     def task(self, step: TaskStep, cand: Candidate) -> None:
         """Plan a task step as its chosen candidate: a config (a kernel) or TORCH."""
+        if step.output in self.merged:  # computed by the first of its siblings' kernel
+            return
+        if step.output in self.siblings:
+            self.siblings_step(self.siblings[step.output], cand.seconds)
+            return
         compute = self.part.task(step.key).compute
         if cand.config == TORCH:  # fallback="torch": torch's kernel on the device tensors
             ops = [self.operand(a) for a in step.args]
@@ -235,6 +250,45 @@ class Planner:
         self._add(GpuStep(step.layer, "kernel", (step.layer,), ops, out, cand.seconds,
                           step.key, kernel, binary), value)
 
+    def siblings_step(self, siblings: "Siblings", seconds: float) -> None:
+        """Sibling denses (one input, one task, one config) as one kernel: a batched
+        matmul over the group (sibling_compute), its weights and biases stacked into one
+        constant each, its output one buffer of which each dense's value is a part;
+        `seconds`: one dense's record."""
+        group, first = siblings.steps, siblings.steps[0]
+        compute = sibling_compute(self.part.task(first.key).compute, len(group))
+        strides = sibling_strides(self.part.task(first.key).compute, len(group))
+        kernel, binary = self._build(first, compute, siblings.config, strides, len(group))
+        ops = [self.value(first.args[0], NCHW)]
+        for i in range(1, len(first.args)):  # the weights, then each bias
+            key = tuple(s.args[i] for s in group)
+            if key not in self.stacked:
+                self.consts.append(np.concatenate([
+                    self.graph.params[a].detach().cpu().float().numpy().ravel() for a in key]))
+                self.stacked[key] = Const(len(self.consts) - 1)
+            ops.append(self.stacked[key])
+        ins = [b for b in kernel.buffers if b.role == "in"]
+        sizes = [self.consts[o.index].size if isinstance(o, Const) else o.size for o in ops]
+        if sizes != [b.size for b in ins]:
+            raise CompileError(f"{first.layer}: operands of {sizes} floats for the merged "
+                               f"kernel's buffers of {[b.size for b in ins]}")
+        for kb in kernel.buffers:
+            if kb.role == "scratch":
+                self.consts.append(np.zeros(kb.size, np.float32))
+                ops.append(Const(len(self.consts) - 1))
+        size = compute.output.numel // len(group)
+        out = GBuf(compute.output.numel, tuple(compute.output.shape))
+        parts = []
+        for g, s in enumerate(group):
+            self.aliases.append(GBuf(size, tuple(self.graph.shape_of(s.output)), alias=out,
+                                     within=g * size))
+            parts.append((s.output, self.aliases[-1]))
+            self.produced[s.output] = (self.aliases[-1], NCHW)
+        self.steps.append(GpuStep(" + ".join(s.layer for s in group), "kernel",
+                                  tuple(s.layer for s in group), ops, out,
+                                  seconds * len(group), first.key, kernel, binary,
+                                  parts=tuple(parts)))
+
     def prebuild(self, todo: Iterable[tuple[str, Config, Strides | None]]) -> None:
         """Render and NVRTC-build the kernels of these (task key, config, strides) on
         concurrent threads (NVRTC runs outside Python's lock), ahead of `task`, which
@@ -247,19 +301,24 @@ class Planner:
             for key, built in zip(todo, pool.map(lambda kc: self._render_build(*kc), todo)):
                 self.prebuilt[key] = built
 
-    def _render_build(self, key: str, cfg: Config, strides: Strides | None = None):
-        """(the kernel, or the exception rendering raised; the build, or None)."""
+    def _render_build(self, key: str, cfg: Config, strides: Strides | None = None,
+                      group: int = 1):
+        """(the kernel, or the exception rendering raised; the build, or None); `group`:
+        the kernel of that many sibling denses of task `key` (sibling_compute)."""
+        compute = self.part.task(key).compute
         try:
-            kernel = render_cuda(self.part.task(key).compute, cfg, strides)
+            kernel = render_cuda(compute if group == 1 else sibling_compute(compute, group),
+                                 cfg, strides)
         except Exception as exc:
             return exc, None
         return kernel, compile_cuda(kernel.source, self.arch, f"{kernel.name}.cu")
 
-    def _build(self, step: TaskStep, compute, cfg: Config,
-               strides: Strides | None = None) -> tuple[CudaKernel, bytes]:
-        """Render and NVRTC-build a (task, config, strides) once; a config that no longer
-        renders or builds is an error naming the layer (records outlive code changes)."""
-        at = (step.key, cfg, strides)
+    def _build(self, step: TaskStep, compute, cfg: Config, strides: Strides | None = None,
+               group: int = 1) -> tuple[CudaKernel, bytes]:
+        """Render and NVRTC-build a (task, config, strides) once (`compute`: the task's, or
+        the sibling_compute of `group` of its steps); a config that no longer renders or
+        builds is an error naming the layer (records outlive code changes)."""
+        at = (step.key, cfg, strides, group)
         if at in self.built:
             return self.built[at]
         where = f"layer {step.layer} (task {step.key}, {compute.describe()})"
@@ -336,8 +395,8 @@ def assign_offsets(steps: list[GpuStep], pinned: Iterable[GBuf],
         done = {id(b.root) for b in s.reads + [s.out]
                 if last[id(b.root)] == i and id(b.root) not in keep}
         live = [e for e in live if id(e[2]) not in done]
-    for b in list(aliases) + pinned:
-        b.offset = b.root.offset
+    for b in list(aliases) + pinned:  # an alias after the buffer it views
+        b.offset = (b.alias.offset if b.alias is not None else b.offset) + b.within
     return top
 
 
@@ -345,11 +404,19 @@ def plan_network(part: Partition, chosen: Sequence[Candidate | None], arch: str,
                  estimated_s: float = 0.0, layout_plan: LayoutPlan | None = None) -> GpuPlan:
     """The plan of a partitioned graph from each step's chosen candidate (a config, or
     TORCH; None for glue steps); builds every kernel with NVRTC for `arch`."""
+    siblings = sibling_denses(part, chosen)
     in_place = permutes_in_place(part, chosen)
-    planner = Planner(part, arch, in_place)
-    planner.prebuild((step.key, cand.config, in_place.strides.get(step.output))
-                     for step, cand in zip(part.steps, chosen)
-                     if isinstance(step, TaskStep) and isinstance(cand.config, Config))
+    planner = Planner(part, arch, in_place, siblings)
+    merged = {s.output for g in siblings.values() for s in g.steps[1:]}
+    planner.prebuild(
+        (step.key, cand.config, in_place.strides.get(step.output), 1)
+        if step.output not in siblings else
+        (step.key, siblings[step.output].config,
+         sibling_strides(part.task(step.key).compute, len(siblings[step.output].steps)),
+         len(siblings[step.output].steps))
+        for step, cand in zip(part.steps, chosen)
+        if isinstance(step, TaskStep) and isinstance(cand.config, Config) and
+        step.output not in merged)
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):
             planner.task(step, cand)
@@ -359,6 +426,84 @@ def plan_network(part: Partition, chosen: Sequence[Candidate | None], arch: str,
     arena = assign_offsets(planner.steps, planner.inputs + outputs, planner.aliases)
     return GpuPlan(arch, part, planner.steps, planner.inputs, outputs, planner.consts,
                    arena, planner.value_of, estimated_s, layout_plan)
+
+
+def sibling_compute(dense: Compute, group: int) -> Compute:
+    """`group` denses of one task on one input as one batched matmul: x [1, M, K] shared,
+    the weights stacked [group, K, N] (each read as it lies, [N, K]: sibling_strides), the
+    output [group, M, N]; a bias becomes an add of the biases stacked [group, 1, N], and
+    every operand-free epilogue op stays."""
+    k = dense.inputs[0].shape[-1]
+    m, n = dense.output.numel // dense.output.shape[-1], dense.output.shape[-1]
+    epilogue = []
+    for op in dense.epilogue:
+        if op.op == "bias":
+            epilogue.append(EpilogueOp("add", (TensorSpec((group, 1, n)),)))
+        elif op.operands:
+            raise CompileError(f"no sibling kernel for a dense with a {op.op} operand")
+        else:
+            epilogue.append(op)
+    return Compute("matmul", (TensorSpec((1, m, k)), TensorSpec((group, k, n))),
+                   TensorSpec((group, m, n)), (), tuple(epilogue))
+
+
+def sibling_strides(dense: Compute, group: int) -> Strides:
+    """Where sibling_compute's operands lie: x as it is, each weight [N, K] (read along
+    K), the output contiguous."""
+    k, n = dense.inputs[0].shape[-1], dense.output.shape[-1]
+    return (None, (n * k, 1, k), None)
+
+
+def sibling_denses(part: Partition, chosen: Sequence[Candidate | None]
+                   ) -> "dict[str, Siblings]":
+    """Denses that read one input and are steps of one task run with one config (a
+    transformer layer's query, key and value projections), grouped where the batched
+    kernel of the group renders with that config (split-K lowered: sibling_config): the
+    first one's value -> the group, its steps in step order. One launch of the group's
+    blocks fills more of the GPU than each dense's grid alone, at batch 1 a few dozen to a
+    few hundred blocks. Their weights and biases are parameters, their epilogue a bias or
+    operand-free ops."""
+    groups: dict[tuple, list[TaskStep]] = {}
+    params = part.graph.params
+    for step, cand in zip(part.steps, chosen):
+        if not isinstance(step, TaskStep) or not isinstance(cand.config, Config):
+            continue
+        compute = part.task(step.key).compute
+        if compute.op != "dense" or step.args[0] in params or \
+                not all(a in params for a in step.args[1:]) or \
+                any(op.operands and op.op != "bias" for op in compute.epilogue):
+            continue
+        groups.setdefault((step.key, cand.config, step.args[0]), []).append(step)
+    out = {}
+    for (key, cfg, _), steps in groups.items():
+        if len(steps) < 2:
+            continue
+        dense = part.task(key).compute
+        merged, strides = sibling_compute(dense, len(steps)), sibling_strides(dense, len(steps))
+        cfg = sibling_config(merged, cfg, strides)
+        if strided_problem(merged, cfg, strides) is None:
+            out[steps[0].output] = Siblings(tuple(steps), cfg)
+    return out
+
+
+def sibling_config(merged: Compute, cfg: Config, strides: Strides) -> Config:
+    """The dense's config for the kernel of its siblings: the same, with its split-K
+    factor lowered as far as the larger grid needs (a split past MAX_SPLIT_BLOCKS blocks
+    has no point: the GPU is full several times over without it)."""
+    split = cfg.get("split", 1)
+    if split == 1:
+        return cfg
+    view = gemm_view(merged, "NCHW", strides)
+    allowed = [f for f in split_k.splits(view, *block_tile(cfg), cfg["bk"]) if f <= split]
+    return Config(tuple(sorted({**dict(cfg.knobs), "split": max(allowed)}.items())))
+
+
+@dataclass(frozen=True)
+class Siblings:
+    """Sibling denses run as one kernel, with its config (sibling_config)."""
+
+    steps: tuple[TaskStep, ...]
+    config: Config
 
 
 @dataclass(frozen=True)

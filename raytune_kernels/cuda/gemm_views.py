@@ -255,9 +255,11 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 class StridedMatmulGemm(MatmulGemm):
     """A matmul whose operands and output lie at given element strides: permuted views of
     contiguous buffers, read and written in place (attention's heads split off the
-    projections' outputs and merged back, with no copy between). Batch axes equal, none
-    broadcast. Each matrix has a contiguous axis (stride 1), which the tile loaders walk
-    and the vector loads take; the output's is its columns, for the epilogue's stores."""
+    projections' outputs and merged back, with no copy between), or one operand shared by
+    every batch (stride 0: sibling denses of one input, cuda_plan.sibling_denses). Every
+    operand has the output's rank; a batch axis of one broadcasts. Each matrix has a
+    contiguous axis (stride 1), which the tile loaders walk and the vector loads take; the
+    output's is its columns, for the epilogue's stores."""
 
     a_strides: tuple[int, ...] = ()
     b_strides: tuple[int, ...] = ()
@@ -266,14 +268,18 @@ class StridedMatmulGemm(MatmulGemm):
     @classmethod
     def from_strides(cls, c: Compute, strides: Strides) -> "StridedMatmulGemm":
         base = MatmulGemm.from_compute(c)
-        if not base.a_batch == base.b_batch == base.out_batch:
-            raise CudaLoweringError("a strided matmul with broadcast batch axes")
         shapes = (c.inputs[0].shape, c.inputs[1].shape, c.output.shape)
-        full = [tuple(s) if s is not None else contiguous_strides(tuple(shape))
-                for s, shape in zip(strides, shapes)]
-        for s, shape in zip(full, shapes):
-            if len(s) != len(shape):
-                raise CudaLoweringError(f"strides {s} for an operand of shape {shape}")
+        full = []
+        for st, shape in zip(strides, shapes):
+            st = tuple(st) if st is not None else contiguous_strides(tuple(shape))
+            if len(st) != len(shape) or len(shape) != len(c.output.shape):
+                raise CudaLoweringError(f"strides {st} for an operand of shape {shape} "
+                                        f"(a strided matmul's operands have the output's "
+                                        f"{len(c.output.shape)} axes)")
+            # a batch axis of one is never stepped along: stride 0 (an operand's is
+            # broadcast across the output's)
+            full.append(tuple(0 if d < len(shape) - 2 and n == 1 else x
+                              for d, (n, x) in enumerate(zip(shape, st))))
         a, b, o = full
         if 1 not in (a[-1], a[-2]) or 1 not in (b[-1], b[-2]):
             raise CudaLoweringError(f"strided matmul operands {a}, {b} with neither matrix "
@@ -281,7 +287,10 @@ class StridedMatmulGemm(MatmulGemm):
         if o[-1] != 1:
             raise CudaLoweringError(f"strided matmul output {o}: its columns must be "
                                     "contiguous")
-        if o != contiguous_strides(tuple(c.output.shape)) and any(
+        plain = contiguous_strides(tuple(c.output.shape))
+        plain = tuple(0 if d < len(plain) - 2 and n == 1 else x
+                      for d, (n, x) in enumerate(zip(c.output.shape, plain)))
+        if o != plain and any(
                 is_full(op, spec, c.output.shape) for op, spec in operand_specs(c)):
             raise CudaLoweringError("a strided matmul output with an epilogue operand "
                                     "of its shape (read where the output would lie)")

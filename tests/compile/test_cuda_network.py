@@ -238,7 +238,8 @@ def test_untuned_attention_on_tensor_cores_rounds_as_the_check_assumes():
         net = compile_network_cuda(model, (x, mask), [], f"{TARGET} -precision=tf32",
                                    device=EmulatorDevice)
     ops = [net.part.task(s.key).compute.op for s in net.steps if s.key]
-    assert sorted(ops) == ["dense"] * 4 + ["matmul"] * 2 + ["softmax"]
+    # the three projections of x are one kernel (sibling_denses), the output's another
+    assert sorted(ops) == ["dense"] * 2 + ["matmul"] * 2 + ["softmax"]
     with torch.no_grad():
         want = model(x, mask)
         with rounded_gemms("tf32"):
@@ -264,24 +265,61 @@ class Merged(torch.nn.Module):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_attention_reads_and_writes_its_heads_in_place(precision):
+def test_attention_reads_and_writes_its_heads_in_place(precision, tmp_path):
     """The head split (queries, keys transposed, values) and merge of an attention block
     are matmuls reading and writing the projections' buffers at permuted strides: no copy
-    step is left, the output matches, and each step still checks against its value (the
-    context's step against the merged heads it now writes)."""
+    step is left; the three projections of one input are one kernel, each writing its
+    part of one buffer; the output matches, each step still checks against its value (the
+    context's step against the merged heads it now writes, the projections' kernel against
+    each projection), and the network saves and loads."""
     torch.manual_seed(0)
     model = Attention().eval()
     x, mask = torch.randn(2, 16, 32), torch.zeros(2, 1, 16, 16)
     with pytest.warns(UserWarning, match="untuned default"):
         net = compile_network_cuda(model, (x, mask), [], f"{TARGET} -precision={precision}",
                                    device=EmulatorDevice)
-    assert [s.kind for s in net.steps] == ["kernel"] * 7
+    assert [s.kind for s in net.steps] == ["kernel"] * 5
+    qkv = net.steps[0]
+    assert qkv.name == "q + k + v" and qkv.out.shape == (3, 32, 32)
+    assert [(v, b.offset - qkv.out.offset) for v, b in qkv.parts] == \
+        [("q", 0), ("k", 1024), ("v", 2048)]
     with torch.no_grad():
         want = model(x, mask)
     assert output_error(net(x, mask), want) <= net.checked_within
     assert net.first_divergence((x, mask), net.checked_within).startswith("no single step")
+    if precision != "fp32":  # each projection is compared: the first is named
+        assert "step q + k + v (kernel" in net.first_divergence((x, mask), 1e-9)
+        assert "value q," in net.first_divergence((x, mask), 1e-9)
     context = next(s for s in net.steps if s.out.shape == (2, 16, 2, 16))  # heads merged
     assert net.part.task(context.key).compute.output.shape == (2, 2, 16, 16)
+    path = str(tmp_path / "attention.rkn")
+    net.save(path)
+    back = rk.load(path, device=EmulatorDevice)
+    assert torch.equal(back(x, mask), net(x, mask))
+
+
+def test_sibling_denses_of_other_configs_or_inputs_run_apart():
+    """Projections of one input and one task but tuned configs that differ are not one
+    kernel (records name one config a task: here the keys' layer is given TORCH), nor are
+    denses of different inputs."""
+    torch.manual_seed(0)
+    model = Attention().eval()
+    x, mask = torch.randn(2, 16, 32), torch.zeros(2, 1, 16, 16)
+    from raytune_kernels.frontend.capture import capture
+    from raytune_kernels.frontend.partition import partition
+    from raytune_kernels.layout.graph import Candidate
+    from raytune_kernels.cuda.render import default_config
+    part = partition(capture(model, (x, mask)))
+    cfgs = {t.key: default_config(t.compute) for t in part.tasks}
+    chosen = [Candidate(NCHW, NCHW, 1e-5, cfgs[s.key]) if isinstance(s, TaskStep) else None
+              for s in part.steps]
+    groups = cuda_plan.sibling_denses(part, chosen)
+    assert [[s.layer for s in g.steps] for g in groups.values()] == [["q", "k", "v"]]
+    keys = next(i for i, s in enumerate(part.steps) if isinstance(s, TaskStep) and
+                s.layer == "k")
+    chosen[keys] = Candidate(NCHW, NCHW, 1e-5, "torch")
+    groups = cuda_plan.sibling_denses(part, chosen)
+    assert [[s.layer for s in g.steps] for g in groups.values()] == [["q", "v"]]
 
 
 def test_a_permute_read_by_other_steps_or_tiled_otherwise_is_still_copied():

@@ -133,7 +133,7 @@ def test_vector_loads_need_aligned_runs():
 def test_what_cannot_be_strided_says_why():
     with pytest.raises(CudaLoweringError, match="a matmul's only"):
         gemm_view(make("dense", [(4, 8), (16, 8)]), "NCHW", (None, None, None))
-    with pytest.raises(CudaLoweringError, match="broadcast"):
+    with pytest.raises(CudaLoweringError, match="output's 3 axes"):
         gemm_view(make("matmul", [(2, 4, 8), (8, 4)]), "NCHW", (None, None, None))
     cols = permuted((B, H, D, S), (0, 1, 3, 2))[1]  # the output's columns not contiguous
     with pytest.raises(CudaLoweringError, match="columns must be contiguous"):
@@ -142,3 +142,26 @@ def test_what_cannot_be_strided_says_why():
         gemm_view(SCORES, "NCHW", (None, None, permuted((B, S, H, S), HEADS)[1]))
     cfg = next(iter(cuda_space_for(CONTEXT, "fp32")))
     assert "columns must be contiguous" in strided_problem(CONTEXT, cfg, (None, None, cols))
+
+
+def test_sibling_denses_keep_their_config_with_the_split_the_larger_grid_allows():
+    """Three 768->768 denses of 128 rows as one batched matmul (x shared at stride 0, the
+    weights read as they lie): a config split in two for one dense's 192 tiles of 16x32
+    would pass the grid's block limit three times over, so the merged kernel runs it
+    unsplit; every other knob is kept."""
+    from raytune_kernels.compile.cuda_plan import sibling_compute, sibling_config, sibling_strides
+    from raytune_kernels.cuda.render import block_tile
+
+    dense = make("dense", [(1, 128, 768), (768, 768)])
+    merged, strides = sibling_compute(dense, 3), sibling_strides(dense, 3)
+    assert merged.output.shape == (3, 128, 768)
+    view = gemm_view(merged, "NCHW", strides)
+    assert (view.a_contig, view.b_contig, view.a_strides[0]) == ("k", "k", 0)
+    mma = dict(cuda_space_for(dense, "tf32").parts)["mma"]
+    cfg = next(c for c in (Config(tuple(sorted(p.knobs + (("kernel", "mma"),)))) for p in mma)
+               if c["split"] == 2 and block_tile(c) == (16, 32))
+    assert "split=2" in strided_problem(merged, cfg, strides)
+    lowered = sibling_config(merged, cfg, strides)
+    assert lowered["split"] == 1 and strided_problem(merged, lowered, strides) is None
+    assert {k: v for k, v in lowered.knobs if k != "split"} == \
+        {k: v for k, v in cfg.knobs if k != "split"}
