@@ -18,8 +18,10 @@ from raytune_kernels.cuda.build import compile_cuda, resource_problems
 from raytune_kernels.cuda.kernel import CudaKernel
 from raytune_kernels.cuda import split_k
 from raytune_kernels.cuda.gemm_views import Strides, contiguous_strides, gemm_view
+from raytune_kernels.cuda.mma import round_tf32
 from raytune_kernels.cuda.render import (block_tile, cuda_layouts, operand_layouts,
-                                         render_cuda, strided_problem, to_buffer_layout)
+                                         render_cuda, rounds_weights, strided_problem,
+                                         to_buffer_layout)
 from raytune_kernels.space import Config
 from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
@@ -164,10 +166,10 @@ class Planner:
         self.siblings = siblings or {}  # the first's value -> the denses run as one kernel
         self.merged = {s.output for g in self.siblings.values() for s in g.steps[1:]}
         self.read_in_place: dict[str, GBuf] = {}  # a permute's value -> the buffer it views
-        self.stacked: dict[tuple[str, ...], Const] = {}  # sibling parameters, stacked
+        self.stacked: dict[tuple, Const] = {}  # sibling parameters, stacked (and rounded)
         self.steps: list[GpuStep] = []
         self.consts: list[np.ndarray] = []
-        self.const_of: dict[tuple[str, str], Const] = {}
+        self.const_of: dict[tuple[str, str, bool], Const] = {}
         self.produced: dict[str, tuple[GBuf, str]] = {}
         self.copies: dict[tuple[str, str], GBuf] = {}
         self.built: dict[tuple, tuple[CudaKernel, bytes]] = {}  # (key, config, strides)
@@ -178,14 +180,16 @@ class Planner:
         for (name, _), buf in zip(self.graph.inputs, self.inputs):
             self.produced[name] = (buf, NCHW)
 
-    def const(self, name: str, layout: str = NCHW) -> Const:
-        """A parameter packed once per layout (a GEMM conv's NHWC weight is KRSC)."""
-        if (name, layout) not in self.const_of:
+    def const(self, name: str, layout: str = NCHW, rounded: bool = False) -> Const:
+        """A parameter packed once per layout (a GEMM conv's NHWC weight is KRSC), and
+        rounded to tf32 (`rounded`, for tf32 tensor-core kernels: build_key)."""
+        if (name, layout, rounded) not in self.const_of:
             p = self.graph.params[name].detach().cpu().float()
             packed = p if layout == NCHW else to_buffer_layout(p, layout, tuple(p.shape))
-            self.consts.append(np.ascontiguousarray(packed.numpy()))
-            self.const_of[(name, layout)] = Const(len(self.consts) - 1)
-        return self.const_of[(name, layout)]
+            packed = np.ascontiguousarray(packed.numpy())
+            self.consts.append(round_tf32(packed) if rounded else packed)
+            self.const_of[(name, layout, rounded)] = Const(len(self.consts) - 1)
+        return self.const_of[(name, layout, rounded)]
 
     def value(self, name: str, layout: str) -> GBuf:
         """`name` stored in `layout`, through a (cached) torch transform when needed."""
@@ -226,16 +230,19 @@ class Planner:
                               key=step.key, fn=fn), step.output)
             return
         cfg = cand.config
-        strides = self.in_place.strides.get(step.output)
-        kernel, binary = self._build(step, compute, cfg, strides)
+        at = self.build_key(step, cfg)
+        kernel, binary = self._build(step, compute, *at[1:])
+        rounded = at[-1]
         out_layout = cuda_layouts(compute, cfg)[1]
         inputs = [b for b in kernel.buffers if b.role == "in"]
         if len(step.args) != len(inputs):
             raise CompileError(f"{step.layer}: {len(step.args)} operands for the "
                                f"{len(inputs)} input buffers of task {step.key}'s kernel")
         ops = []
-        for arg, kb, lay in zip(step.args, inputs, operand_layouts(compute, cfg)):
-            op = self.read_in_place.get(arg) or self.operand(arg, lay)
+        for i, (arg, kb, lay) in enumerate(zip(step.args, inputs,
+                                               operand_layouts(compute, cfg))):
+            op = self.const(arg, lay, rounded=True) if rounded and i == 1 else \
+                self.read_in_place.get(arg) or self.operand(arg, lay)
             size = self.consts[op.index].size if isinstance(op, Const) else op.size
             if size != kb.size:
                 raise CompileError(f"{step.layer}: operand {arg} holds {size} floats, kernel "
@@ -257,14 +264,15 @@ class Planner:
         `seconds`: one dense's record."""
         group, first = siblings.steps, siblings.steps[0]
         compute = sibling_compute(self.part.task(first.key).compute, len(group))
-        strides = sibling_strides(self.part.task(first.key).compute, len(group))
-        kernel, binary = self._build(first, compute, siblings.config, strides, len(group))
+        at = self.build_key(first, siblings.config)
+        kernel, binary = self._build(first, compute, *at[1:])
         ops = [self.value(first.args[0], NCHW)]
         for i in range(1, len(first.args)):  # the weights, then each bias
-            key = tuple(s.args[i] for s in group)
+            key = (tuple(s.args[i] for s in group), at[-1] and i == 1)
             if key not in self.stacked:
-                self.consts.append(np.concatenate([
-                    self.graph.params[a].detach().cpu().float().numpy().ravel() for a in key]))
+                stack = np.concatenate([self.graph.params[a].detach().cpu().float().numpy()
+                                        .ravel() for a in key[0]])
+                self.consts.append(round_tf32(stack) if key[1] else stack)
                 self.stacked[key] = Const(len(self.consts) - 1)
             ops.append(self.stacked[key])
         ins = [b for b in kernel.buffers if b.role == "in"]
@@ -289,10 +297,24 @@ class Planner:
                                   seconds * len(group), first.key, kernel, binary,
                                   parts=tuple(parts)))
 
-    def prebuild(self, todo: Iterable[tuple[str, Config, Strides | None]]) -> None:
-        """Render and NVRTC-build the kernels of these (task key, config, strides) on
-        concurrent threads (NVRTC runs outside Python's lock), ahead of `task`, which
-        takes each build from here or reports what went wrong with it."""
+    def build_key(self, step: TaskStep, cfg: Config) -> tuple:
+        """What a task step's kernel is rendered from: (task key, config, strides, how
+        many sibling denses it computes, whether its weights are rounded to tf32 at
+        packing). The config is the chosen one, or its siblings' (sibling_config)."""
+        compute = self.part.task(step.key).compute
+        if step.output in self.siblings:
+            group = len(self.siblings[step.output].steps)
+            merged = sibling_compute(compute, group)
+            return (step.key, cfg, sibling_strides(compute, group), group,
+                    rounds_weights(merged, cfg))
+        rounded = rounds_weights(compute, cfg) and len(step.args) > 1 and \
+            step.args[1] in self.graph.params
+        return step.key, cfg, self.in_place.strides.get(step.output), 1, rounded
+
+    def prebuild(self, todo: Iterable[tuple]) -> None:
+        """Render and NVRTC-build the kernels of these build_key()s on concurrent threads
+        (NVRTC runs outside Python's lock), ahead of `task`, which takes each build from
+        here or reports what went wrong with it."""
         todo = list(dict.fromkeys(todo))
         if not todo:
             return
@@ -302,23 +324,23 @@ class Planner:
                 self.prebuilt[key] = built
 
     def _render_build(self, key: str, cfg: Config, strides: Strides | None = None,
-                      group: int = 1):
+                      group: int = 1, rounded: bool = False):
         """(the kernel, or the exception rendering raised; the build, or None); `group`:
         the kernel of that many sibling denses of task `key` (sibling_compute)."""
         compute = self.part.task(key).compute
         try:
             kernel = render_cuda(compute if group == 1 else sibling_compute(compute, group),
-                                 cfg, strides)
+                                 cfg, strides, rounded)
         except Exception as exc:
             return exc, None
         return kernel, compile_cuda(kernel.source, self.arch, f"{kernel.name}.cu")
 
     def _build(self, step: TaskStep, compute, cfg: Config, strides: Strides | None = None,
-               group: int = 1) -> tuple[CudaKernel, bytes]:
-        """Render and NVRTC-build a (task, config, strides) once (`compute`: the task's, or
-        the sibling_compute of `group` of its steps); a config that no longer renders or
+               group: int = 1, rounded: bool = False) -> tuple[CudaKernel, bytes]:
+        """Render and NVRTC-build a build_key() once (`compute`: the task's, or the
+        sibling_compute of `group` of its steps); a config that no longer renders or
         builds is an error naming the layer (records outlive code changes)."""
-        at = (step.key, cfg, strides, group)
+        at = (step.key, cfg, strides, group, rounded)
         if at in self.built:
             return self.built[at]
         where = f"layer {step.layer} (task {step.key}, {compute.describe()})"
@@ -409,11 +431,8 @@ def plan_network(part: Partition, chosen: Sequence[Candidate | None], arch: str,
     planner = Planner(part, arch, in_place, siblings)
     merged = {s.output for g in siblings.values() for s in g.steps[1:]}
     planner.prebuild(
-        (step.key, cand.config, in_place.strides.get(step.output), 1)
-        if step.output not in siblings else
-        (step.key, siblings[step.output].config,
-         sibling_strides(part.task(step.key).compute, len(siblings[step.output].steps)),
-         len(siblings[step.output].steps))
+        planner.build_key(step, siblings[step.output].config if step.output in siblings
+                          else cand.config)
         for step, cand in zip(part.steps, chosen)
         if isinstance(step, TaskStep) and isinstance(cand.config, Config) and
         step.output not in merged)

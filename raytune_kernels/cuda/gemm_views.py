@@ -52,6 +52,7 @@ class ConvGemm:
     groups: int
 
     a_contig, b_contig = "k", "x"
+    weight = "a"  # the operand that reads in1 (a parameter wherever a network has one)
 
     @classmethod
     def from_compute(cls, c: Compute) -> "ConvGemm":
@@ -116,6 +117,7 @@ class ConvGemmNHWC(ConvGemm):
     cuda_pack and the network planner), and C[pixel][channel] is stored NHWC."""
 
     a_contig, b_contig = "k", "k"
+    weight = "b"
 
     m = property(lambda self: self.oh * self.ow)
     n = property(lambda self: self.k_out // self.groups)
@@ -166,6 +168,7 @@ class DenseGemm:
 
     batch = 1
     a_contig, b_contig = "k", "k"
+    weight = "b"
 
     @classmethod
     def from_compute(cls, c: Compute) -> "DenseGemm":
@@ -204,6 +207,7 @@ class MatmulGemm:
     k: int
 
     a_contig, b_contig = "k", "x"
+    weight = "b"
 
     @classmethod
     def from_compute(cls, c: Compute) -> "MatmulGemm":

@@ -36,6 +36,8 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
+
 from raytune_kernels.cuda import split_k
 from raytune_kernels.cuda.epilogue import epilogue_lines, operand_reads
 from raytune_kernels.cuda.gemm import MAX_SMEM_STATIC, load_steps, pow2_ceil
@@ -244,21 +246,34 @@ def _copy_slice(smem: str, ref: Ref, contig: str, vec: int, bk: int, bx: int, x0
     return lines
 
 
-def _fragments(view, precision: str, mt: int, nt: int) -> list[str]:
+def round_tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to tf32 as cvt.rna.tf32.f32 rounds them (10 mantissa bits,
+    to nearest, ties away from zero; infinities and NaNs as they are), low 13 bits zero:
+    what a kernel rendered with rounded weights reads without converting."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    finite = (u & 0x7F800000) != 0x7F800000
+    out = np.where(finite, (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000), u)
+    return out.astype(np.uint32).view(np.float32).reshape(np.shape(x))
+
+
+def _fragments(view, precision: str, mt: int, nt: int, rounded: bool = False) -> list[str]:
     """One k-step's A and B fragments from shared memory, rounded to the precision, and
     the mma of every accumulator tile (PTX ISA fragment layouts: g = lane / 4, t = lane % 4;
     tf32 A a0..a3 at (g, t), (g+8, t), (g, t+4), (g+8, t+4), B b0, b1 at (t, g), (t+4, g);
-    f16/bf16 pairs two consecutive k in a register, low half first)."""
+    f16/bf16 pairs two consecutive k in a register, low half first). `rounded` (tf32): the
+    weight operand (view.weight) holds tf32 values already (round_tf32), read as they are."""
     def a(r: str, k: str) -> str:
         return _at("As", view.a_contig, k, r)
 
     def b(c: str, k: str) -> str:
         return _at("Bs", view.b_contig, k, c)
     if precision == "tf32":
-        a_regs = [f"rk_tf32({a(r, k)})" for r, k in (("r", "ks + t"), ("r + 8", "ks + t"),
-                                                      ("r", "ks + t + 4"),
-                                                      ("r + 8", "ks + t + 4"))]
-        b_regs = [f"rk_tf32({b('c', k)})" for k in ("ks + t", "ks + t + 4")]
+        cvt_a = "__float_as_uint" if rounded and view.weight == "a" else "rk_tf32"
+        cvt_b = "__float_as_uint" if rounded and view.weight == "b" else "rk_tf32"
+        a_regs = [f"{cvt_a}({a(r, k)})" for r, k in (("r", "ks + t"), ("r + 8", "ks + t"),
+                                                     ("r", "ks + t + 4"),
+                                                     ("r + 8", "ks + t + 4"))]
+        b_regs = [f"{cvt_b}({b('c', k)})" for k in ("ks + t", "ks + t + 4")]
         a_stmts = [f"af[i][{q}] = {v};" for q, v in enumerate(a_regs)]
         b_stmts = [f"bf[j][{q}] = {v};" for q, v in enumerate(b_regs)]
     else:
@@ -300,7 +315,10 @@ def _store(compute: Compute, view, mt: int, nt: int, bm: int, bn: int) -> list[s
             "out[o] = v;", "}", "}"]
 
 
-def render_mma(compute: Compute, view, cfg: Config) -> CudaKernel:
+def render_mma(compute: Compute, view, cfg: Config, rounded: bool = False) -> CudaKernel:
+    """The kernel of a tensor-core config; `rounded`: in tf32, the weight operand is read
+    as it lies, its values rounded to tf32 once, when the network packs them (_fragments),
+    instead of by a cvt at every fragment read."""
     wm, wn, warps_m, warps_n, bk, stages = (cfg[k] for k in MMA_KNOBS[:6])
     precision, split = cfg["precision"], cfg["split"]
     bm, bn, threads = wm * warps_m, wn * warps_n, 32 * warps_m * warps_n
@@ -326,7 +344,7 @@ def render_mma(compute: Compute, view, cfg: Config) -> CudaKernel:
                           view.k, view.n, threads))
     body += _pipeline(copy, stages, bk)
     body += ["#pragma unroll", f"for (int ks = 0; ks < {bk}; ks += {K_STEP[precision]}) {{"]
-    body += _fragments(view, precision, mt, nt) + ["}", "}"]
+    body += _fragments(view, precision, mt, nt, rounded and precision == "tf32") + ["}", "}"]
     if split > 1:
         body += split_k.meet(split, bm * bn, (mt, nt, 4))
     body += _store(compute, view, mt, nt, bm, bn)

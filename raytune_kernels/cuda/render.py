@@ -289,10 +289,16 @@ def strided_problem(compute: Compute, cfg: Config, strides: Strides) -> str | No
         config_problem(space, cfg)
 
 
-def render_cuda(compute: Compute, cfg: Config, strides: Strides | None = None) -> CudaKernel:
+def render_cuda(compute: Compute, cfg: Config, strides: Strides | None = None,
+                rounded: bool = False) -> CudaKernel:
     """CUDA C and launch geometry of one config; a config outside the compute's space
     raises CudaLoweringError naming the knobs that are wrong. `strides`: a matmul reading
-    or writing permuted views in place (strided_problem says whether cfg renders so)."""
+    or writing permuted views in place (strided_problem says whether cfg renders so).
+    `rounded`: a tf32 tensor-core GEMM whose weight operand (in1) holds tf32 values
+    already (mma.round_tf32, at packing), read with no conversion (rounds_weights)."""
+    if rounded and not rounds_weights(compute, cfg):
+        raise CudaLoweringError(f"rounded weights for a config that converts no weight "
+                                f"(tf32 tensor-core GEMMs only): {compute.describe()}")
     space = cuda_space_for(compute, config_precision(cfg)) if strides is None else \
         strided_space(compute, config_precision(cfg), tuple(strides))
     cfg = completed(cfg, space)  # a record written before a knob joined the space
@@ -302,7 +308,7 @@ def render_cuda(compute: Compute, cfg: Config, strides: Strides | None = None) -
         raise CudaLoweringError(f"bad cuda config for {compute.describe()}: {problem}")
     if strides is not None:
         view = gemm_view(compute, "NCHW", tuple(strides))
-        return render_mma(compute, view, cfg) if cfg.get("kernel") == "mma" else \
+        return render_mma(compute, view, cfg, rounded) if cfg.get("kernel") == "mma" else \
             render_gemm(compute, view, cfg)
     if compute.op in ROW_OPS:
         return render_rows(compute, Rows.from_compute(compute), cfg)
@@ -312,8 +318,16 @@ def render_cuda(compute: Compute, cfg: Config, strides: Strides | None = None) -
         return render_window(compute, Window.from_compute(compute), cfg)
     view = gemm_view(compute, cfg.get("layout", "NCHW"))
     if cfg.get("kernel") == "mma":
-        return render_mma(compute, view, cfg)
+        return render_mma(compute, view, cfg, rounded)
     return render_gemm(compute, view, cfg)
+
+
+def rounds_weights(compute: Compute, cfg: Config) -> bool:
+    """Whether a config's kernel converts its weight operand (in1) to tf32 at every
+    fragment read, which a network can do once instead, at packing (render_cuda's
+    `rounded`): a tf32 tensor-core GEMM."""
+    return compute.op in GEMM_OPS and cfg.get("kernel") == "mma" and \
+        config_precision(cfg) == "tf32" and not is_window(compute)
 
 
 def union_problem(space: UnionSpace, cfg: Config) -> str | None:

@@ -5,6 +5,7 @@ wrong kernel gets wrong, and the kernels compiled by NVRTC for sm_80 and sm_90 w
 spills."""
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -206,6 +207,55 @@ def test_the_fill_seed_of_every_gemm_case_matches_the_reference(precision):
     assert sum(cfg["split"] > 1 for _, cfg in pairs) >= 3
     for name, cfg, got, want in _run(pairs):
         assert _within(cfg, got, want), (name, cfg.to_json(), (got - want).abs().max().item())
+
+
+@needs_cxx
+def test_tf32_kernels_reading_weights_rounded_at_packing_give_the_same_outputs():
+    """A tf32 kernel rendered to read its weight operand as it lies (no cvt at each
+    fragment read) on weights rounded once by round_tf32 gives, bit for bit, what the
+    converting kernel gives on the raw weights: round_tf32 rounds as cvt.rna does. The
+    weight is A in an NCHW convolution and B elsewhere; the other operand still converts.
+    On raw weights the tensor core would truncate them: the emulator's model shows it."""
+    from raytune_kernels.cuda.mma import round_tf32
+    from raytune_kernels.cuda.render import rounds_weights
+
+    rng, runs, meta = random.Random(7), [], []
+    for name in GEMM_CASES:
+        c = CASES[name]
+        cfg = _mma(c, "tf32", rng)
+        assert rounds_weights(c, cfg) and not rounds_weights(c, _mma(c, "fp16", rng))
+        ops = random_operands(c, 1)
+        flat = cuda_pack(c, ops, cfg)
+        plain, rounded = render_cuda(c, cfg), render_cuda(c, cfg, rounded=True)
+        weight = "As[" if c.op == "conv2d" and cfg.get("layout", "NCHW") == "NCHW" else "Bs["
+        reads = [line for line in rounded.source.splitlines() if "__float_as_uint(" in line]
+        assert reads and all(weight in line for line in reads), name
+        assert "__float_as_uint" not in plain.source
+        shifted = list(flat)
+        shifted[1] = round_tf32(flat[1])
+        assert np.any(shifted[1] != flat[1])
+        runs += [(plain, flat), (rounded, shifted), (rounded, flat)]
+        meta.append((name, cfg))
+    outs = cuda_emulate.emulate_many(runs)
+    truncated = 0
+    for k, (name, cfg) in enumerate(meta):
+        want, got, raw = outs[3 * k: 3 * k + 3]
+        assert np.array_equal(got, want), (name, cfg.to_json())
+        truncated += not np.array_equal(raw, want)
+    assert truncated == len(meta)
+
+
+def test_round_tf32_rounds_to_nearest_ties_away_and_keeps_what_is_not_finite():
+    from raytune_kernels.cuda.mma import round_tf32
+
+    one_ulp = 2.0 ** -10
+    x = np.array([1.0, 1.0 + one_ulp / 2, -(1.0 + one_ulp / 2), 1.0 + one_ulp / 4,
+                  np.inf, -np.inf, np.nan, 0.0], np.float32)
+    got = round_tf32(x)
+    assert got[:6].tolist() == [1.0, 1.0 + one_ulp, -(1.0 + one_ulp), 1.0, np.inf, -np.inf]
+    assert np.isnan(got[6]) and got[7] == 0.0
+    assert not (round_tf32(np.random.default_rng(0).standard_normal(1000, np.float32))
+                .view(np.uint32) & 0x1FFF).any()
 
 
 @needs_cxx

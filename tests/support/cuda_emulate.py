@@ -87,6 +87,7 @@ TENSOR_CORES = r"""
 #include <deque>
 static inline unsigned rk_bits(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 static inline float rk_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float x) { return rk_bits(x); }
 static inline unsigned rk_tf32(float x) {  // cvt.rna: 10 mantissa bits, ties away from 0
   const unsigned u = rk_bits(x);
   if ((u & 0x7f800000u) == 0x7f800000u) return u;
