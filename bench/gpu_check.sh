@@ -28,8 +28,10 @@
 # as far as the model's share leaves time after RUN_FIXED_S and PRECISION_S a precision,
 # so that checks in turn tune each precision further: each tuned precision costs
 # TUNE_FIXED_S beyond its budget and gets at least MIN_TUNE_S, or is not tuned
-# (--tune-precisions), so every check still reaches its timings. A task without a record runs its untuned default (with tensor cores,
-# small blocks that fill the GPU), which a tuned task's first round measures first.
+# (--tune-precisions), so every check still reaches its timings. BERT-base's run also times
+# its tf32 network without the plan's rewrites (--plain tf32), which shows what they
+# gain. A task without a record runs its untuned default (with tensor cores, small blocks
+# that fill the GPU), which a tuned task's first round measures first.
 # Each run is under `timeout` for its share less KILL_S, the grace its kill may take, so
 # the whole never passes 480 s; a run that ends early leaves its time to the next.
 set -uo pipefail
@@ -51,6 +53,11 @@ PRECISIONS=tf32,fp16,bf16,fp32  # every one compiled, checked and timed, and tun
 RUNS=(resnet18 mobilenet_v2 hf/BertModel)
 TRIALS=100000  # a cap the time budget reaches first
 declare -A WEIGHT=([resnet18]=12 [mobilenet_v2]=11 [hf/BertModel]=11)
+# BERT-base also times, in these precisions, its network planned without the plan's
+# rewrites (sibling kernels, permutes in place, tf32 weights rounded at packing): each
+# one's extra compile, check and timing costs PLAIN_S
+declare -A PLAIN=([hf/BertModel]=tf32)
+PLAIN_S=5
 TESTS=(tests/cuda tests/compile/test_cuda_network.py tests/actors/test_tune_cuda.py
        tests/test_bench.py tests/test_cli.py)
 DESELECT=(tests/test_bench.py::test_network_bench_on_the_gpu
@@ -156,7 +163,13 @@ least_tuned() {  # model: PRECISIONS, one a line, fewest records in $RESULTS fir
 run_model() {  # model, seconds: one bench/network.py run, its lines collected
   local m=$1 s=$2
   local n=$(( $(tr -cd , <<< "$PRECISIONS" | wc -c) + 1 ))  # precisions compiled
-  local spare=$((s - KILL_S - RUN_FIXED_S - n * PRECISION_S))
+  local -a extra=()
+  local plain=0
+  if [[ -n "${PLAIN[$m]:-}" ]]; then
+    extra=(--plain "${PLAIN[$m]}")
+    plain=$(( $(tr -cd , <<< "${PLAIN[$m]}" | wc -c) + 1 ))
+  fi
+  local spare=$((s - KILL_S - RUN_FIXED_S - n * PRECISION_S - plain * PLAIN_S))
   local -a order
   mapfile -t order < <(least_tuned "$m")
   local k=${#order[@]} tune=0
@@ -171,7 +184,7 @@ run_model() {  # model, seconds: one bench/network.py run, its lines collected
   ((k > 0)) && budget=(--tune-seconds "$tune")
   step "$s" python bench/network.py "$m" --target cuda --precision "$PRECISIONS" \
     --tune-precisions "$which" --trials "$TRIALS" "${budget[@]}" --rounds 2 --quick \
-    --no-compile
+    --no-compile "${extra[@]}"
   local rc=$?
   [[ $DRY == 1 ]] && return
   cat "$STEP" >> "$LOG"

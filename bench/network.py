@@ -544,6 +544,10 @@ def compile_gpu(args, model, inputs, target: Target, records: str) -> dict:
     nets = {name: compile_network(model, inputs, records, target=str(target),
                                   fallback=args.fallback, layout=layout, verbose=True)
             for name, layout in zip(("ours", "ours_uniform"), layouts)}
+    if target.precision in args.plain:  # the plan without its rewrites, timed beside it
+        nets["ours_plain"] = compile_network(model, inputs, records, target=str(target),
+                                             fallback=args.fallback, verbose=True,
+                                             rewrites=False)
     print(f"compiled and checked in {time.perf_counter() - start:.0f} s")
     return nets
 
@@ -658,10 +662,14 @@ def run_fields(args, gpu: str, tuned, net, target: Target | None = None) -> dict
 
 
 def timing_fields(rounds_s: dict[str, list[float]], precisions: dict[str, str]) -> dict:
-    """The JSON's timings in ms: ours (and ours_uniform where timed), each PyTorch variant
-    with its precision, and every round of every one (the figures are their medians)."""
+    """The JSON's timings in ms: ours (and ours_uniform, and ours_plain with its per-round
+    ratio to ours, where timed), each PyTorch variant with its precision, and every round
+    of every one (the figures are their medians)."""
     ms = {k: round(median(v) * 1e3, 3) for k, v in rounds_s.items()}
-    return {"ours_ms": ms["ours"], "ours_uniform_ms": ms.get("ours_uniform"),
+    plain = {"ours_plain_ms": ms["ours_plain"], "plain_over_ours": spread(
+        [p / o for p, o in zip(rounds_s["ours_plain"], rounds_s["ours"])])} \
+        if "ours_plain" in ms else {}
+    return {"ours_ms": ms["ours"], "ours_uniform_ms": ms.get("ours_uniform"), **plain,
             "torch_ms": {k: {"precision": p, "ms": ms[k]} for k, p in precisions.items()},
             "rounds_ms": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds_s.items()}}
 
@@ -683,7 +691,8 @@ def load_model(name: str):
 
 
 def precision_list(text: str) -> tuple[str, ...]:
-    """--precision, --compile-precisions: comma-separated precisions among PRECISIONS."""
+    """--precision, --compile-precisions, --plain: comma-separated precisions among
+    PRECISIONS."""
     names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
     bad = [p for p in names if p not in PRECISIONS]
     if bad or not names:
@@ -727,6 +736,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="cuda only: a check, not a figure: short timing, no one-layout "
                          "network, no per-layer profile")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--plain", type=precision_list, default=(), metavar="LIST",
+                    help="cuda only: in these precisions (comma-separated), also time the "
+                         "network planned without its rewrites (compile_network(rewrites="
+                         "False): no sibling kernels, permutes copied, tf32 weights converted "
+                         "in the kernels), as ours_plain")
     ap.add_argument("--refine", type=int, default=8,
                     help="CPU: compile_network's refine (each step's best N records "
                          "clocked in the running network, then the split agreement); above "

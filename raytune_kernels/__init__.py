@@ -197,8 +197,8 @@ def compile_network(model: "torch.nn.Module",
                     fallback: str | None = None, threads: int = 1, layout: str = "ilp",
                     time_limit_s: float = 20.0, check: bool = True,
                     atol: float | None = None, verbose: bool = False,
-                    solver: "Solver | None" = None, graph: bool = True, refine: int = 8
-                    ) -> "CompiledNetwork | GpuNetwork":
+                    solver: "Solver | None" = None, graph: bool = True, refine: int = 8,
+                    rewrites: bool = True) -> "CompiledNetwork | GpuNetwork":
     """Compile `model` from the best kernels in `records` for `target`.
 
     On "llvm": a CompiledNetwork (native calls over one buffer pool) from the records
@@ -256,6 +256,11 @@ def compile_network(model: "torch.nn.Module",
         split channels their best record that splits rows, where the network runs faster
         so (the split agreement). 0 or 1 keeps each layout pair's best record as timed
         alone.
+    rewrites
+        On "cuda", plan sibling denses (one input, one task: a layer's query, key and value
+        projections) as one kernel, let matmuls read and write attention's permutes in
+        place, and round tf32 weights once at packing; False plans every step as its own
+        launch or copy (the baseline they must beat, and for debugging).
     """
     from actors.driver import layout_solver
     from raytune_kernels.compile.api import compile_network as compile_here
@@ -263,7 +268,8 @@ def compile_network(model: "torch.nn.Module",
     return compile_here(model, example_inputs, records, target=target, fallback=fallback,
                         threads=threads, layout=layout, time_limit_s=time_limit_s,
                         check=check, atol=atol, verbose=verbose,
-                        solver=solver or layout_solver(), graph=graph, refine=refine)
+                        solver=solver or layout_solver(), graph=graph, refine=refine,
+                        rewrites=rewrites)
 
 
 __all__ = [

@@ -507,6 +507,15 @@ def test_timing_fields_give_each_variant_its_precision_and_every_round():
                                "eager_fp16": {"precision": "fp16", "ms": 500.0}}
     assert got["rounds_ms"]["compile_fp32"] == [1500.0, 1800.0, 1200.0]
     assert set(got["rounds_ms"]) == set(ROUNDS)
+    assert "ours_plain_ms" not in got and "plain_over_ours" not in got
+
+
+def test_the_plan_without_its_rewrites_is_reported_beside_ours():
+    rounds = {**ROUNDS, "ours_plain": [1.2, 1.65, 0.9]}
+    got = _bench("network").timing_fields(rounds, PRECISIONS)
+    assert got["ours_plain_ms"] == 1200.0
+    # the median of the per-round ratios (over ours' rounds 1.0, 1.1, 0.9), and its spread
+    assert got["plain_over_ours"] == {"median": 1.2, "min": 1.0, "max": 1.5}
 
 
 def test_gpu_timing_is_interleaved_round_by_round():
@@ -623,12 +632,15 @@ def test_gpu_check_dry_run_plans_every_step_within_8_minutes(tmp_path):
     assert runs == [(m, CHECK_PRECISIONS) for m in CHECK_MODELS]
     assert all(s[4:6] == ["python", "bench/network.py"] and "--quick" in s
                for s in steps[1:])
+    # BERT-base times its tf32 plan against the plan without its rewrites too
+    assert [s[s.index("--plain") + 1] if "--plain" in s else None for s in steps[1:]] == \
+        [None, None, "tf32"]
     # tuning bounded by time, tf32's alone in these shares: the run keeps its compiles,
     # timing and the tuning's own fixed cost
     for s in steps[1:]:
         assert s[s.index("--tune-precisions") + 1] == "tf32"
         tune = int(s[s.index("--tune-seconds") + 1])
-        assert 10 <= tune <= int(s[3]) - 25 - 4 * 12 - 25
+        assert 10 <= tune <= int(s[3]) - 25 - 4 * 12 - 25 - 5 * ("--plain" in s)
     # each step's limit plus the grace of its kill, all together, within 480 s
     assert sum(int(s[2]) + int(s[3]) for s in steps) <= 480
     assert not (tmp_path / "out").exists()  # a dry run writes nothing

@@ -33,7 +33,8 @@ def compile_network(model: torch.nn.Module,
                     fallback: str | None = None, threads: int = 1, layout: str = "ilp",
                     time_limit_s: float = 20.0, check: bool = True,
                     atol: float | None = None, verbose: bool = False,
-                    solver: Solver = solve_ilp, graph: bool = True, refine: int = 8):
+                    solver: Solver = solve_ilp, graph: bool = True, refine: int = 8,
+                    rewrites: bool = True):
     """raytune_kernels.compile_network (its parameters, documented there), without asking
     for a Ray session's solver: `solver` is PuLP/CBC in this process unless given."""
     if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
@@ -45,7 +46,8 @@ def compile_network(model: torch.nn.Module,
         return compile_network_cuda(model, example_inputs, recs,
                                     dataclasses.replace(tgt, arch=arch), fallback=fallback,
                                     check=check, atol=atol, verbose=verbose, layout=layout,
-                                    time_limit_s=time_limit_s, solver=solver, graph=graph)
+                                    time_limit_s=time_limit_s, solver=solver, graph=graph,
+                                    rewrites=rewrites)
     if tgt.kind != "llvm":
         raise CompileError(f"target {target!r}: no network compiler for this target kind")
     return compile_network_cpu(model, example_inputs, cpu_records(records, str(tgt), threads),

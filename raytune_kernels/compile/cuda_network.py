@@ -430,7 +430,8 @@ def compile_network_cuda(model: torch.nn.Module,
                          verbose: bool = False, layout: str = "ilp",
                          time_limit_s: float = 20.0,
                          device: "type[Device] | None" = None,
-                         solver: Solver = solve_ilp, graph: bool = True) -> GpuNetwork:
+                         solver: Solver = solve_ilp, graph: bool = True,
+                         rewrites: bool = True) -> GpuNetwork:
     """Compile `model` for a cuda target from `records`, those of its arch and precision
     (compile.api.cuda_records picks them).
 
@@ -447,7 +448,10 @@ def compile_network_cuda(model: torch.nn.Module,
     executor class (default: CupyDevice on the current GPU; tests pass an emulator): it
     times transforms and torch's kernels, and runs the plan. With `graph` (and a device
     that can capture), every call replays the whole network as one CUDA graph captured
-    here; graph=False launches step by step (for debugging and per-step profiling)."""
+    here; graph=False launches step by step (for debugging and per-step profiling).
+    `rewrites` (cuda_plan.plan_network): sibling denses as one kernel, attention's permutes
+    read and written in place, tf32 weights rounded at packing; rewrites=False plans each
+    step as its own launch or copy (the baseline they must beat, and for debugging)."""
     tgt = parse_target(target)
     if fallback not in (None, TORCH):
         raise CompileError(f"fallback must be None or 'torch', got {fallback!r}")
@@ -490,7 +494,7 @@ def compile_network_cuda(model: torch.nn.Module,
                                          time_limit_s, solver)
     clock.lap("layouts")
     plan = plan_network(part, chosen, arch, estimated_latency(part, best, torch_s),
-                        layout_plan)
+                        layout_plan, rewrites)
     clock.lap("build")
     net = GpuNetwork(plan, device(plan), graph=graph)
     net.examples = inputs

@@ -160,8 +160,9 @@ def same_order(shape: tuple[int, ...], a: str, b: str) -> bool:
 
 class Planner:
     def __init__(self, part: Partition, arch: str, in_place: "InPlace | None" = None,
-                 siblings: "dict[str, Siblings] | None" = None):
+                 siblings: "dict[str, Siblings] | None" = None, rounding: bool = True):
         self.part, self.graph, self.arch = part, part.graph, arch
+        self.rounding = rounding  # tf32 weights rounded at packing (build_key)
         self.in_place = in_place or InPlace({}, {}, {})
         self.siblings = siblings or {}  # the first's value -> the denses run as one kernel
         self.merged = {s.output for g in self.siblings.values() for s in g.steps[1:]}
@@ -306,8 +307,8 @@ class Planner:
             group = len(self.siblings[step.output].steps)
             merged = sibling_compute(compute, group)
             return (step.key, cfg, sibling_strides(compute, group), group,
-                    rounds_weights(merged, cfg))
-        rounded = rounds_weights(compute, cfg) and len(step.args) > 1 and \
+                    self.rounding and rounds_weights(merged, cfg))
+        rounded = self.rounding and rounds_weights(compute, cfg) and len(step.args) > 1 and \
             step.args[1] in self.graph.params
         return step.key, cfg, self.in_place.strides.get(step.output), 1, rounded
 
@@ -423,12 +424,15 @@ def assign_offsets(steps: list[GpuStep], pinned: Iterable[GBuf],
 
 
 def plan_network(part: Partition, chosen: Sequence[Candidate | None], arch: str,
-                 estimated_s: float = 0.0, layout_plan: LayoutPlan | None = None) -> GpuPlan:
+                 estimated_s: float = 0.0, layout_plan: LayoutPlan | None = None,
+                 rewrites: bool = True) -> GpuPlan:
     """The plan of a partitioned graph from each step's chosen candidate (a config, or
-    TORCH; None for glue steps); builds every kernel with NVRTC for `arch`."""
-    siblings = sibling_denses(part, chosen)
-    in_place = permutes_in_place(part, chosen)
-    planner = Planner(part, arch, in_place, siblings)
+    TORCH; None for glue steps); builds every kernel with NVRTC for `arch`. `rewrites`:
+    sibling denses as one kernel, permutes read and written in place by matmuls, tf32
+    weights rounded at packing; without them every step is its own launch or copy."""
+    siblings = sibling_denses(part, chosen) if rewrites else {}
+    in_place = permutes_in_place(part, chosen) if rewrites else None
+    planner = Planner(part, arch, in_place, siblings, rewrites)
     merged = {s.output for g in siblings.values() for s in g.steps[1:]}
     planner.prebuild(
         planner.build_key(step, siblings[step.output].config if step.output in siblings

@@ -305,6 +305,34 @@ def test_attention_reads_and_writes_its_heads_in_place(precision, tmp_path):
     assert torch.equal(back(x, mask), net(x, mask))
 
 
+def test_without_its_rewrites_the_plan_launches_and_copies_every_step():
+    """rewrites=False (the baseline bench/network.py --plain times): each projection its
+    own kernel, the four permutes PyTorch copies, tf32 weights converted in the kernels;
+    the same model either way."""
+    torch.manual_seed(0)
+    model = Attention().eval()
+    x, mask = torch.randn(2, 16, 32), torch.zeros(2, 1, 16, 16)
+    nets = {}
+    for rewrites in (True, False):
+        with pytest.warns(UserWarning, match="untuned default"):
+            nets[rewrites] = compile_network_cuda(model, (x, mask), [],
+                                                  f"{TARGET} -precision=tf32",
+                                                  device=EmulatorDevice, rewrites=rewrites)
+    plain, rewritten = nets[False], nets[True]
+    assert [s.kind for s in plain.steps].count("glue") == 4
+    assert [s.kind for s in plain.steps].count("kernel") == 7
+    assert not any(s.parts for s in plain.steps)
+    assert not any("__float_as_uint" in s.kernel.source for s in plain.steps if s.kernel)
+    assert len(rewritten.steps) == 5
+    # the projections' kernel and the output's read rounded weights; the attention
+    # matmuls' operands are activations, converted as they are read
+    assert sum("__float_as_uint" in s.kernel.source for s in rewritten.steps) == 2
+    with torch.no_grad():
+        want = model(x, mask)
+    for net in nets.values():
+        assert output_error(net(x, mask), want) <= net.checked_within
+
+
 def test_sibling_denses_of_other_configs_or_inputs_run_apart():
     """Projections of one input and one task but tuned configs that differ are not one
     kernel (records name one config a task: here the keys' layer is given TORCH), nor are
