@@ -35,6 +35,7 @@ KEYS_T = (0, 2, 3, 1)  # [B, S, H, D] -> [B, H, D, S]
 SCORES = make("matmul", [(B, H, S, D), (B, H, D, S)], epilogue=[scalar("mul", 0.35),
                                                                   residual("add")])
 CONTEXT = make("matmul", [(B, H, S, S), (B, H, S, D)])
+GRAM = make("matmul", [(B, H, S, D), (B, H, D, S)])  # A^T of a [B, H, D, S] tensor
 
 
 def split_heads_strides():
@@ -86,7 +87,9 @@ def _buffers(compute, strides, cfg, seed):
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
 def test_sampled_strided_matmuls_match_the_reference(precision):
     rng, runs, meta = random.Random(3), [], []
-    for compute, strides in ((SCORES, split_heads_strides()), (CONTEXT, merge_heads_strides())):
+    transposed_a = (permuted((B, H, D, S), (0, 1, 3, 2))[1], None, None)  # rows contiguous
+    for compute, strides in ((SCORES, split_heads_strides()), (CONTEXT, merge_heads_strides()),
+                             (GRAM, transposed_a)):
         for k, cfg in enumerate(_sample(compute, strides, precision, rng, 4)):
             flat, want = _buffers(compute, strides, cfg, k)
             runs.append((render_cuda(compute, cfg, strides), flat))
@@ -109,6 +112,8 @@ def test_the_space_follows_each_operands_contiguous_axis():
     merged = gemm_view(CONTEXT, "NCHW", merge_heads_strides())
     assert (merged.a_contig, merged.b_contig) == ("k", "x")
     assert "* 24 + (j)" in merged.out("i", "j")  # a row of the context is H * D apart
+    gram = gemm_view(GRAM, "NCHW", (permuted((B, H, D, S), (0, 1, 3, 2))[1], None, None))
+    assert gram.a_contig == "x"  # A read down its columns
     # the plain matmul's configs render in place where the views allow what they do
     for compute, strides in ((SCORES, split_heads_strides()), (CONTEXT, merge_heads_strides())):
         for precision in ("fp32", "tf32"):
