@@ -163,7 +163,7 @@ class Planner:
                  siblings: "dict[str, Siblings] | None" = None, rounding: bool = True):
         self.part, self.graph, self.arch = part, part.graph, arch
         self.rounding = rounding  # tf32 weights rounded at packing (build_key)
-        self.in_place = in_place or InPlace({}, {}, {})
+        self.in_place = in_place or InPlace(frozenset(), {}, {})
         self.siblings = siblings or {}  # the first's value -> the denses run as one kernel
         self.merged = {s.output for g in self.siblings.values() for s in g.steps[1:]}
         self.read_in_place: dict[str, GBuf] = {}  # a permute's value -> the buffer it views
@@ -249,14 +249,21 @@ class Planner:
                 raise CompileError(f"{step.layer}: operand {arg} holds {size} floats, kernel "
                                    f"buffer {kb.name} of task {step.key} reads {kb.size}")
             ops.append(op)
-        for kb in kernel.buffers:  # zeroed once; the kernel leaves them as it found them
-            if kb.role == "scratch":
-                self.consts.append(np.zeros(kb.size, np.float32))
-                ops.append(Const(len(self.consts) - 1))
+        ops += self.scratch(kernel)
         value = self.in_place.written.get(step.output, step.output)
         out = GBuf(compute.output.numel, tuple(self.graph.shape_of(value)), out_layout)
         self._add(GpuStep(step.layer, "kernel", (step.layer,), ops, out, cand.seconds,
                           step.key, kernel, binary), value)
+
+    def scratch(self, kernel: CudaKernel) -> list[Const]:
+        """A constant for each scratch buffer of the kernel (split-K's partial sums and
+        counters): zeroed once, left by the kernel as it found them."""
+        out = []
+        for kb in kernel.buffers:
+            if kb.role == "scratch":
+                self.consts.append(np.zeros(kb.size, np.float32))
+                out.append(Const(len(self.consts) - 1))
+        return out
 
     def siblings_step(self, siblings: "Siblings", seconds: float) -> None:
         """Sibling denses (one input, one task, one config) as one kernel: a batched
@@ -281,10 +288,7 @@ class Planner:
         if sizes != [b.size for b in ins]:
             raise CompileError(f"{first.layer}: operands of {sizes} floats for the merged "
                                f"kernel's buffers of {[b.size for b in ins]}")
-        for kb in kernel.buffers:
-            if kb.role == "scratch":
-                self.consts.append(np.zeros(kb.size, np.float32))
-                ops.append(Const(len(self.consts) - 1))
+        ops += self.scratch(kernel)
         size = compute.output.numel // len(group)
         out = GBuf(compute.output.numel, tuple(compute.output.shape))
         parts = []
@@ -531,13 +535,13 @@ class Siblings:
 
 @dataclass(frozen=True)
 class InPlace:
-    """Permutes no step copies: `read` (a permute's value -> its element strides in its
-    input's buffer), whose readers, matmul kernels all, read that buffer in place;
+    """Permutes no step copies: `read` (permutes' values), whose readers, matmul kernels
+    all, read the permute's input buffer in place;
     `written` (a matmul's value -> the permute of it), a matmul's output that only a
     permute reads, written in the permuted order; `strides` (a matmul step's value -> its
     A's, B's and output's strides, each None where contiguous) for rendering them."""
 
-    read: dict[str, tuple[int, ...]]
+    read: frozenset[str]
     written: dict[str, str]
     strides: dict[str, Strides]
 
@@ -559,7 +563,8 @@ def permutes_in_place(part: Partition, chosen: Sequence[Candidate | None]) -> In
         for pos, arg in enumerate(args):
             readers.setdefault(arg, []).append((step, pos))
     kept = set(graph.outputs) | set(graph.params) | {name for name, _ in graph.inputs}
-    read, written, strides = {}, {}, {}
+    read: set[str] = set()
+    written, strides = {}, {}
 
     def strided(uses: list[tuple[str, int]], st: tuple[int, ...]) -> dict | None:
         """The strides of every matmul step in `uses` (its value, the slot 0-2 that `st`
@@ -592,7 +597,7 @@ def permutes_in_place(part: Partition, chosen: Sequence[Candidate | None]) -> In
                             tuple(base[d] for d in dims))
             if trial is not None:
                 strides.update(trial)
-                read[node.name] = tuple(base[d] for d in dims)
+                read.add(node.name)
                 continue
         if src in chosen_of and [s for s, _ in readers.get(src, [])] == [step]:
             permuted = contiguous_strides(tuple(graph.shape_of(node.name)))
@@ -603,7 +608,7 @@ def permutes_in_place(part: Partition, chosen: Sequence[Candidate | None]) -> In
             if trial is not None:
                 strides.update(trial)
                 written[src] = node.name
-    return InPlace(read, written, strides)
+    return InPlace(frozenset(read), written, strides)
 
 
 def step_candidates(part: Partition, records: list[Record],

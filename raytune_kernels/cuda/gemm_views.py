@@ -313,7 +313,7 @@ class StridedMatmulGemm(MatmulGemm):
     def _batch_offset(self, strides: tuple[int, ...]) -> str:
         terms, inner = [], 1
         for extent, stride in reversed(list(zip(self.out_batch, strides[:-2]))):
-            if extent > 1:
+            if extent > 1 and stride:  # a broadcast operand's stride is 0
                 terms.append(f"(z / {inner} % {extent}) * {stride}")
             inner *= extent
         return " + ".join(reversed(terms)) or "0"
