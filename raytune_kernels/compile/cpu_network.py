@@ -210,7 +210,7 @@ class CompiledNetwork(Reporting):
                 "outputs": self._out, "threads": self.threads, "plan": self.plan,
                 "estimated_s": self.estimated_s, "aliases": self._aliases,
                 "value_of": {index[k]: v for k, v in self.value_of.items()},
-                "examples": self.examples, "mcpu": self.mcpu,
+                "examples": self.examples, "mcpu": self.mcpu, "recorded": self.recorded,
                 "native": {ir: build(ir, persist=True).library for ir in irs}}
 
     @classmethod
@@ -223,12 +223,15 @@ class CompiledNetwork(Reporting):
                   state["plan"], state["estimated_s"],
                   {id(steps[i]): v for i, v in state["value_of"].items()}, state["aliases"])
         net.examples, net.mcpu = state["examples"], state["mcpu"]
+        net.recorded = state.get("recorded", frozenset())
         return net
 
     examples: "Sequence[torch.Tensor] | None" = None  # the inputs it was compiled with
     refined = None  # compile/refine.py's reports: Refined, Agreed (None: not run)
     agreed = None
     mcpu: str | None = None  # the CPU its kernels were built for (None: the host)
+    # the tasks whose kernels and estimates come from records (not the analytic model)
+    recorded: frozenset = frozenset()
 
     def random_inputs(self, seed: int = 0) -> list[torch.Tensor]:
         """Random inputs of the compiled shapes (token ids in the examples' range)."""
@@ -267,7 +270,7 @@ class CompiledNetwork(Reporting):
                 ref = theirs.get(s.name) if s.kind in ("kernel", "torch", "glue") else None
                 flops = self.part.task(s.key).compute.flops() if s.key else 0
                 rows.append(ProfileRow(s.name, s.kind, s.layers, t, alone, ref, s.estimate,
-                                       flops))
+                                       flops, recorded=s.key in self.recorded))
         prof = Profile(rows, end_to_end, torch_total, self.peak_flops())
         if print_table:
             print(prof.table())
@@ -536,8 +539,10 @@ def compile_network_cpu(model: torch.nn.Module,
             else:
                 planner.glue(step)
         outputs = planner.outputs()
-        return CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
-                               estimated, planner.value_of, planner.aliases)
+        built = CompiledNetwork(part, planner.steps, planner.inputs, outputs, threads, plan,
+                                estimated, planner.value_of, planner.aliases)
+        built.recorded = frozenset(best)
+        return built
     refined, agreed, net = None, None, None
     if refine > 1 and recs:  # each may hand back the network of its plan, built and timed
         prebuild = functools.partial(_prebuild, part, kernels, tgt.mcpu)

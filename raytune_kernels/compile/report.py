@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -207,6 +208,7 @@ class ProfileRow:
     # floating-point operations of the step's layer as its direct algorithm counts them (a
     # Winograd conv does fewer); 0 for transforms, glue, and where they are not counted
     flops: int = 0
+    recorded: bool = False  # estimate_s is a record's time (not a model's, not untuned)
 
     @property
     def ratio(self) -> float | None:
@@ -306,7 +308,8 @@ class Reporting:
     def fidelity(self, measured_s: float, profile: Profile | None = None,
                  estimated_s: float | None = None) -> str:
         """The tuner's estimate next to the measured latency. Over a 10% gap, where it
-        comes from: the steps the estimate leaves out (transforms, glue, torch), kernels
+        comes from: the steps the estimate leaves out (transforms, glue, torch), a machine
+        that runs the recorded kernels slower or faster than their records (Drift), kernels
         slower in the network than in their records, and the difference between the steps
         timed alone and the network end to end (caches that repeated timing keeps warm)."""
         est = self.estimated_s if estimated_s is None else estimated_s
@@ -329,6 +332,9 @@ class Reporting:
         if by_kind:
             lines.append("not in the estimate: " + ", ".join(
                 f"{k} steps {v * 1e3:.3f} ms" for k, v in sorted(by_kind.items())))
+        drift = machine_drift(prof.rows)
+        if drift is not None:
+            lines.append(drift.line(est, measured_s))
         excess = sorted(((r.ours_s - r.estimate_s, r.name) for r in prof.rows
                          if r.kind == "kernel" and r.ours_s > r.estimate_s), reverse=True)
         if excess:
@@ -339,3 +345,45 @@ class Reporting:
                      f"{(prof.total_s - prof.alone_s) * 1e3:+.3f} ms from running them in "
                      "sequence (what each step leaves in the caches for the next)")
         return "\n".join(lines)
+
+
+DRIFT = 0.15  # kernels alone this much off their records: the machine is not as tuned
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The network's kernels timed alone here against their records, timed alike (alone,
+    repeated, weights cold) where they were tuned: a ratio far from 1 says the machine
+    runs slower or faster than when it was tuned (another host of the same CPU name,
+    another clock, neighbours on a shared host), a gap no plan can close."""
+
+    alone_s: float
+    records_s: float
+    per_kernel: tuple[float, ...]  # each kernel's alone over its record, sorted
+
+    @property
+    def ratio(self) -> float:
+        return self.alone_s / self.records_s
+
+    def line(self, estimated_s: float, measured_s: float) -> str:
+        scaled = estimated_s * self.ratio
+        mid = self.per_kernel[len(self.per_kernel) // 2]
+        pace = "slower" if self.ratio > 1 else "faster"
+        return (f"this machine runs the kernels {pace} than their records: alone here "
+                f"{self.alone_s * 1e3:.3f} ms against the records' {self.records_s * 1e3:.3f}"
+                f" ms ({self.ratio:.2f}x; each kernel {self.per_kernel[0]:.2f}-"
+                f"{self.per_kernel[-1]:.2f}x, median {mid:.2f}x): tuned on another machine "
+                f"or at another load; the estimate at this pace {scaled * 1e3:.3f} ms, "
+                f"measured {measured_s / scaled - 1:+.1%}")
+
+
+def machine_drift(rows: Sequence[ProfileRow], threshold: float = DRIFT) -> Drift | None:
+    """The Drift of the kernel rows that have a record, where their sum alone is more than
+    `threshold` off the records' sum; None within it or with no such row."""
+    kernels = [r for r in rows if r.kind == "kernel" and r.recorded and r.estimate_s > 0
+               and r.alone_s > 0]
+    if not kernels:
+        return None
+    drift = Drift(sum(r.alone_s for r in kernels), sum(r.estimate_s for r in kernels),
+                  tuple(sorted(r.alone_s / r.estimate_s for r in kernels)))
+    return drift if abs(drift.ratio - 1) > threshold else None

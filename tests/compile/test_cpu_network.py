@@ -423,6 +423,41 @@ def test_fidelity_times_our_steps_only(net, monkeypatch):
     assert "steps timed alone" in far and "measured" in far
 
 
+def test_machine_drift_compares_recorded_kernels_alone_with_their_records():
+    """Kernels timed alone here against their records, summed; rows whose estimate is no
+    record's (transforms, untuned kernels) left out; nothing within the threshold."""
+    from raytune_kernels.compile.report import ProfileRow, machine_drift
+
+    def row(name, alone, record, kind="kernel", recorded=True):
+        return ProfileRow(name, kind, (name,), alone, alone, None, record, recorded=recorded)
+    rows = [row("a", 3e-3, 1e-3), row("b", 2e-3, 1e-3), row("c", 5e-3, 5e-3),
+            row("t", 9e-3, 1e-6, kind="transform"), row("u", 9e-3, 1e-6, recorded=False)]
+    drift = machine_drift(rows)
+    assert drift.alone_s == pytest.approx(10e-3) and drift.records_s == pytest.approx(7e-3)
+    assert drift.per_kernel == pytest.approx((1.0, 2.0, 3.0))
+    line = drift.line(estimated_s=7e-3, measured_s=12e-3)
+    assert "slower" in line and "(1.43x; each kernel 1.00-3.00x, median 2.00x)" in line
+    assert "at this pace 10.000 ms, measured +20.0%" in line
+    assert machine_drift(rows[2:]) is None  # c alone: as recorded
+    assert machine_drift([row("a", 1e-3, 1.1e-3)]) is None  # within 15%
+    assert "faster" in machine_drift([row("a", 1e-3, 2e-3)]).line(2e-3, 1e-3)
+
+
+def test_fidelity_names_a_machine_slower_than_the_records(small, tmp_path):
+    """Records from a machine 5x faster than this one: the report says so and scales the
+    estimate by it, rather than blaming the network; a saved network keeps which tasks
+    were recorded."""
+    model, inputs, records = small
+    fast = [dataclasses.replace(r, times=tuple(t / 5 for t in r.times)) for r in records]
+    net = compile_network(model, inputs, fast, refine=1)
+    assert net.recorded == {r.task_key for r in records}
+    text = net.fidelity(net.estimated_s * 5)
+    assert "this machine runs the kernels slower than their records" in text, text
+    path = str(tmp_path / "net.rkn")
+    net.save(path)
+    assert rk.load(path).recorded == net.recorded
+
+
 def test_compile_command_checks_and_times_against_torch(small, tmp_path, capsys):
     from raytune_kernels.cli import main
     from raytune_kernels.tune.records import RecordWriter
