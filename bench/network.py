@@ -67,7 +67,7 @@ import torch
 from raytune_kernels import tune_network, zoo
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.compile.api import compile_network
-from raytune_kernels.compile.report import network_bound
+from raytune_kernels.compile.report import machine_drift, network_bound
 from raytune_kernels.precision import DEFAULT, PRECISIONS, tolerance
 from raytune_kernels.target import Target, target_arg
 from raytune_kernels.timing import TimingOptions, median, time_fn
@@ -826,6 +826,7 @@ def main() -> None:
         args.max_rounds).items()}
     prof = net.profile(png=args.png)
     print(net.fidelity(ms["ours"] / 1e3, prof))
+    pace = machine_drift(prof.rows, threshold=0.0)
     torch_ms = {k: (round(ms[k], 3) if k in ms else None)
                 for k in ("eager", "channels_last", "jit_freeze", "compile", "eager_bf16",
                           "compile_bf16")}
@@ -875,6 +876,9 @@ def main() -> None:
               "steps_network_ms": round(sum(r.ours_s for r in prof.rows) * 1e3, 3),
               "steps_alone_ms": round(sum(r.alone_s for r in prof.rows) * 1e3, 3),
               "steps_alone_weights": "cold",
+              # the recorded kernels alone here over their records, median: this machine's
+              # pace against the one that tuned them (compile/report.machine_drift)
+              "alone_over_records": pace and round(pace.ratio, 3),
               # every round's time of every variant (the figures above are their medians):
               # this VM's timings drift, and a figure is only as good as its spread
               "rounds_ms": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds.items()}}

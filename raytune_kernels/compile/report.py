@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -352,38 +353,35 @@ DRIFT = 0.15  # kernels alone this much off their records: the machine is not as
 
 @dataclass(frozen=True)
 class Drift:
-    """The network's kernels timed alone here against their records, timed alike (alone,
-    repeated, weights cold) where they were tuned: a ratio far from 1 says the machine
-    runs slower or faster than when it was tuned (another host of the same CPU name,
-    another clock, neighbours on a shared host), a gap no plan can close."""
+    """Each recorded kernel of the network timed alone here over its record, timed alike
+    (alone, repeated, weights cold) where it was tuned. Their median far from 1 says the
+    machine runs slower or faster than when it was tuned (another host of the same CPU
+    name, another clock, neighbours on a shared host), a gap no plan can close. The
+    median, not the sums: a kernel the in-network refinement chose can carry a record
+    timed at a bad moment, many times its time anywhere since."""
 
-    alone_s: float
-    records_s: float
     per_kernel: tuple[float, ...]  # each kernel's alone over its record, sorted
 
     @property
     def ratio(self) -> float:
-        return self.alone_s / self.records_s
+        return statistics.median(self.per_kernel)
 
     def line(self, estimated_s: float, measured_s: float) -> str:
         scaled = estimated_s * self.ratio
-        mid = self.per_kernel[len(self.per_kernel) // 2]
         pace = "slower" if self.ratio > 1 else "faster"
-        return (f"this machine runs the kernels {pace} than their records: alone here "
-                f"{self.alone_s * 1e3:.3f} ms against the records' {self.records_s * 1e3:.3f}"
-                f" ms ({self.ratio:.2f}x; each kernel {self.per_kernel[0]:.2f}-"
-                f"{self.per_kernel[-1]:.2f}x, median {mid:.2f}x): tuned on another machine "
-                f"or at another load; the estimate at this pace {scaled * 1e3:.3f} ms, "
-                f"measured {measured_s / scaled - 1:+.1%}")
+        return (f"this machine runs the kernels {pace} than their records: each alone here "
+                f"a median {self.ratio:.2f}x its record ({self.per_kernel[0]:.2f}-"
+                f"{self.per_kernel[-1]:.2f}x over {len(self.per_kernel)} kernels): tuned on "
+                f"another machine or at another load; the estimate at this pace "
+                f"{scaled * 1e3:.3f} ms, measured {measured_s / scaled - 1:+.1%}")
 
 
 def machine_drift(rows: Sequence[ProfileRow], threshold: float = DRIFT) -> Drift | None:
-    """The Drift of the kernel rows that have a record, where their sum alone is more than
-    `threshold` off the records' sum; None within it or with no such row."""
-    kernels = [r for r in rows if r.kind == "kernel" and r.recorded and r.estimate_s > 0
-               and r.alone_s > 0]
-    if not kernels:
+    """The Drift of the kernel rows that have a record, where its median is more than
+    `threshold` off 1; None within it or with no such row."""
+    ratios = sorted(r.alone_s / r.estimate_s for r in rows
+                    if r.kind == "kernel" and r.recorded and r.estimate_s > 0 and r.alone_s > 0)
+    if not ratios:
         return None
-    drift = Drift(sum(r.alone_s for r in kernels), sum(r.estimate_s for r in kernels),
-                  tuple(sorted(r.alone_s / r.estimate_s for r in kernels)))
+    drift = Drift(tuple(ratios))
     return drift if abs(drift.ratio - 1) > threshold else None

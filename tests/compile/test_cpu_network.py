@@ -423,22 +423,25 @@ def test_fidelity_times_our_steps_only(net, monkeypatch):
     assert "steps timed alone" in far and "measured" in far
 
 
-def test_machine_drift_compares_recorded_kernels_alone_with_their_records():
-    """Kernels timed alone here against their records, summed; rows whose estimate is no
-    record's (transforms, untuned kernels) left out; nothing within the threshold."""
+def test_machine_drift_is_the_median_of_recorded_kernels_alone_over_their_records():
+    """Each kernel alone here over its record; rows whose estimate is no record's
+    (transforms, untuned kernels) left out; one record far off moves nothing; nothing
+    within the threshold."""
     from raytune_kernels.compile.report import ProfileRow, machine_drift
 
     def row(name, alone, record, kind="kernel", recorded=True):
         return ProfileRow(name, kind, (name,), alone, alone, None, record, recorded=recorded)
     rows = [row("a", 3e-3, 1e-3), row("b", 2e-3, 1e-3), row("c", 5e-3, 5e-3),
-            row("t", 9e-3, 1e-6, kind="transform"), row("u", 9e-3, 1e-6, recorded=False)]
+            row("far", 1e-4, 1e-2), row("t", 9e-3, 1e-6, kind="transform"),
+            row("u", 9e-3, 1e-6, recorded=False)]
     drift = machine_drift(rows)
-    assert drift.alone_s == pytest.approx(10e-3) and drift.records_s == pytest.approx(7e-3)
-    assert drift.per_kernel == pytest.approx((1.0, 2.0, 3.0))
-    line = drift.line(estimated_s=7e-3, measured_s=12e-3)
-    assert "slower" in line and "(1.43x; each kernel 1.00-3.00x, median 2.00x)" in line
-    assert "at this pace 10.000 ms, measured +20.0%" in line
-    assert machine_drift(rows[2:]) is None  # c alone: as recorded
+    assert drift.per_kernel == pytest.approx((0.01, 1.0, 2.0, 3.0))
+    assert drift.ratio == pytest.approx(1.5)
+    line = drift.line(estimated_s=8e-3, measured_s=15e-3)
+    assert "slower" in line and "a median 1.50x its record (0.01-3.00x over 4 kernels)" in line
+    assert "at this pace 12.000 ms, measured +25.0%" in line
+    # as recorded but for one far-off record: no drift
+    assert machine_drift([rows[2], row("d", 1.05e-3, 1e-3), rows[3]]) is None
     assert machine_drift([row("a", 1e-3, 1.1e-3)]) is None  # within 15%
     assert "faster" in machine_drift([row("a", 1e-3, 2e-3)]).line(2e-3, 1e-3)
 
