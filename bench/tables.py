@@ -370,6 +370,21 @@ def estimate_row(run: Run) -> dict[str, str]:
             "streams kept": str(machine.get("a_streams", "")), "file": run.path}
 
 
+def settle_row(run: Run) -> dict[str, str]:
+    d = run.data
+
+    def side(k: str) -> str:
+        s = d[k]
+        return (f"{s['disturbed']:.1%} disturbed; apart {s['spread']['median']:.2f}x "
+                f"(p90 {s['spread']['p90']:.2f}x); {s['seconds']['mean'] * 1e3:.0f} ms")
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": shlex.join(["bench/settle.py", "--model", d["model"], "--threads",
+                                   str(d["threads"]), "--times", str(d["times"])]),
+            "candidates": str(d["candidates"]), "settled": side("settled"),
+            "plain": side("plain"), "rounds' pace": " ".join(
+                f"{x:.2f}" for x in d["settled"]["round_pace"]), "file": run.path}
+
+
 def spread(ratio: dict) -> str:
     return f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})"
 
@@ -446,6 +461,15 @@ SHAPES = (
           "what a native step pays to open and join its OpenMP parallel region inside the "
           "runner (kernels that do nothing else), median over repeats.",
           lambda d: d.get("bench") == "dispatch", dispatch_row),
+    Shape("Settling the measurements (bench/settle.py)",
+          "random candidates of a model's conv and dense tasks, each measured several "
+          "times as the measurers do, settled (a set of repeats whose median lies over 15% "
+          "above its fastest timed again) and plain, taking turns: the share of "
+          "measurements whose kept repeats lie that far apart, how far a candidate's "
+          "medians lie apart (median, 90th percentile over candidates), the mean time of a "
+          "measurement; rounds' pace: each round's median time over all rounds' (the "
+          "machine's drift).",
+          lambda d: d.get("bench") == "settle", settle_row),
     Shape("Coverage (bench/coverage.py)",
           "models captured, and compiled untuned and checked against PyTorch; untuned vs "
           "eager (ONNX Runtime): its time over ours, median over models of per-round "

@@ -44,9 +44,16 @@ class MeasureOptions:
     # network every layer's weights come from memory, and schedules that stream them well
     # are not the ones that win with weights resident (up to 2.6x apart on ResNet-18).
     cold_weights: bool = False
+    # A set of repeats whose median is more than `settle` above its fastest is timed again,
+    # up to `retries` times, the most settled set kept (timing.py). In the records of
+    # bench/results, 1-3% of the sets of 3 repeats lie that far apart on a quiet 2-vCPU VM,
+    # up to 20% on a busy one, and 0.1-0.5% on a GPU.
+    settle: float = 0.15
+    retries: int = 2
 
     def timing(self) -> TimingOptions:
-        return TimingOptions(self.warmup, self.min_repeat_ms, self.repeats)
+        return TimingOptions(self.warmup, self.min_repeat_ms, self.repeats, self.settle,
+                             self.retries)
 
 
 @dataclass(frozen=True)

@@ -135,3 +135,13 @@ def test_an_estimate_run_names_its_model_correlation_and_streams():
     assert rows[newer]["command"] == \
         "bench/estimate.py --configs 40 --cold --model mobilenet_v2"
     assert (rows[newer]["threads"], rows[newer]["streams kept"]) == ("1", "28")
+
+
+def test_a_settling_run_names_both_protocols_and_the_machines_drift():
+    name = "rocketlake/settle_resnet18_2threads.json"
+    row = _rows(RESULTS, {name: "2026-11-28"})[name]
+    assert row["command"] == "bench/settle.py --model resnet18 --threads 2 --times 4"
+    assert row["candidates"] == "114"
+    assert row["settled"].startswith("0.2% disturbed; apart 1.30x (p90 1.63x)")
+    assert row["plain"].startswith("2.4% disturbed; apart 1.32x (p90 1.60x)")
+    assert row["rounds' pace"] == "1.02 0.90 1.03 1.02"
