@@ -18,7 +18,6 @@ from raytune_kernels.cuda.build import compile_cuda, resource_problems
 from raytune_kernels.cuda.kernel import CudaKernel
 from raytune_kernels.cuda import split_k
 from raytune_kernels.cuda.gemm_views import Strides, contiguous_strides, gemm_view
-from raytune_kernels.cuda.mma import round_tf32
 from raytune_kernels.cuda.render import (block_tile, cuda_layouts, operand_layouts,
                                          render_cuda, rounds_weights, strided_problem,
                                          to_buffer_layout)
@@ -26,6 +25,7 @@ from raytune_kernels.space import Config
 from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
 from raytune_kernels.layout.problem import LayoutPlan, solve_ilp
 from raytune_kernels.layout.graph import Candidate
+from raytune_kernels.compile.report import rounded as round_to
 from raytune_kernels.compile.step_fns import Glue, Reference
 from raytune_kernels.compile.choose import TORCH, Solver, candidates_from_records, choose
 from raytune_kernels.errors import CompileError
@@ -158,6 +158,12 @@ def same_order(shape: tuple[int, ...], a: str, b: str) -> bool:
     return a == b or (len(shape) == 4 and (shape[1] == 1 or shape[2] * shape[3] == 1))
 
 
+def tf32(packed: np.ndarray) -> np.ndarray:
+    """Packed weights rounded to tf32 as cvt.rna.tf32.f32 rounds them (report.rounded):
+    what a kernel rendered with rounded weights reads without converting."""
+    return round_to(torch.from_numpy(packed), "tf32").numpy()
+
+
 class Planner:
     def __init__(self, part: Partition, arch: str, in_place: "InPlace | None" = None,
                  siblings: "dict[str, Siblings] | None" = None, rounding: bool = True):
@@ -188,7 +194,7 @@ class Planner:
             p = self.graph.params[name].detach().cpu().float()
             packed = p if layout == NCHW else to_buffer_layout(p, layout, tuple(p.shape))
             packed = np.ascontiguousarray(packed.numpy())
-            self.consts.append(round_tf32(packed) if rounded else packed)
+            self.consts.append(tf32(packed) if rounded else packed)
             self.const_of[(name, layout, rounded)] = Const(len(self.consts) - 1)
         return self.const_of[(name, layout, rounded)]
 
@@ -280,7 +286,7 @@ class Planner:
             if key not in self.stacked:
                 stack = np.concatenate([self.graph.params[a].detach().cpu().float().numpy()
                                         .ravel() for a in key[0]])
-                self.consts.append(round_tf32(stack) if key[1] else stack)
+                self.consts.append(tf32(stack) if key[1] else stack)
                 self.stacked[key] = Const(len(self.consts) - 1)
             ops.append(self.stacked[key])
         ins = [b for b in kernel.buffers if b.role == "in"]
@@ -310,7 +316,7 @@ class Planner:
         if step.output in self.siblings:
             group = len(self.siblings[step.output].steps)
             merged = sibling_compute(compute, group)
-            return (step.key, cfg, sibling_strides(compute, group), group,
+            return (step.key, cfg, sibling_strides(compute), group,
                     self.rounding and rounds_weights(merged, cfg))
         rounded = self.rounding and rounds_weights(compute, cfg) and len(step.args) > 1 and \
             step.args[1] in self.graph.params
@@ -437,13 +443,12 @@ def plan_network(part: Partition, chosen: Sequence[Candidate | None], arch: str,
     siblings = sibling_denses(part, chosen) if rewrites else {}
     in_place = permutes_in_place(part, chosen) if rewrites else None
     planner = Planner(part, arch, in_place, siblings, rewrites)
-    merged = {s.output for g in siblings.values() for s in g.steps[1:]}
     planner.prebuild(
         planner.build_key(step, siblings[step.output].config if step.output in siblings
                           else cand.config)
         for step, cand in zip(part.steps, chosen)
         if isinstance(step, TaskStep) and isinstance(cand.config, Config) and
-        step.output not in merged)
+        step.output not in planner.merged)
     for step, cand in zip(part.steps, chosen):
         if isinstance(step, TaskStep):
             planner.task(step, cand)
@@ -474,7 +479,7 @@ def sibling_compute(dense: Compute, group: int) -> Compute:
                    TensorSpec((group, m, n)), (), tuple(epilogue))
 
 
-def sibling_strides(dense: Compute, group: int) -> Strides:
+def sibling_strides(dense: Compute) -> Strides:
     """Where sibling_compute's operands lie: x as it is, each weight [N, K] (read along
     K), the output contiguous."""
     k, n = dense.inputs[0].shape[-1], dense.output.shape[-1]
@@ -506,7 +511,7 @@ def sibling_denses(part: Partition, chosen: Sequence[Candidate | None]
         if len(steps) < 2:
             continue
         dense = part.task(key).compute
-        merged, strides = sibling_compute(dense, len(steps)), sibling_strides(dense, len(steps))
+        merged, strides = sibling_compute(dense, len(steps)), sibling_strides(dense)
         cfg = sibling_config(merged, cfg, strides)
         if strided_problem(merged, cfg, strides) is None:
             out[steps[0].output] = Siblings(tuple(steps), cfg)

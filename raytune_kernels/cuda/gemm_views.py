@@ -255,6 +255,13 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def _broadcast(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    """`strides` with stride 0 on every batch axis of one: never stepped along (an
+    operand's is broadcast across the output's)."""
+    return tuple(0 if d < len(shape) - 2 and n == 1 else x
+                 for d, (n, x) in enumerate(zip(shape, strides)))
+
+
 @dataclass(frozen=True)
 class StridedMatmulGemm(MatmulGemm):
     """A matmul whose operands and output lie at given element strides: permuted views of
@@ -280,10 +287,7 @@ class StridedMatmulGemm(MatmulGemm):
                 raise CudaLoweringError(f"strides {st} for an operand of shape {shape} "
                                         f"(a strided matmul's operands have the output's "
                                         f"{len(c.output.shape)} axes)")
-            # a batch axis of one is never stepped along: stride 0 (an operand's is
-            # broadcast across the output's)
-            full.append(tuple(0 if d < len(shape) - 2 and n == 1 else x
-                              for d, (n, x) in enumerate(zip(shape, st))))
+            full.append(_broadcast(tuple(shape), st))
         a, b, o = full
         if 1 not in (a[-1], a[-2]) or 1 not in (b[-1], b[-2]):
             raise CudaLoweringError(f"strided matmul operands {a}, {b} with neither matrix "
@@ -291,9 +295,7 @@ class StridedMatmulGemm(MatmulGemm):
         if o[-1] != 1:
             raise CudaLoweringError(f"strided matmul output {o}: its columns must be "
                                     "contiguous")
-        plain = contiguous_strides(tuple(c.output.shape))
-        plain = tuple(0 if d < len(plain) - 2 and n == 1 else x
-                      for d, (n, x) in enumerate(zip(c.output.shape, plain)))
+        plain = _broadcast(tuple(c.output.shape), contiguous_strides(tuple(c.output.shape)))
         if o != plain and any(
                 is_full(op, spec, c.output.shape) for op, spec in operand_specs(c)):
             raise CudaLoweringError("a strided matmul output with an epilogue operand "

@@ -36,8 +36,6 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
-
 from raytune_kernels.cuda import split_k
 from raytune_kernels.cuda.epilogue import epilogue_lines, operand_reads
 from raytune_kernels.cuda.gemm import MAX_SMEM_STATIC, load_steps, pow2_ceil
@@ -246,22 +244,13 @@ def _copy_slice(smem: str, ref: Ref, contig: str, vec: int, bk: int, bx: int, x0
     return lines
 
 
-def round_tf32(x: np.ndarray) -> np.ndarray:
-    """float32 values rounded to tf32 as cvt.rna.tf32.f32 rounds them (10 mantissa bits,
-    to nearest, ties away from zero; infinities and NaNs as they are), low 13 bits zero:
-    what a kernel rendered with rounded weights reads without converting."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    finite = (u & 0x7F800000) != 0x7F800000
-    out = np.where(finite, (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000), u)
-    return out.astype(np.uint32).view(np.float32).reshape(np.shape(x))
-
-
 def _fragments(view, precision: str, mt: int, nt: int, rounded: bool = False) -> list[str]:
     """One k-step's A and B fragments from shared memory, rounded to the precision, and
     the mma of every accumulator tile (PTX ISA fragment layouts: g = lane / 4, t = lane % 4;
     tf32 A a0..a3 at (g, t), (g+8, t), (g, t+4), (g+8, t+4), B b0, b1 at (t, g), (t+4, g);
     f16/bf16 pairs two consecutive k in a register, low half first). `rounded` (tf32): the
-    weight operand (view.weight) holds tf32 values already (round_tf32), read as they are."""
+    weight operand (view.weight) holds tf32 values already (rounded at packing), read as they
+    are."""
     def a(r: str, k: str) -> str:
         return _at("As", view.a_contig, k, r)
 

@@ -295,7 +295,7 @@ def render_cuda(compute: Compute, cfg: Config, strides: Strides | None = None,
     raises CudaLoweringError naming the knobs that are wrong. `strides`: a matmul reading
     or writing permuted views in place (strided_problem says whether cfg renders so).
     `rounded`: a tf32 tensor-core GEMM whose weight operand (in1) holds tf32 values
-    already (mma.round_tf32, at packing), read with no conversion (rounds_weights)."""
+    already (rounded at packing: cuda_plan.tf32), read with no conversion (rounds_weights)."""
     if rounded and not rounds_weights(compute, cfg):
         raise CudaLoweringError(f"rounded weights for a config that converts no weight "
                                 f"(tf32 tensor-core GEMMs only): {compute.describe()}")

@@ -212,11 +212,11 @@ def test_the_fill_seed_of_every_gemm_case_matches_the_reference(precision):
 @needs_cxx
 def test_tf32_kernels_reading_weights_rounded_at_packing_give_the_same_outputs():
     """A tf32 kernel rendered to read its weight operand as it lies (no cvt at each
-    fragment read) on weights rounded once by round_tf32 gives, bit for bit, what the
-    converting kernel gives on the raw weights: round_tf32 rounds as cvt.rna does. The
+    fragment read) on weights rounded once by cuda_plan.tf32 gives, bit for bit, what the
+    converting kernel gives on the raw weights: the packing rounds as cvt.rna does. The
     weight is A in an NCHW convolution and B elsewhere; the other operand still converts.
     On raw weights the tensor core would truncate them: the emulator's model shows it."""
-    from raytune_kernels.cuda.mma import round_tf32
+    from raytune_kernels.compile.cuda_plan import tf32
     from raytune_kernels.cuda.render import rounds_weights
 
     rng, runs, meta = random.Random(7), [], []
@@ -232,7 +232,7 @@ def test_tf32_kernels_reading_weights_rounded_at_packing_give_the_same_outputs()
         assert reads and all(weight in line for line in reads), name
         assert "__float_as_uint" not in plain.source
         shifted = list(flat)
-        shifted[1] = round_tf32(flat[1])
+        shifted[1] = tf32(flat[1])
         assert np.any(shifted[1] != flat[1])
         runs += [(plain, flat), (rounded, shifted), (rounded, flat)]
         meta.append((name, cfg))
@@ -243,19 +243,6 @@ def test_tf32_kernels_reading_weights_rounded_at_packing_give_the_same_outputs()
         assert np.array_equal(got, want), (name, cfg.to_json())
         truncated += not np.array_equal(raw, want)
     assert truncated == len(meta)
-
-
-def test_round_tf32_rounds_to_nearest_ties_away_and_keeps_what_is_not_finite():
-    from raytune_kernels.cuda.mma import round_tf32
-
-    one_ulp = 2.0 ** -10
-    x = np.array([1.0, 1.0 + one_ulp / 2, -(1.0 + one_ulp / 2), 1.0 + one_ulp / 4,
-                  np.inf, -np.inf, np.nan, 0.0], np.float32)
-    got = round_tf32(x)
-    assert got[:6].tolist() == [1.0, 1.0 + one_ulp, -(1.0 + one_ulp), 1.0, np.inf, -np.inf]
-    assert np.isnan(got[6]) and got[7] == 0.0
-    assert not (round_tf32(np.random.default_rng(0).standard_normal(1000, np.float32))
-                .view(np.uint32) & 0x1FFF).any()
 
 
 @needs_cxx

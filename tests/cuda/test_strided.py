@@ -158,7 +158,7 @@ def test_sibling_denses_keep_their_config_with_the_split_the_larger_grid_allows(
     from raytune_kernels.cuda.render import block_tile
 
     dense = make("dense", [(1, 128, 768), (768, 768)])
-    merged, strides = sibling_compute(dense, 3), sibling_strides(dense, 3)
+    merged, strides = sibling_compute(dense, 3), sibling_strides(dense)
     assert merged.output.shape == (3, 128, 768)
     view = gemm_view(merged, "NCHW", strides)
     assert (view.a_contig, view.b_contig, view.a_strides[0]) == ("k", "k", 0)
