@@ -255,7 +255,8 @@ def test_measurement_flow_on_the_emulated_device(monkeypatch):
     c = _dense()
     cfg = cuda_space_for(c).sample(random.Random(5))
     source = render_cuda(c, cfg).source
-    opts = MeasureOptions(warmup=2, min_repeat_ms=0.5, repeats=3, flush_cache=True)
+    opts = MeasureOptions(warmup=2, min_repeat_ms=0.5, repeats=3, flush_cache=True,
+                          settle=0.0)  # a set retimed would flush again
     for binary, kind in ((source, None), (source.replace("erff(", "tanhf("), WRONG_OUTPUT),
                          (source.replace("out[o0", "out[o0 + 4096").replace(
                              "(out + o0)", "(out + o0 + 4096)"), CRASHED)):
@@ -373,7 +374,8 @@ def test_l2_is_flushed_before_each_repeat(gpu, monkeypatch):
     monkeypatch.setattr(device, "l2_flusher", counting)
     c = _dense()
     result = _measure(c, cuda_space_for(c).sample(random.Random(4)), gpu)
-    assert result.ok and len(flushes) == QUICK.repeats
+    # an L2 flush before every repeat of every set timed (a disturbed set is timed again)
+    assert result.ok and len(flushes) in (QUICK.repeats * n for n in (1, 2, 3))
 
 
 def test_a_short_kernel_is_timed_as_a_graph_replays_it(gpu):
