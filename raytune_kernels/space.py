@@ -138,6 +138,7 @@ KNOB_DEFAULTS = {
     "out_layout": "blocked",  # windows were blocked before they had the knob
     "split": 1,  # FFMA GEMMs on a GPU walked the whole reduction before split-K
     "chunk": 0,  # AMX GEMMs on a CPU walked the whole reduction before chunks
+    "prefetch_b": 0,  # CPU outer-product kernels left B to the hardware before prefetch_b
 }
 
 

@@ -20,13 +20,22 @@ a measured machine model:
   convs and pools read and write one of the two), which;
 - the order of the outer spatial loops and of the reduction loops, whether the unrollable
   reduction loop is unrolled, and how many outer spatial loops are fused into the
-  parallel loop.
+  parallel loop;
+- where the update is an outer product with a second operand (conv, dense, matmul),
+  whether B's cache lines are prefetched ahead of the reads (`prefetch_b`).
 """
 from __future__ import annotations
 
 import itertools
 
+from raytune_kernels.cpu.loopnest import BCAST_FMA
 from raytune_kernels.cpu.machine import CpuInfo
+
+# how far ahead of its reads an outer-product kernel asks for B's cache lines, in floats
+# (0: it leaves B to the hardware prefetchers). B read once per call from memory (a large
+# layer's weights) runs at the latency of its misses unless they are asked for early; a B
+# that stays in cache only pays the extra instructions.
+PREFETCH_B = (0, 1024)
 from raytune_kernels.space import Space
 
 
@@ -81,4 +90,6 @@ def contraction_space(con, cpu: CpuInfo) -> Space:
                    ("parallel", (1, 2))]
     if con.unrollable:
         independent.append(("unroll", (False, True)))
+    if con.has_b and con.mode == BCAST_FMA:  # B (a conv's or dense's weights) streams
+        independent.append(("prefetch_b", PREFETCH_B))
     return Space(names, tuple(combos), tuple(independent))

@@ -83,7 +83,7 @@ def featurize_nest(compute: Compute, cfg: Config, nest: LoopNest, cpu: CpuInfo) 
     f += [float(total <= c) for c in caches]
     f += [_log(cfg.get("cb", 1)), float(cfg.get("out_layout") == "nhwc"),
           float(cfg.get("unroll", False)), float(cfg.get("parallel", 0) or 0),
-          float(cfg.get("accs", 0) or 0)]
+          float(cfg.get("accs", 0) or 0), _log(cfg.get("prefetch_b", 0))]
     return f
 
 

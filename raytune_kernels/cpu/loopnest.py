@@ -83,13 +83,18 @@ class UpdateTile:
     vec_fma:   acc += A[... + v*lanes] * B[b.index + v*lanes]  (elementwise product)
     max / add: acc = max(acc, A[... + v*lanes]) / acc + A[...]
     set:       acc = A[... + v*lanes]
-    The tile is 2-D in (i, j) (e.g. output rows x columns) times `vecs` vectors."""
+    The tile is 2-D in (i, j) (e.g. output rows x columns) times `vecs` vectors.
+
+    With `prefetch` (elements), each cache line of the B vectors is also requested that
+    far ahead of where they are read: a hint with no effect on the result, for a B that
+    streams from memory (a large layer's weights, read once per call)."""
 
     tile: str
     a: Access
     a_strides: tuple[int, int]
     b: Access | None = None
     mode: str = BCAST_FMA
+    prefetch: int = 0
 
 
 @dataclass(frozen=True)

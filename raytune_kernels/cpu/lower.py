@@ -197,7 +197,8 @@ def _channel_block(con, cfg: Config, tile: Tile, a_idx: Affine, b_idx: Affine, a
             a_in = a_in.plus(var, strides["ci"][0] * coef)
             b_in = b_in.plus(var, strides["ci"][1] * coef)
     b_access = Access("b", b_in) if con.has_b else None
-    inner: tuple = (UpdateTile(tile.name, Access("a", a_in), a_ts, b_access, con.mode),)
+    inner: tuple = (UpdateTile(tile.name, Access("a", a_in), a_ts, b_access, con.mode,
+                               cfg.get("prefetch_b", 0)),)
     inner = (For("ci", unroll, UNROLL, inner),) if unroll > 1 else _fix(inner, "ci")
     return (For("cio", cb // unroll, SERIAL, inner),) if cb > unroll else _fix(inner, "cio")
 

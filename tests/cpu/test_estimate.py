@@ -46,7 +46,7 @@ def test_too_few_accumulators_wait_on_the_fma_latency():
     task = conv()
     base = dict(algorithm="direct", cb=16, out_layout="blocked", parallel=1,
                 reduce_order=("co", "kh", "kw"), spatial_order=("ko", "oh", "ow"), unroll=True,
-                lanes=8, ob=8)
+                lanes=8, ob=8, prefetch_b=0)
     space = space_for(task.compute, CPU)
     full = Config.of(**base, tile_h=1, tile_w=14)  # 14 accumulator chains
     assert full in space

@@ -639,3 +639,34 @@ def test_a_residual_is_read_from_a_bordered_buffer_of_its_own(layout):
     cfg = space_for(plain.compute, cpu_info()).sample(random.Random(0))
     with pytest.raises(LoweringError, match="cannot read a bordered residual"):
         lower(plain.compute, Config(tuple(sorted(cfg.knobs + (("res_pad", (1, 1)),)))))
+
+
+def test_prefetching_b_changes_the_code_and_not_one_bit_of_the_result():
+    """prefetch_b asks for B's lines ahead of their reads (past B's end too, where a
+    prefetch is harmless): the kernel with it computes exactly what the kernel without it
+    does, and only outer products with a B (conv, dense, matmul) have the knob."""
+    from raytune_kernels.cpu.llvm.ir import render
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(64, 64, 3, padding=1, groups=64),
+                                torch.nn.Flatten(), torch.nn.Linear(64 * 36, 40))
+    tasks = rk.extract_tasks(model.eval(), (torch.randn(1, 32, 6, 6),))
+    conv, depthwise, dense = (t.compute for t in tasks)
+    assert "prefetch_b" not in space_for(depthwise, cpu_info()).names
+    rng = random.Random(0)
+    for compute in (conv, dense):
+        space = space_for(compute, cpu_info())
+        parts = dict(space.parts) if hasattr(space, "parts") else {"direct": space}
+        assert parts["direct"].names >= {"prefetch_b"}
+        ops = operands(compute)
+        for _ in range(3):
+            cfg = parts["direct"].sample(rng)
+            if compute is conv and hasattr(space, "parts"):
+                cfg = Config(tuple(sorted({**dict(cfg.knobs), "algorithm": "direct"}.items())))
+            on = Config(tuple(sorted({**dict(cfg.knobs), "prefetch_b": 1024}.items())))
+            off = Config(tuple(sorted({**dict(cfg.knobs), "prefetch_b": 0}.items())))
+            assert "llvm.prefetch" in render(lower(compute, on))
+            assert "llvm.prefetch" not in render(lower(compute, off))
+            got = run_candidate(compute, on, ops, threads=2)
+            assert torch.equal(got, run_candidate(compute, off, ops, threads=2)), cfg
+            assert torch.allclose(got, reference(compute, *ops), rtol=1e-4, atol=1e-4)

@@ -18,6 +18,7 @@ from raytune_kernels.cpu.loopnest import (ADD, AMX_ROWS, BCAST_FMA, MAX, PARALLE
                                           VEC_FMA, Access, AmxGemm, EpiStep, For, LoopNest,
                                           Split, StoreTile, UpdateTile, ZeroTile)
 
+LINE_FLOATS = 16  # floats in a 64-byte cache line
 
 
 def i64(v: int) -> Value:
@@ -221,6 +222,15 @@ class _Emitter:
                     [m.vt, PTR, I32, vector(I1, lanes)])
         self.b.call(fn, [x, self.at(ptr, extra), const(I32, 4), self.lane_mask(mask)])
 
+    def prefetch(self, ptr, ahead: int, span: int) -> None:
+        """Ask for the cache lines of the `span` floats at `ptr`, `ahead` floats on. The
+        address may lie past the buffer (no inbounds: a prefetch never faults)."""
+        fn = self.mod.decl("llvm.prefetch.p0", VOID, [PTR, I32, I32, I32])
+        read, keep, data = const(I32, 0), const(I32, 3), const(I32, 1)
+        for off in range(0, span, LINE_FLOATS):
+            at = self.b.gep(ptr, [i64(ahead + off)], inbounds=False, source_etype=F32)
+            self.b.call(fn, [at, read, keep, data])
+
     def lane_mask(self, live: int) -> Value:
         lanes = self.mod.nest.lanes
         bits = ", ".join(f"i1 {'true' if i < live else 'false'}" for i in range(lanes))
@@ -238,6 +248,8 @@ class _Emitter:
         if s.b is not None:
             pb = self.pointer(s.b)
             bs = [self.vload(pb, v * lanes, _mask(tile, v)) for v in range(tile.vecs)]
+            if s.prefetch:
+                self.prefetch(pb, s.prefetch, tile.vecs * lanes)
         for row, off in zip(self.accs[s.tile], tile.offsets(s.a_strides)):
             x = None
             if s.mode == BCAST_FMA:
