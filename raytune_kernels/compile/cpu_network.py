@@ -50,7 +50,8 @@ from raytune_kernels.cpu.runner import Runner, cycles_per_second, make_runner
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info
 from raytune_kernels.cpu.measure import cold_copies
-from raytune_kernels.cpu.schedules import lower, no_kernel_reason, space_for, writes_bordered
+from raytune_kernels.cpu.schedules import (lower, no_kernel_reason, prefetch_twin, space_for,
+                                           writes_bordered)
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.capture import capture
@@ -593,7 +594,7 @@ def _refine(part: Partition, chosen: list[Candidate], recs: list[Record], assemb
     from raytune_kernels.compile import refine as rf
 
     alts = rf.alternatives(part, chosen, recs, layouts_of, threads, most,
-                           functools.partial(_writes_bordered, part))
+                           functools.partial(_writes_bordered, part), prefetch_twin)
     xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
     return rf.refine(part, chosen, alts, assemble, xs,
                      rf.variant_count(alts, most, _weight_bytes(part)), prebuild,

@@ -86,11 +86,18 @@ class Refined:
 
 def alternatives(part: Partition, chosen: Sequence[Candidate], records: Sequence[Record],
                  layouts: Callable, threads: int, most: int,
-                 bordered: Callable[[TaskStep, Candidate], bool]) -> dict[int, list[Candidate]]:
+                 bordered: Callable[[TaskStep, Candidate], bool],
+                 twin: Callable | None = None) -> dict[int, list[Candidate]]:
     """Per step index: the plan's candidate, then up to most - 1 other records of its task
     (fastest first, at `threads` threads) with the same input and output layouts, the same
     bordered output, and a config of their own. Steps whose choice is not a record's (torch,
-    untuned) or that have no other record are left out."""
+    untuned) or that have no other record are left out.
+
+    With `twin` (compute, config -> config or None: the same kernel with one knob that
+    changes neither layouts nor values turned the other way), the plan's twin comes second,
+    timed as its record says or, where none was measured, at the plan's estimate: a knob
+    whose gain depends on what the network leaves in the caches (prefetching weights) is
+    weighed where it runs."""
     by_task: dict[str, list[Record]] = {}
     for r in records:
         if r.ok and r.threads == threads:
@@ -104,6 +111,12 @@ def alternatives(part: Partition, chosen: Sequence[Candidate], records: Sequence
             continue
         task = part.task(step.key)
         keep, seen = [cand], {cand.config}
+        other = twin(task.compute, cand.config) if twin is not None else None
+        if other is not None and most > 1:
+            timed = {Config.from_json(r.config): r.median for r in by_task[step.key]}
+            keep.append(Candidate(cand.in_layout, cand.out_layout,
+                                  timed.get(other, cand.seconds), other))
+            seen.add(other)
         for r in by_task[step.key]:
             if len(keep) >= most:
                 break

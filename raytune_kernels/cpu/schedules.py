@@ -18,12 +18,12 @@ from raytune_kernels.cpu.machine import CpuInfo
 from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.im2col import (applicable as im2col_applicable, im2col_space,
                                         lower_im2col, pack_im2col)
-from raytune_kernels.cpu.loopnest import LoopNest
+from raytune_kernels.cpu.loopnest import BCAST_FMA, LoopNest
 from raytune_kernels.cpu.lower import (LoweringError, lower as lower_tiled, operand_kinds,
                                        pack_operands, unpack_output)
 from raytune_kernels.cpu.row_kernels import (ROW_OPS, RowLoweringError, lower_rows, pack_rows,
                                              row_shape, row_space, unpack_rows)
-from raytune_kernels.cpu.contraction_space import contraction_space
+from raytune_kernels.cpu.contraction_space import PREFETCH_B, contraction_space
 from raytune_kernels.precision import DEFAULT
 from raytune_kernels.space import Config, Space, UnionSpace
 from raytune_kernels.cpu.winograd import (VARIANTS as WINOGRAD, applicable as winograd_applicable,
@@ -111,6 +111,20 @@ def writes_bordered(compute: Compute, cfg: Config) -> bool:
             cfg.get("algorithm", "direct") not in ("direct", *WINOGRAD, "amx"):
         return False
     return hasattr(contraction(compute), "out_layout")
+
+
+def prefetch_twin(compute: Compute, cfg: Config) -> Config | None:
+    """`cfg` with its knob prefetch_b turned the other way (a config from before the knob
+    counts as 0), for a direct outer-product kernel that has the knob; else None. The
+    twin reads and writes the same layouts and computes the same values bit for bit."""
+    if compute.op in ROW_OPS or cfg.get("algorithm", "direct") != "direct":
+        return None
+    con = contraction(compute)
+    if not (con.has_b and con.mode == BCAST_FMA):
+        return None
+    knobs = {**dict(cfg.knobs), "prefetch_b": PREFETCH_B[1] if not cfg.get("prefetch_b")
+             else PREFETCH_B[0]}
+    return Config(tuple(sorted(knobs.items())))
 
 
 def reads_bordered_residual(compute: Compute, cfg: Config) -> bool:

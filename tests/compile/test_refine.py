@@ -15,7 +15,7 @@ from raytune_kernels.compile.api import compile_network
 from raytune_kernels.cpu.kernel import build_for
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cpu.measure import measure_built
-from raytune_kernels.cpu.schedules import space_for
+from raytune_kernels.cpu.schedules import prefetch_twin, space_for
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.partition import GlueStep, TaskStep, partition
 from raytune_kernels.layout.costs import layouts_of
@@ -447,6 +447,39 @@ def test_alternatives_share_the_plans_layouts_and_come_fastest_first(convs):
     assert rf.alternatives(part, chosen, records, layouts_of, 1, 1, lambda s, c: False) == {}
     two = rf.alternatives(part, chosen, records, layouts_of, 1, 2, lambda s, c: False)
     assert all(len(a) == 2 for a in two.values())
+
+
+def test_the_plans_prefetch_twin_is_weighed_second(convs):
+    """A 1x1 conv's kernel with prefetch_b turned the other way comes right after the
+    plan's, at its record's time where there is one, else at the plan's; the depthwise
+    conv has no such knob and gets records only."""
+    model, inputs, records = convs
+    part = partition(rk.capture(model, inputs))
+    best = {}
+    for r in records:
+        if r.task_key not in best or r.median < best[r.task_key].median:
+            best[r.task_key] = r
+    chosen = [Candidate(*layouts_of(part.task(s.key), Config.from_json(best[s.key].config)),
+                        best[s.key].median, Config.from_json(best[s.key].config))
+              for s in part.steps]
+    alts = rf.alternatives(part, chosen, records, layouts_of, 1, 8, lambda s, c: False,
+                           prefetch_twin)
+    plain = rf.alternatives(part, chosen, records, layouts_of, 1, 8, lambda s, c: False)
+    for i, a in alts.items():
+        twin = prefetch_twin(part.task(part.steps[i].key).compute, chosen[i].config)
+        if part.task(part.steps[i].key).compute.attr("groups") != 1:
+            assert twin is None and a == plain[i]
+            continue
+        assert a[1].config == twin and twin.get("prefetch_b") != chosen[i].config.get(
+            "prefetch_b", 0)
+        assert (a[1].in_layout, a[1].out_layout) == (a[0].in_layout, a[0].out_layout)
+        timed = {Config.from_json(r.config): r.median for r in records}
+        assert a[1].seconds == timed.get(twin, chosen[i].seconds)
+        assert [c.config for c in a[2:]] == [c.config for c in plain[i][1:] if c.config != twin]
+    assert sum(a[1].config.get("prefetch_b") is not None for a in alts.values()) == 2
+    # with room for one kernel only, there is nothing to weigh
+    assert rf.alternatives(part, chosen, records, layouts_of, 1, 1, lambda s, c: False,
+                           prefetch_twin) == {}
 
 
 def test_a_refined_network_is_checked_and_says_what_it_weighed(convs, monkeypatch,
