@@ -340,6 +340,23 @@ def steps_row(run: Run) -> dict[str, str]:
             "steps alone, warm (ms)": each("alone_warm_ms"), "file": run.path}
 
 
+def prefetch_row(run: Run) -> dict[str, str]:
+    d = run.data
+
+    def each(f) -> str:
+        return "; ".join(f"{n.split('/')[-1]} {f(v)}" for n, v in d["models"].items())
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": shlex.join(["bench/prefetch.py", *d["models"], "--threads",
+                                   str(d["threads"]), "--rounds", str(d["rounds"])]),
+            "on (ms)": each(lambda v: f"{v['on_ms']:.3f}"),
+            "off (ms)": each(lambda v: f"{v['off_ms']:.3f}"),
+            "off / on": each(lambda v: spread(v["off_over_on"])),
+            "in the network": each(lambda v: spread(v["in_network_off_over_on"])),
+            "alone, cold": each(lambda v: spread(v["alone_cold_off_over_on"])),
+            "turned": each(lambda v: str(v["turned_by_refinement"].get("prefetch_b", 0))),
+            "file": run.path}
+
+
 def records_ab_row(run: Run) -> dict[str, str]:
     d = run.data
 
@@ -457,6 +474,15 @@ SHAPES = (
           "process: median end to end, and a over b as the median (range) of per-round "
           "ratios (above 1, b is faster); the conv steps by the algorithm each runs.",
           lambda d: d.get("bench") == "records_ab", records_ab_row),
+    Shape("Prefetching weights (bench/prefetch.py)",
+          "a model's records compiled as compile_network does (on: kernels that prefetch "
+          "their weights where records or the in-network refinement chose so) and without "
+          "prefetching (off: those records left out, no twin weighed), timed interleaved: "
+          "median end to end; off over on as the median (range) of per-round ratios, end "
+          "to end, for the steps' sum inside the network and for their sum alone with "
+          "weights cold; turned: steps whose kernel the refinement changed in prefetch_b "
+          "alone.",
+          lambda d: d.get("bench") == "prefetch", prefetch_row),
     Shape("Runner dispatch (bench/dispatch.py)",
           "what a native step pays to open and join its OpenMP parallel region inside the "
           "runner (kernels that do nothing else), median over repeats.",

@@ -889,3 +889,17 @@ def test_the_tuning_line_tells_what_measuring_this_runs_candidates_took(tmp_path
         w.write_batch(old + new)
     assert measuring(path, 150.0) == ", 3 measured, median 70 ms each (build 200 ms)"
     assert measuring(path, 300.0) == ""
+
+
+def test_the_prefetch_bench_leaves_out_what_prefetches_and_names_missing_records(tmp_path):
+    from types import SimpleNamespace
+
+    prefetch = _bench("prefetch")
+    records = [SimpleNamespace(ok=True, config={"ob": 16}),
+               SimpleNamespace(ok=True, config={"ob": 16, "prefetch_b": 0}),
+               SimpleNamespace(ok=True, config={"ob": 16, "prefetch_b": 1024}),
+               SimpleNamespace(ok=False, config={"ob": 32, "prefetch_b": 1024})]
+    assert prefetch.without_prefetch(records) == [records[0], records[1], records[3]]
+    missing = str(tmp_path / "none.jsonl")
+    done = _run("bench/prefetch.py", "resnet18", "--records", missing)
+    assert done.returncode != 0 and f"no records at {missing}" in done.stderr

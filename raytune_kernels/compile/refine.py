@@ -45,7 +45,7 @@ from raytune_kernels.cache import cache_dir, code_fingerprint
 from raytune_kernels.compile.choose import TORCH
 from raytune_kernels.frontend.partition import Partition, TaskStep
 from raytune_kernels.layout.graph import Candidate
-from raytune_kernels.space import Config
+from raytune_kernels.space import KNOB_DEFAULTS, Config
 from raytune_kernels.tune.records import Record
 
 MARGIN = 0.03  # an alternative replaces the plan's kernel when faster by more than this
@@ -62,6 +62,8 @@ class Refined:
     variants: int = 0  # networks built and clocked (1: nothing to weigh)
     steps: int = 0  # steps that had alternatives
     changed: list[str] = field(default_factory=list)  # steps now running another record
+    # of those, the steps whose new kernel differs from the plan's in one knob: knob -> count
+    turned: dict[str, int] = field(default_factory=dict)
     before_s: float = 0.0  # the clocked steps' sum with the plan's kernels
     after_s: float = 0.0  # ... with the kernels picked, as clocked in their variants
     speedup: float | None = None  # the plan's network over the picked one's, end to end
@@ -78,8 +80,9 @@ class Refined:
             clocked = "recalled: weighed by an earlier compile of these records on this machine"
         if self.speedup is None:
             return f"{head}, no step ran faster on another record; {clocked}"
-        verdict = (f"{len(self.changed)} of {self.steps} steps changed" if self.changed else
-                   "the picks kept none")
+        turned = "".join(f", {n} only in {k}" for k, n in sorted(self.turned.items()))
+        verdict = (f"{len(self.changed)} of {self.steps} steps changed{turned}" if self.changed
+                   else "the picks kept none")
         return (f"{head}, {verdict} (end to end {self.speedup:.3f}x the plan's network); "
                 f"{clocked}")
 
@@ -186,6 +189,7 @@ def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Ca
             out[i] = alts[i][rank]
         report.variants, report.speedup, report.recalled = kept["variants"], kept["speedup"], True
         report.changed = [part.steps[i].layer for i, _ in kept["picks"]]
+        report.turned = _turned(chosen, out, [i for i, _ in kept["picks"]])
         report.seconds = time.perf_counter() - start
         return out, report, None
     if prebuild is not None:  # an alternative that does not build is no alternative
@@ -211,12 +215,28 @@ def refine(part: Partition, chosen: Sequence[Candidate], alts: dict[int, list[Ca
             current, changed = list(chosen), []
         else:
             net, report.changed = picked, [part.steps[i].layer for i in changed]
+            report.turned = _turned(chosen, current, changed)
     if key is not None:
         remember(key, [(i, next(r for r, c in enumerate(given[i])
                                 if c.config == current[i].config)) for i in changed],
                  report.variants, report.speedup)
     report.seconds = time.perf_counter() - start
     return current, report, net
+
+
+def _turned(chosen: Sequence[Candidate], picked: Sequence[Candidate], changed) -> dict:
+    """knob -> how many of the `changed` steps picked a kernel that differs from the
+    plan's in that knob alone (a config without the knob counting as its default)."""
+    out: dict[str, int] = {}
+    for i in changed:
+        if not (isinstance(chosen[i].config, Config) and isinstance(picked[i].config, Config)):
+            continue
+        a, b = dict(chosen[i].config.knobs), dict(picked[i].config.knobs)
+        value = lambda knobs, k: knobs.get(k, KNOB_DEFAULTS.get(k))  # noqa: E731
+        differ = [k for k in set(a) | set(b) if value(a, k) != value(b, k)]
+        if len(differ) == 1:
+            out[differ[0]] = out.get(differ[0], 0) + 1
+    return out
 
 
 # ------------------------------------------------- threads agreeing on what they split

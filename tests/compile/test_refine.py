@@ -482,6 +482,21 @@ def test_the_plans_prefetch_twin_is_weighed_second(convs):
                            prefetch_twin) == {}
 
 
+def test_the_report_counts_the_steps_that_turned_one_knob():
+    plan = [Candidate("NHWC", "NHWC", 1.0, Config.of(ob=16, unroll=True)),
+            Candidate("NHWC", "NHWC", 1.0, Config.of(ob=16, unroll=True, prefetch_b=0)),
+            Candidate("NHWC", "NHWC", 1.0, Config.of(ob=16, unroll=True))]
+    picked = [Candidate("NHWC", "NHWC", 1.0, Config.of(ob=16, unroll=True, prefetch_b=1024)),
+              Candidate("NHWC", "NHWC", 1.0, Config.of(ob=32, unroll=True, prefetch_b=0)),
+              Candidate("NHWC", "NHWC", 1.0, Config.of(ob=32, unroll=False))]
+    # a config without the knob counts as its default (prefetch_b 0)
+    assert rf._turned(plan, picked, [0, 1, 2]) == {"prefetch_b": 1, "ob": 1}
+    report = rf.Refined(variants=3, steps=3, changed=["a", "b", "c"], speedup=1.1,
+                        turned={"prefetch_b": 1, "ob": 1})
+    assert "3 of 3 steps changed, 1 only in ob, 1 only in prefetch_b (end to end 1.100x" \
+        in report.describe()
+
+
 def test_a_refined_network_is_checked_and_says_what_it_weighed(convs, monkeypatch,
                                                               tmp_path):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # nothing weighed here before
