@@ -425,7 +425,8 @@ def convs():
     return model, inputs, nhwc_records(model, inputs, per_task=3)
 
 
-def test_alternatives_share_the_plans_layouts_and_come_fastest_first(convs):
+def best_plan(convs):
+    """The partition, each step on its task's fastest record, and the records."""
     model, inputs, records = convs
     part = partition(rk.capture(model, inputs))
     best = {}
@@ -435,6 +436,11 @@ def test_alternatives_share_the_plans_layouts_and_come_fastest_first(convs):
     chosen = [Candidate(*layouts_of(part.task(s.key), Config.from_json(best[s.key].config)),
                         best[s.key].median, Config.from_json(best[s.key].config))
               for s in part.steps]
+    return part, chosen, records
+
+
+def test_alternatives_share_the_plans_layouts_and_come_fastest_first(convs):
+    part, chosen, records = best_plan(convs)
     alts = rf.alternatives(part, chosen, records, layouts_of, 1, 8, lambda s, c: False)
     assert set(alts) == set(range(len(part.steps)))
     for i, a in alts.items():
@@ -453,15 +459,7 @@ def test_the_plans_prefetch_twin_is_weighed_second(convs):
     """A 1x1 conv's kernel with prefetch_b turned the other way comes right after the
     plan's, at its record's time where there is one, else at the plan's; the depthwise
     conv has no such knob and gets records only."""
-    model, inputs, records = convs
-    part = partition(rk.capture(model, inputs))
-    best = {}
-    for r in records:
-        if r.task_key not in best or r.median < best[r.task_key].median:
-            best[r.task_key] = r
-    chosen = [Candidate(*layouts_of(part.task(s.key), Config.from_json(best[s.key].config)),
-                        best[s.key].median, Config.from_json(best[s.key].config))
-              for s in part.steps]
+    part, chosen, records = best_plan(convs)
     alts = rf.alternatives(part, chosen, records, layouts_of, 1, 8, lambda s, c: False,
                            prefetch_twin)
     plain = rf.alternatives(part, chosen, records, layouts_of, 1, 8, lambda s, c: False)
