@@ -30,13 +30,13 @@ import itertools
 
 from raytune_kernels.cpu.loopnest import BCAST_FMA
 from raytune_kernels.cpu.machine import CpuInfo
+from raytune_kernels.space import Space
 
 # how far ahead of its reads an outer-product kernel asks for B's cache lines, in floats
 # (0: it leaves B to the hardware prefetchers). B read once per call from memory (a large
 # layer's weights) runs at the latency of its misses unless they are asked for early; a B
 # that stays in cache only pays the extra instructions.
 PREFETCH_B = (0, 1024)
-from raytune_kernels.space import Space
 
 
 def _divisors(n: int, limit: int) -> tuple[int, ...]:
@@ -90,6 +90,6 @@ def contraction_space(con, cpu: CpuInfo) -> Space:
                    ("parallel", (1, 2))]
     if con.unrollable:
         independent.append(("unroll", (False, True)))
-    if con.has_b and con.mode == BCAST_FMA:  # B (a conv's or dense's weights) streams
+    if con.has_b and con.mode == BCAST_FMA:  # B: weights, or a matmul's right operand
         independent.append(("prefetch_b", PREFETCH_B))
     return Space(names, tuple(combos), tuple(independent))
