@@ -83,12 +83,13 @@ def test_search_stops_when_the_space_is_exhausted():
 def test_model_guided_search_beats_random_on_the_fake(tasks):
     """Same budget: the guided search's best is faster than random sampling's, as a
     geometric mean over seeds (single seeds can lose; the model is seeded, so this is
-    deterministic)."""
+    deterministic). Single seeds range from 0.6 to 0.98, hence 12 of them: over 6, a knob
+    added to the space moved the mean across the line with the search unchanged."""
     task = tasks[12]
     space = space_for(task.compute, CPU)
     fake = FakeMeasurer()
     ratios = []
-    for seed in range(6):
+    for seed in range(12):
         _, r, _ = tune([task], 96, seed=seed)
         rng = random.Random(seed)
         random_best = min(fake.measure(task, space.sample(rng)).median for _ in range(96))
