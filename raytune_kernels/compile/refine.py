@@ -10,7 +10,8 @@ depthwise convs run two to three times slower in the network than in their recor
 
 refine() takes, for each step whose kernel came from records, the best few records of its
 task that read and write the same layouts as the plan's choice (so every variant has the
-same buffers and transforms), builds a network per rank (variant j runs each step's j-th
+same buffers and transforms), and second the plan's kernel with prefetching its weights
+turned the other way where it has that knob (alternatives(twin=)), builds a network per rank (variant j runs each step's j-th
 alternative, or its first where it has fewer), clocks every step inside each running
 variant (CompiledNetwork._clock_steps: the cycle counter between the calls of one native
 run), in interleaved rounds, and picks per step the kernel with the lowest median: the
@@ -114,20 +115,19 @@ def alternatives(part: Partition, chosen: Sequence[Candidate], records: Sequence
             continue
         task = part.task(step.key)
         keep, seen = [cand], {cand.config}
+        ranked = [(Config.from_json(r.config), r.median) for r in by_task[step.key]]
         other = twin(task.compute, cand.config) if twin is not None else None
         if other is not None and most > 1:
-            timed = {Config.from_json(r.config): r.median for r in by_task[step.key]}
-            keep.append(Candidate(cand.in_layout, cand.out_layout,
-                                  timed.get(other, cand.seconds), other))
+            timed = next((t for cfg, t in ranked if cfg == other), cand.seconds)
+            keep.append(Candidate(cand.in_layout, cand.out_layout, timed, other))
             seen.add(other)
-        for r in by_task[step.key]:
+        for cfg, median in ranked:
             if len(keep) >= most:
                 break
-            cfg = Config.from_json(r.config)
             if cfg in seen:
                 continue
             seen.add(cfg)
-            alt = Candidate(*layouts(task, cfg), r.median, cfg)
+            alt = Candidate(*layouts(task, cfg), median, cfg)
             if (alt.in_layout, alt.out_layout) == (cand.in_layout, cand.out_layout) and \
                     bordered(step, alt) == bordered(step, cand):
                 keep.append(alt)
