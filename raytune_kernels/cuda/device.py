@@ -165,7 +165,9 @@ def graph_timer(capture: Callable[[int], Callable[[], object]], cp, unit: int = 
 
     def run(number: int) -> float:
         whole, rest = divmod(number, unit)
-        replays = [graph(unit)] * whole + ([graph(rest)] if rest else [])
+        # a graph is captured only where it is replayed: capturing `unit` calls for a
+        # shorter run would hold (and on a GPU, record) work that never runs
+        replays = ([graph(unit)] * whole if whole else []) + ([graph(rest)] if rest else [])
         start.record()
         for replay in replays:
             replay()

@@ -112,6 +112,9 @@ def test_graph_timer_replays_graphs_of_a_unit_and_the_rest():
     cp = types.SimpleNamespace(cuda=types.SimpleNamespace(
         Event=Event, get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3))
     run = device.graph_timer(capture, cp, unit=64)
+    assert run(5) == pytest.approx(5e-6) and captured == [5]  # no unit graph for a short run
+    captured.clear(), ran.clear()
+    run = device.graph_timer(capture, cp, unit=64)
     assert run(1000) == pytest.approx(1000e-6) and sum(ran) == 1000
     assert sorted(captured) == [1000 % 64, 64]
     ran.clear()
