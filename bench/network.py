@@ -436,13 +436,14 @@ def refined_fields(refined) -> dict | None:
             "recalled": refined.recalled}
 
 
-def agreed_fields(agreed) -> dict | None:
-    """compile_network's split agreement report as JSON (None: it did not run)."""
-    if agreed is None:
+def weighing_fields(report) -> dict | None:
+    """compile_network's split agreement or layout weighing report as JSON (None: it did
+    not run): the steps it weighed, what it kept, the kept network over the given one."""
+    if report is None:
         return None
-    return {"steps": agreed.steps, "kept": agreed.kept, "seconds": round(agreed.seconds, 1),
-            "end_to_end": None if agreed.speedup is None else round(agreed.speedup, 3),
-            "recalled": agreed.recalled}
+    return {"steps": report.steps, "kept": report.kept, "seconds": round(report.seconds, 1),
+            "end_to_end": None if report.speedup is None else round(report.speedup, 3),
+            "recalled": report.recalled}
 
 
 def best_other_ratios(rounds_s: dict[str, list[float]]) -> list[float]:
@@ -858,7 +859,8 @@ def main() -> None:
               # clocking each step's best records in the running network, and the split
               # agreement after it ('unrefined' runs neither)
               "refine": args.refine, "refined": refined_fields(net.refined),
-              "agreed": agreed_fields(net.agreed),
+              "agreed": weighing_fields(net.agreed),
+              "layouts_weighed": weighing_fields(getattr(net, "weighed", None)),
               "unrefined_over_ours_rounds": spread([u / o for u, o in
                                                     zip(rounds["unrefined"], rounds["ours"])])
               if "unrefined" in rounds else None,

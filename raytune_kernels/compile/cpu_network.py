@@ -228,8 +228,9 @@ class CompiledNetwork(Reporting):
         return net
 
     examples: "Sequence[torch.Tensor] | None" = None  # the inputs it was compiled with
-    refined = None  # compile/refine.py's reports: Refined, Agreed (None: not run)
+    refined = None  # compile/refine.py's reports: Refined, Agreed, Weighed (None: not run)
     agreed = None
+    weighed = None
     mcpu: str | None = None  # the CPU its kernels were built for (None: the host)
     # the tasks whose kernels and estimates come from records (not the analytic model)
     recorded: frozenset = frozenset()
@@ -511,13 +512,18 @@ def compile_network_cpu(model: torch.nn.Module,
             measure_transforms(transforms_asked(lambda cost: step_problem(part, cands, cost,
                                                                           bordering)), opts)
         verdicts: dict = {}
+        # from records, the ILP's plan is weighed as it runs against the one-layout plan
+        weigh_layouts = layout == "ilp" and refine > 1 and bool(recs)
+        one_layout = None
         while True:  # chosen untuned kernels pass an isolated check, or are chosen again
-            plan, chosen = choose(part, cands, layout,
-                                   lambda shape, a, b: transform_cost(shape, a, b, opts,
-                                                                      priced_at),
-                                   time_limit_s, solver, bordering)
-            if not _drop_failed_untuned(part, cands, chosen, unchecked, verdicts, tseconds,
-                                        threads, tgt.mcpu, checker):
+            plans = [choose(part, cands, way,
+                            lambda shape, a, b: transform_cost(shape, a, b, opts, priced_at),
+                            time_limit_s, solver, bordering)
+                     for way in ((layout, "uniform") if weigh_layouts else (layout,))]
+            (plan, chosen), one_layout = plans[0], (plans[1] if weigh_layouts else None)
+            dropped = [_drop_failed_untuned(part, cands, c, unchecked, verdicts, tseconds,
+                                            threads, tgt.mcpu, checker) for _, c in plans]
+            if not any(dropped):
                 break
     finally:  # a check child nothing was left for (or a compile that raised)
         for child in checker:
@@ -544,9 +550,14 @@ def compile_network_cpu(model: torch.nn.Module,
                                 estimated, planner.value_of, planner.aliases)
         built.recorded = frozenset(best)
         return built
-    refined, agreed, net = None, None, None
+    weighed, refined, agreed, net = None, None, None, None
     if refine > 1 and recs:  # each may hand back the network of its plan, built and timed
         prebuild = functools.partial(_prebuild, part, kernels, tgt.mcpu)
+        if one_layout is not None:
+            chosen, weighed = _weigh_layouts(part, chosen, one_layout[1], assemble, prebuild,
+                                             inputs, threads)
+            if weighed.kept:  # the networks assembled from here on carry this plan
+                plan = one_layout[0]
         chosen, refined, net = _refine(part, chosen, recs, assemble, prebuild, inputs,
                                        threads, refine)
         chosen, agreed, net = _agree(part, chosen, recs, assemble, prebuild, inputs,
@@ -554,12 +565,15 @@ def compile_network_cpu(model: torch.nn.Module,
     if net is None:
         net = assemble(chosen)
     net.examples, net.mcpu, net.refined, net.agreed = inputs, tgt.mcpu, refined, agreed
+    net.weighed = weighed
     if verbose:
         print(f"compiled {len(net.steps)} steps "
               f"({sum(s.kind == 'kernel' for s in net.steps)} kernels, "
               f"{sum(s.kind == 'transform' for s in net.steps)} transforms, "
               f"{sum(s.kind == 'torch' for s in net.steps)} torch); layout plan "
               f"{plan.cost * 1e3:.3f} ms by {plan.solver} in {plan.seconds:.2f} s")
+        if weighed is not None:
+            print(weighed.describe())
         if refined is not None:
             print(refined.describe())
         if agreed is not None:
@@ -585,6 +599,17 @@ def _prebuild(part: Partition, kernels: dict, mcpu: str | None, pairs) -> set:
         else:
             kernels[(key, cfg)] = (LoadedKernel(b.library, nest.name, len(nest.buffers)), nest)
     return failed
+
+
+def _weigh_layouts(part: Partition, chosen: list[Candidate], other: list[Candidate],
+                   assemble, prebuild, inputs, threads: int):
+    """compile/refine.py's weighing of the ILP's plan against the one-layout plan, end to
+    end as the network runs."""
+    from raytune_kernels.compile import refine as rf
+
+    xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
+    key = rf.decision_key(part, chosen, rf.differences(chosen, other), threads, kind="layouts")
+    return rf.weigh_plans(part, chosen, other, assemble, xs, prebuild, key=key)
 
 
 def _refine(part: Partition, chosen: list[Candidate], recs: list[Record], assemble,

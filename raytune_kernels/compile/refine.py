@@ -22,6 +22,11 @@ interleaved rounds, and kept only where it runs faster by a third of MARGIN or m
 variant holds its own packed weights, so the number of variants alive at once is capped by
 MEMORY_BYTES.
 
+Before refine(), weigh_plans() puts the layout ILP's plan against the one-layout plan,
+whole networks timed end to end, where the two differ: the ILP prices kernels and
+transforms as each ran alone, and a plan that changes layouts often can lose more between
+its steps than it saved. The faster plan is the one refined.
+
 What a refinement kept is remembered per machine (`refine.jsonl` in the cache directory,
 raytune_kernels/cache.py), keyed by the CPU and its ISA, llvmlite, the code that generates
 and runs the kernels, the threads and every step's alternatives in rank order: compiling
@@ -367,6 +372,74 @@ def agree(part: Partition, chosen: Sequence[Candidate], rows: dict[int, list[Can
     return out, report, net
 
 
+@dataclass
+class Weighed:
+    """What weigh_plans() did: the layout ILP's plan against the one-layout plan."""
+
+    steps: int = 0  # steps whose kernel or layouts differ between the two plans
+    speedup: float | None = None  # the ILP plan's network time over the one-layout plan's
+    kept: bool = False  # the one-layout plan runs
+    seconds: float = 0.0
+    recalled: bool = False
+
+    def describe(self) -> str:
+        if not self.steps:
+            return "layouts weighed: the ILP's plan is the one-layout plan"
+        head = f"layouts weighed: the one-layout plan differs in {self.steps} steps"
+        when = ("recalled: weighed by an earlier compile of these records on this machine"
+                if self.recalled else f"in {self.seconds:.1f} s")
+        if self.speedup is None:
+            return f"{head}, and not all of its kernels build: the ILP's plan kept, {when}"
+        kept = "the one-layout plan kept" if self.kept else "the ILP's plan kept"
+        return (f"{head}; it ran {self.speedup:.3f}x the ILP's plan's speed end to end: "
+                f"{kept}, {when}")
+
+
+def differences(chosen: Sequence[Candidate], other: Sequence[Candidate]
+                ) -> dict[int, list[Candidate]]:
+    """step index -> [chosen's candidate, other's], where they differ in layouts or kernel."""
+    return {i: [a, b] for i, (a, b) in enumerate(zip(chosen, other))
+            if (a.in_layout, a.out_layout, a.config) != (b.in_layout, b.out_layout, b.config)}
+
+
+def weigh_plans(part: Partition, chosen: Sequence[Candidate], other: Sequence[Candidate],
+                assemble: Callable[[list[Candidate]], object], inputs: Sequence[torch.Tensor],
+                prebuild: Callable[[list[tuple[str, Config]]], set] | None = None,
+                budget_s: float = BUDGET_S / 2, key: str | None = None
+                ) -> tuple[list[Candidate], Weighed]:
+    """The layout ILP's plan (`chosen`) or the one-layout plan (`other`), whichever runs
+    faster end to end, and the report. The ILP prices each kernel as its record timed it
+    alone and each transform as timed alone; run in sequence, a plan of many layouts can
+    lose more to the caches between steps than its transforms were priced at, and come
+    out slower than keeping one layout. So where the two plans differ both networks are
+    built and timed in interleaved rounds (refine's confirmation), and the one-layout plan
+    replaces the ILP's where it runs faster by a third of MARGIN or more. With `key`
+    (decision_key over the differing steps), a choice this machine made under it is
+    recalled, and this one remembered."""
+    start = time.perf_counter()
+    differ = differences(chosen, other)
+    report = Weighed(steps=len(differ))
+    if not differ:
+        return list(chosen), report
+    if key is not None and (kept := recall(key, differ)) is not None:
+        report.kept, report.speedup, report.recalled = bool(kept["picks"]), kept["speedup"], True
+        report.seconds = time.perf_counter() - start
+        return list(other if report.kept else chosen), report
+    if prebuild is not None:
+        pairs = [(part.steps[i].key, b.config) for i, (_, b) in differ.items()
+                 if isinstance(part.steps[i], TaskStep) and b.config not in (None, TORCH)]
+        if prebuild(list(dict.fromkeys(pairs))):
+            report.seconds = time.perf_counter() - start
+            return list(chosen), report
+    xs = list(inputs)
+    report.speedup = _confirm(assemble(list(chosen)), assemble(list(other)), xs, budget_s)
+    report.kept = report.speedup >= 1 + MARGIN / 3
+    if key is not None:
+        remember(key, [(i, 1) for i in differ] if report.kept else [], 2, report.speedup)
+    report.seconds = time.perf_counter() - start
+    return list(other if report.kept else chosen), report
+
+
 def _clock_rounds(nets: list, xs: list[torch.Tensor], rounds: int, budget_s: float
                   ) -> list[np.ndarray]:
     """Per network: its steps clocked inside it (round x step seconds), the networks taking
@@ -398,12 +471,13 @@ def fingerprint() -> str:
 
 def decision_key(part: Partition, chosen: Sequence[Candidate],
                  alts: dict[int, list[Candidate]], threads: int, kind: str = "refine") -> str:
-    """What a refinement's (or, with kind="agree", a split agreement's) outcome depends on
-    besides the moment: the machine and code (fingerprint), the threads, the plan (every
-    step's task, layouts and kernel) and every step's alternatives in rank order."""
+    """What a refinement's (or, with kind="agree" or "layouts", a split agreement's or a
+    layout weighing's) outcome depends on besides the moment: the machine and code
+    (fingerprint), the threads, the plan (every step's task, layouts and kernel) and every
+    step's alternatives in rank order."""
     plan = [[getattr(step, "key", None), c.in_layout, c.out_layout, _config_json(c.config)]
             for step, c in zip(part.steps, chosen)]
-    steps = [[i, [c.config.to_json() for c in a]] for i, a in sorted(alts.items())]
+    steps = [[i, [_config_json(c.config) for c in a]] for i, a in sorted(alts.items())]
     text = json.dumps([kind, fingerprint(), threads, MARGIN, plan, steps], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 

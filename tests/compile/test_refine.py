@@ -381,6 +381,73 @@ def test_row_alternatives_are_the_fastest_row_split_record_of_the_plans_layouts(
     assert bordered[0][1].config["tag"] == "slow" and bordered[0][1].seconds == 3.0
 
 
+# ------------------------------------------------- the ILP's plan against one layout's
+
+class PlanNet:
+    """A network that says which plan it was assembled from."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+
+def run_weigh(monkeypatch, speedup, key=None, assemble=None, prebuild=None, same=False):
+    """weigh_plans() over fake networks; the end-to-end check says `speedup` (the ILP
+    plan's time over the one-layout plan's)."""
+    part, chosen, _ = fake_plan(1)
+    other = list(chosen) if same else \
+        [Candidate("NCHW16c", "NCHW16c", 2.0, "u0"), chosen[1], chosen[2]]
+    confirmed = []
+
+    def confirm(plan, net, xs, budget_s):
+        confirmed.append((plan.plan, net.plan))
+        return speedup
+    monkeypatch.setattr(rf, "_confirm", confirm)
+    out, report = rf.weigh_plans(part, chosen, other, assemble or PlanNet, [torch.zeros(1)],
+                                 prebuild, budget_s=0.0, key=key)
+    return out, report, chosen, other, confirmed
+
+
+def test_the_one_layout_plan_runs_where_it_is_faster_end_to_end(monkeypatch):
+    out, report, chosen, other, confirmed = run_weigh(monkeypatch, 1.08)
+    assert confirmed == [(chosen, other)] and out == other  # the ILP's plan timed first
+    assert report.steps == 1 and report.kept and report.speedup == 1.08
+    assert "differs in 1 steps; it ran 1.080x the ILP's plan's speed end to end: the " \
+        "one-layout plan kept" in report.describe()
+
+
+def test_the_ilps_plan_stays_unless_the_other_wins_by_a_third_of_the_margin(monkeypatch):
+    out, report, chosen, *_ = run_weigh(monkeypatch, 1 + rf.MARGIN / 4)
+    assert out == chosen and not report.kept and "the ILP's plan kept" in report.describe()
+    out, report, chosen, other, _ = run_weigh(monkeypatch, 1 + rf.MARGIN / 3)
+    assert out == other and report.kept
+
+
+def test_equal_plans_or_an_unbuildable_one_weigh_nothing(monkeypatch):
+    def never(plan):
+        raise AssertionError("nothing to weigh assembles no network")
+    out, report, chosen, _, confirmed = run_weigh(monkeypatch, 2.0, assemble=never, same=True)
+    assert out == chosen and report.steps == 0 and not confirmed
+    assert "the ILP's plan is the one-layout plan" in report.describe()
+    asked = []
+    out, report, chosen, _, confirmed = run_weigh(
+        monkeypatch, 2.0, assemble=never, prebuild=lambda pairs: asked.extend(pairs) or {pairs[0]})
+    assert asked == [("k0", "u0")] and out == chosen and not confirmed
+    assert report.speedup is None and "not all of its kernels build" in report.describe()
+
+
+def test_a_weighing_is_recalled_by_the_next_compile(monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    for speedup in (1.10, 0.95):  # kept, then (under another key) not kept
+        out, report, chosen, other, _ = run_weigh(monkeypatch, speedup, key=f"k{speedup}")
+        assert not report.recalled
+
+        def never(plan):
+            raise AssertionError("a recalled weighing assembles no network")
+        again, report, *_ = run_weigh(monkeypatch, speedup, key=f"k{speedup}", assemble=never)
+        assert report.recalled and again == out and report.speedup == speedup
+        assert report.kept == (speedup > 1) and "recalled" in report.describe()
+
+
 # ------------------------------------------------------------------------- for real
 
 class Convs(torch.nn.Module):
@@ -514,6 +581,40 @@ def test_a_refined_network_is_checked_and_says_what_it_weighed(convs, monkeypatc
     plain = compile_network(model, inputs, records, refine=0)
     assert plain.refined is None
     assert torch.allclose(plain(x), want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_compile_runs_the_one_layout_plan_where_it_ran_faster(convs, monkeypatch,
+                                                                tmp_path):
+    """The ILP's plan (here: step 0 on another of its records) and the one-layout plan
+    differ; compile_network builds both, keeps the faster, checks it and recalls it."""
+    from raytune_kernels.compile import cpu_network
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    model, inputs, records = convs
+    real = cpu_network.choose
+
+    def choose(part, cands, layout, *args):
+        plan, chosen = real(part, cands, layout, *args)
+        if layout == "ilp":  # the ILP's plan runs another of step 0's records
+            chosen, task = list(chosen), part.task(part.steps[0].key)
+            cfg = next(c for r in records if r.task_key == task.key and
+                       (c := Config.from_json(r.config)) != chosen[0].config)
+            chosen[0] = Candidate(*layouts_of(task, cfg), 1e-3, cfg)
+        return plan, chosen
+    monkeypatch.setattr(cpu_network, "choose", choose)
+    timed = []
+    monkeypatch.setattr(rf, "_confirm", lambda a, b, xs, budget_s: timed.append(1) or 1.5)
+    net = compile_network(model, inputs, records, refine=2)  # checked against the model
+    assert net.weighed.steps == 1 and net.weighed.kept and timed == [1]
+    uniform = compile_network(model, inputs, records, refine=2, layout="uniform")
+    assert uniform.weighed is None
+    assert [s.kernel.library for s in net.steps if s.kernel] == \
+        [s.kernel.library for s in uniform.steps if s.kernel]
+    again = compile_network(model, inputs, records, refine=2)
+    assert again.weighed.recalled and again.weighed.kept and len(timed) == 1
+    x = torch.randn(1, 8, 14, 14)
+    with torch.no_grad():
+        assert torch.allclose(again(x), model(x), atol=1e-4, rtol=1e-4)
+    assert compile_network(model, inputs, records, refine=0).weighed is None
 
 
 @pytest.fixture(scope="module")
