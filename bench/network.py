@@ -856,8 +856,8 @@ def main() -> None:
               "uniform_over_ours_rounds": spread([u / o for u, o in
                                                   zip(rounds["uniform"], rounds["ours"])]),
               # compile_network's refine: the plan's kernels against those kept after
-              # clocking each step's best records in the running network, and the split
-              # agreement after it ('unrefined' runs neither)
+              # clocking each step's best records in the running network, the split
+              # agreement after it and the layout weighing before ('unrefined' runs none)
               "refine": args.refine, "refined": refined_fields(net.refined),
               "agreed": weighing_fields(net.agreed),
               "layouts_weighed": weighing_fields(getattr(net, "weighed", None)),
