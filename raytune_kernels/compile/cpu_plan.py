@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from raytune_kernels.compile.choose import TORCH
+from raytune_kernels.compile.refine import split_axis
 from raytune_kernels.compile.step_fns import (ConcatInto, EmbeddingInto, Glue, Narrow,
                                               Reference)
 from raytune_kernels.cpu.build import LoadedKernel, aligned, build
@@ -88,6 +89,8 @@ class Planner:
         self.steps: list[Step] = []
         self.produced: dict[str, tuple[Buf, str]] = {}
         self.copies: dict[tuple[str, str, float], Buf] = {}
+        # value -> the loop its producer's threads split first (refine.split_axis)
+        self.split_of: dict[str, str | None] = {}
         self.kernels: dict[tuple[str, Config], tuple[LoadedKernel, object]] = {}
         self.inputs: list[Buf] = []
         self.value_of: dict[int, tuple[str, str]] = {}  # step -> (value, layout) it completes
@@ -97,8 +100,10 @@ class Planner:
             self.inputs.append(buf)
             self.produced[name] = (buf, NCHW)
 
-    def value(self, name: str, label: str, border: float = 0.0) -> Buf:
-        """`name` in layout `label`, transformed (and cached) when needed."""
+    def value(self, name: str, label: str, border: float = 0.0, reader: str | None = None
+              ) -> Buf:
+        """`name` in layout `label`, transformed (and cached) when needed; `reader`: the
+        loop the reading kernel's threads split first (split_axis), for copies_by_rows."""
         src_buf, src_label = self.produced[name]
         if label == src_label:
             return src_buf
@@ -111,12 +116,15 @@ class Planner:
                                         self.priced_at)
         via = via_layout(src_label, label)
         if cfg is None and via:  # blocks that do not divide: through their common block
-            src_buf, src_label = self.value(name, via), via
+            src_buf, src_label = self.value(name, via, reader=reader), via
             seconds, cfg = transform_choice(tuple(shape), via, label, self.opts,
                                             self.priced_at)
         if cfg is None:
             raise CompileError(f"no transform of {name} {tuple(shape)} from {src_label} to "
                                f"{label}")
+        if cfg["parallel"]:
+            rows = copies_by_rows(self.split_of.get(name), reader)
+            cfg = Config(tuple(sorted(cfg.knobs + (("rows_first", rows),))))
         kernel = transform_kernel(tuple(shape), Layout.parse(src_label), dst, cfg)
         out = Buf(dst.size(shape), tuple(shape), dst, border)
         self.steps.append(Step(f"{name}: {src_label} -> {label}", "transform", (),
@@ -155,6 +163,7 @@ class Planner:
             cfg = Config(tuple(sorted(cfg.knobs + (("res_pad",
                                                      Layout.parse(res_label).pad),))))
         kernel, nest = self._kernel(compute, cfg, step.key)
+        split = split_axis(cfg)
         holders = [self.graph.params[a] if a in self.graph.params
                    else torch.zeros(self.graph.shape_of(a)) for a in step.args]
         packed = pack(compute, cfg, holders)
@@ -170,11 +179,11 @@ class Planner:
                 continue
             if i == 0:
                 border = -math.inf if compute.op == "max_pool2d" else 0.0
-                buf = self.value(arg, cand.in_layout, border)
+                buf = self.value(arg, cand.in_layout, border, reader=split)
             elif i < n_in or compute.op in ROW_OPS or kinds[i - n_in] == "channel":
                 buf = self.value(arg, NCHW)
             else:  # a residual, in the output's layout (with the border it lives in)
-                buf = self.value(arg, res_label or cand.out_layout)
+                buf = self.value(arg, res_label or cand.out_layout, reader=split)
             if buf.size != packed[bname].size:
                 raise CompileError(f"{step.layer}: operand {arg} holds {buf.size} floats in "
                                    f"{cand.in_layout if i == 0 else 'its layout'}, the kernel "
@@ -210,6 +219,7 @@ class Planner:
                         Narrow(rows, n, tuple(out_shape)), 0.0, None)
             out = final
         self._produce(step.output, out, NCHW if internal else out_label)
+        self.split_of[step.output] = split
 
     def _bordered_residual(self, residuals: list[str], compute, cfg: Config,
                            label: str) -> str | None:
@@ -401,6 +411,18 @@ def transforms_asked(ask: Callable[[Callable[[tuple, str, str], float]], object]
         return 0.0
     ask(note)
     return list(dict.fromkeys(asked))
+
+
+def copies_by_rows(producer: str | None, reader: str | None) -> bool:
+    """Whether a parallel transform's threads take bands of rows (cpu/transform.py's
+    rows_first) rather than channel blocks, given the loops the value's producer and
+    its reader split first (refine.split_axis; None where not a kernel or unknown): by
+    channel blocks where more of the two split channel blocks (ko) than rows (oh), so
+    that each thread copies what its core wrote or will read; by rows otherwise, whose
+    shares are contiguous in channel-last layouts too (a thread's channel blocks of NHWC
+    interleave with the other's in every pixel)."""
+    sides = (producer, reader)
+    return sides.count("ko") <= sides.count("oh")
 
 
 def transform_cost(shape, src: str, dst: str, opts: MeasureOptions,

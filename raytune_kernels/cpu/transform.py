@@ -155,16 +155,19 @@ def transform_nest(shape: tuple[int, ...], src: "str | Layout", dst: "str | Layo
         o = Affine(tuple((v, ds[v] if v != "wt" else ds["w"] * width) for v in live), o0)
         stmts = (UpdateTile(tile.name, Access("src", a), (ss["ci"], ss["w"]), None, SET),
                  StoreTile(tile.name, Access("dst", o), (ds["ci"], ds["w"])))
-        body.append(_loops(live, stmts, cfg["parallel"]))
+        body.append(_loops(live, stmts, cfg["parallel"], cfg.get("rows_first", False)))
     tag = "_".join(f"{x.name}p{x.pad[0]}x{x.pad[1]}" for x in (s, d))
     name = f"transform_{tag}_{'x'.join(map(str, shape))}"
     bufs = (Buffer("src", s.size(shape), "in"), Buffer("dst", d.size(shape), "out"))
     return LoopNest(name, bufs, tuple(tiles), tuple(body), 1)
 
 
-def _loops(live: dict, stmts: tuple, parallel: bool):
+def _loops(live: dict, stmts: tuple, parallel: bool, rows_first: bool = False):
+    """The copy's loops; parallel, the threads take contiguous shares of the channel
+    blocks, then rows, or with `rows_first` (cpu_plan: a value its producer wrote split
+    by rows) bands of rows: each thread then reads what its core's producer thread wrote."""
     inner = (For("wt", live["wt"], SERIAL, stmts),)
-    outer = ("cq", "cr", "h")
+    outer = ("h", "cq", "cr") if rows_first else ("cq", "cr", "h")
     if parallel:
         extents = tuple(live[v] for v in outer)
         return For("p", math.prod(extents), PARALLEL, (Split("p", outer, extents),) + inner)

@@ -902,3 +902,38 @@ def test_untuned_candidates_are_priced_at_the_compile_threads():
     picks = {t: min(estimated_candidates(part, step, cpu_info(), t), key=lambda c: c.seconds)
              for t in (1, 2)}
     assert picks[2].config["parallel"] and picks[2].seconds < 0.6 * picks[1].seconds
+
+
+def test_a_copy_splits_channel_blocks_only_where_its_kernels_do(monkeypatch):
+    """A transform's threads take channel blocks where more of the value's producer and
+    reader split channel blocks (ko) than rows (oh), and bands of rows otherwise."""
+    from raytune_kernels.compile import cpu_plan
+    from raytune_kernels.frontend.partition import partition
+    from raytune_kernels.layout.graph import Candidate
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Conv2d(8, 64, 1).eval(), torch.randn(1, 8, 32, 32)
+    part = partition(rk.capture(model, (x,)))
+    step, = part.steps
+    asked = []
+    real = cpu_plan.transform_kernel
+    monkeypatch.setattr(cpu_plan, "transform_kernel",
+                        lambda shape, s, d, cfg: asked.append(cfg) or real(shape, s, d, cfg))
+    space, rng = space_for(part.task(step.key).compute, cpu_info()), random.Random(0)
+    for first in ("oh", "ko"):
+        cfg = next(c for c in (space.sample(rng) for _ in range(5000))
+                   if c.get("algorithm", "direct") == "direct" and
+                   c["spatial_order"][0] == first and
+                   layouts_of(part.task(step.key), c)[1] == "NHWC")
+        planner = cpu_plan.Planner(part, None, MeasureOptions(threads=2), priced_at=3.0)
+        planner.task(step, Candidate(*layouts_of(part.task(step.key), cfg), 1e-5, cfg))
+        assert planner.split_of[step.output] == first
+        for reader, label in ((None, "NCHW16c"), ("oh", "NCHW8c"), ("ko", "NCHW32c")):
+            asked.clear()
+            planner.value(step.output, label, reader=reader)
+            assert len(asked) == 1 and asked[0]["parallel"]  # 64 x 32 x 32: parallel
+            assert asked[0]["rows_first"] == cpu_plan.copies_by_rows(first, reader)
+    by_rows = cpu_plan.copies_by_rows
+    assert by_rows(None, None) and by_rows("ow", "pt") and by_rows("oh", None)
+    assert by_rows("ko", "oh") and by_rows("oh", "ko")  # a tie: rows
+    assert not by_rows("ko", None) and not by_rows(None, "ko") and not by_rows("ko", "ko")

@@ -601,16 +601,15 @@ def test_a_compile_runs_the_one_layout_plan_where_it_ran_faster(convs, monkeypat
             chosen[0] = Candidate(*layouts_of(task, cfg), 1e-3, cfg)
         return plan, chosen
     monkeypatch.setattr(cpu_network, "choose", choose)
-    timed = []
-    monkeypatch.setattr(rf, "_confirm", lambda a, b, xs, budget_s: timed.append(1) or 1.5)
+    monkeypatch.setattr(rf, "_confirm", lambda a, b, xs, budget_s: 1.5)
     net = compile_network(model, inputs, records, refine=2)  # checked against the model
-    assert net.weighed.steps == 1 and net.weighed.kept and timed == [1]
+    assert net.weighed.steps == 1 and net.weighed.kept and not net.weighed.recalled
     uniform = compile_network(model, inputs, records, refine=2, layout="uniform")
     assert uniform.weighed is None
     assert [s.kernel.library for s in net.steps if s.kernel] == \
         [s.kernel.library for s in uniform.steps if s.kernel]
     again = compile_network(model, inputs, records, refine=2)
-    assert again.weighed.recalled and again.weighed.kept and len(timed) == 1
+    assert again.weighed.recalled and again.weighed.kept
     x = torch.randn(1, 8, 14, 14)
     with torch.no_grad():
         assert torch.allclose(again(x), model(x), atol=1e-4, rtol=1e-4)

@@ -157,3 +157,25 @@ def test_a_views_copy_matches_torch(view, lanes):
         out = aligned(np.full(want.size, np.nan, np.float32))
         kernel([src.ctypes.data, out.ctypes.data], threads)
         assert np.array_equal(out, want), (tuple(v.shape), lanes, threads)
+
+
+@pytest.mark.parametrize("src, dst", [("NHWC", "NCHW32c"), ("NCHW16c", "NHWC"),
+                                      ("NCHW", "NCHW8c")])
+def test_a_copy_splitting_rows_first_moves_the_same_data(src, dst):
+    """rows_first changes which thread copies what (bands of rows, as a producer that
+    split rows wrote them), not what lands where: natively at 1-3 threads, interpreted."""
+    shape = (1, 64, 9, 6)
+    x = torch.randn(shape)
+    cfg = next(c for c in transform_space(shape, src, dst) if c["parallel"])
+    rows = type(cfg)(tuple(sorted(cfg.knobs + (("rows_first", True),))))
+    nest = transform_nest(shape, src, dst, rows)
+    assert render(nest) != render(transform_nest(shape, src, dst, cfg))
+    result = build(render(nest))
+    assert result.error is None, result.error
+    for threads in (1, 2, 3):
+        inp, out = aligned(Layout(src).pack(x)), aligned(np.zeros(x.numel(), np.float32))
+        LoadedKernel(result.library, nest.name, 2)([inp.ctypes.data, out.ctypes.data], threads)
+        assert torch.equal(Layout(dst).unpack(out, shape), x), threads
+    bufs = {"src": Layout(src).pack(x), "dst": np.zeros(x.numel(), np.float32)}
+    interpret(nest, bufs)
+    assert torch.equal(Layout(dst).unpack(bufs["dst"], shape), x)
