@@ -164,8 +164,8 @@ def transform_nest(shape: tuple[int, ...], src: "str | Layout", dst: "str | Layo
 
 def _loops(live: dict, stmts: tuple, parallel: bool, rows_first: bool = False):
     """The copy's loops; parallel, the threads take contiguous shares of the channel
-    blocks, then rows, or with `rows_first` (cpu_plan: a value its producer wrote split
-    by rows) bands of rows: each thread then reads what its core's producer thread wrote."""
+    blocks, then rows, or with `rows_first` bands of rows (compile/cpu_plan.py's
+    copies_by_rows picks, from how the value's producer and reader split theirs)."""
     inner = (For("wt", live["wt"], SERIAL, stmts),)
     outer = ("h", "cq", "cr") if rows_first else ("cq", "cr", "h")
     if parallel:
