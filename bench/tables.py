@@ -357,6 +357,23 @@ def prefetch_row(run: Run) -> dict[str, str]:
             "file": run.path}
 
 
+def transforms_row(run: Run) -> dict[str, str]:
+    d = run.data
+
+    def each(f) -> str:
+        return "; ".join(f"{n.split('/')[-1]} {f(v)}" for n, v in d["models"].items())
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": shlex.join(["bench/transforms.py", *d["models"], "--threads",
+                                   str(d["threads"]), "--rounds", str(d["rounds"])]),
+            "transforms, channels -> rule (us)": each(
+                lambda v: f"{v['transforms_channels_us']:.0f} -> {v['transforms_rule_us']:.0f}"),
+            "steps, channels -> rule (ms)": each(
+                lambda v: f"{v['steps_channels_us'] / 1e3:.3f} -> "
+                          f"{v['steps_rule_us'] / 1e3:.3f}"),
+            "end to end channels / rule": each(lambda v: spread(v["channels_over_rule"])),
+            "file": run.path}
+
+
 def records_ab_row(run: Run) -> dict[str, str]:
     d = run.data
 
@@ -483,6 +500,14 @@ SHAPES = (
           "weights cold; turned: steps whose kernel the refinement changed in prefetch_b "
           "alone.",
           lambda d: d.get("bench") == "prefetch", prefetch_row),
+    Shape("Transforms by rows or by channel blocks (bench/transforms.py)",
+          "a model's records compiled as compile_network does (rule: each parallel "
+          "transform splits rows unless its producer and reader split channel blocks) and "
+          "with every transform splitting channel blocks, timed interleaved: the "
+          "transforms' and all steps' sums clocked inside the running network (medians "
+          "of per-round sums), and channels over rule end to end as the median (range) of "
+          "per-round ratios.",
+          lambda d: d.get("bench") == "transforms", transforms_row),
     Shape("Runner dispatch (bench/dispatch.py)",
           "what a native step pays to open and join its OpenMP parallel region inside the "
           "runner (kernels that do nothing else), median over repeats.",

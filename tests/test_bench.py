@@ -903,3 +903,11 @@ def test_the_prefetch_bench_leaves_out_what_prefetches_and_names_missing_records
     missing = str(tmp_path / "none.jsonl")
     done = _run("bench/prefetch.py", "resnet18", "--records", missing)
     assert done.returncode != 0 and f"no records at {missing}" in done.stderr
+
+
+def test_the_transforms_bench_names_missing_records_and_wants_threads(tmp_path):
+    missing = str(tmp_path / "none.jsonl")
+    done = _run("bench/transforms.py", "resnet18", "--records", missing)
+    assert done.returncode != 0 and f"no records at {missing}" in done.stderr
+    done = _run("bench/transforms.py", "resnet18", "--threads", "1")
+    assert done.returncode != 0 and "at 1 thread no transform runs in parallel" in done.stderr
