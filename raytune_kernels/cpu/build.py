@@ -180,7 +180,9 @@ def compile_object(ir_text: str, mcpu: str | None = None, phases: list | None = 
                 getattr(passes, f"add_{name}_pass")()
             passes.run(mod, llvm.create_pass_builder(tm, llvm.PipelineTuningOptions()))
         with timed("codegen", phases):
-            return tm.emit_object(mod)
+            obj = tm.emit_object(mod)
+            mod.close()  # freeing a large module's IR takes milliseconds: the build's too
+        return obj
 
 
 @functools.cache
