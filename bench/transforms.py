@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import warnings
 from unittest import mock
 
@@ -32,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from raytune_kernels.compile import cpu_plan  # noqa: E402
+from raytune_kernels.compile import cpu_plan, refine  # noqa: E402
 from raytune_kernels.compile.api import compile_network  # noqa: E402
 from raytune_kernels.cpu.build import host_cpu  # noqa: E402
 from raytune_kernels.timing import median  # noqa: E402
@@ -53,16 +52,6 @@ def compile_both(model, inputs, path: str, threads: int) -> dict:
     return {"rule": rule, "channels": channels}
 
 
-def _median_call(net, xs) -> float:
-    net(*xs)
-    took = []
-    for _ in range(CALLS):
-        t = time.perf_counter()
-        net(*xs)
-        took.append(time.perf_counter() - t)
-    return median(took)
-
-
 def one_model(name: str, cpu: str, threads: int, rounds: int, records: str | None) -> dict:
     from network import cpu_records, load_model, spread
 
@@ -78,7 +67,7 @@ def one_model(name: str, cpu: str, threads: int, rounds: int, records: str | Non
     for r in range(rounds):
         for k in (("rule", "channels") if r % 2 == 0 else ("channels", "rule")):
             laps[k].append(nets[k]._clock_steps(xs, RUNS))
-            e2e[k].append(_median_call(nets[k], xs))
+            e2e[k].append(refine._median_call(nets[k], xs, CALLS))
         print(f"  round {r}: rule {e2e['rule'][-1] * 1e3:.3f} ms, channels "
               f"{e2e['channels'][-1] * 1e3:.3f} ms", file=sys.stderr, flush=True)
     steps = nets["rule"].steps
