@@ -374,6 +374,26 @@ def transforms_row(run: Run) -> dict[str, str]:
             "file": run.path}
 
 
+def nhwc_reads_row(run: Run) -> dict[str, str]:
+    d = run.data
+
+    def each(f) -> str:
+        return "; ".join(f"{n.split('/')[-1]} {f(v)}" for n, v in d["models"].items())
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": shlex.join(["bench/transforms.py", *d["models"], "--threads",
+                                   str(d["threads"]), "--rounds", str(d["rounds"]),
+                                   "--compare", "nhwc"]),
+            "transforms, copies -> nhwc": each(
+                lambda v: f"{v['transforms_copies']} -> {v['transforms_nhwc']}"),
+            "their time, copies -> nhwc (us)": each(
+                lambda v: f"{v['transforms_copies_us']:.0f} -> {v['transforms_nhwc_us']:.0f}"),
+            "steps, copies -> nhwc (ms)": each(
+                lambda v: f"{v['steps_copies_us'] / 1e3:.3f} -> "
+                          f"{v['steps_nhwc_us'] / 1e3:.3f}"),
+            "end to end copies / nhwc": each(lambda v: spread(v["copies_over_nhwc"])),
+            "file": run.path}
+
+
 def records_ab_row(run: Run) -> dict[str, str]:
     d = run.data
 
@@ -507,7 +527,17 @@ SHAPES = (
           "transforms' and all steps' sums clocked inside the running network (medians "
           "of per-round sums), and channels over rule end to end as the median (range) of "
           "per-round ratios.",
-          lambda d: d.get("bench") == "transforms", transforms_row),
+          lambda d: d.get("bench") == "transforms" and d.get("compare", "rows") == "rows",
+          transforms_row),
+    Shape("Convs reading NHWC as it is (bench/transforms.py --compare nhwc)",
+          "a model's records compiled with compile/cpu_plan.nhwc_reads's plan (convs read "
+          "NHWC values in their channel blocks instead of a copy bringing them into those "
+          "blocks; convs whose every reader copied their blocks write NHWC) and without "
+          "it, timed interleaved: the transforms, their and all steps' sums clocked inside "
+          "the running network (medians of per-round sums), and copies over nhwc end to "
+          "end as the median (range) of per-round ratios.",
+          lambda d: d.get("bench") == "transforms" and d.get("compare") == "nhwc",
+          nhwc_reads_row),
     Shape("Runner dispatch (bench/dispatch.py)",
           "what a native step pays to open and join its OpenMP parallel region inside the "
           "runner (kernels that do nothing else), median over repeats.",

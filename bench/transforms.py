@@ -1,19 +1,26 @@
-"""How a compiled network's layout transforms split their work between threads: the
-network compile_network builds from a model's records (each parallel transform taking
-bands of rows unless its producer and reader split channel blocks: compile/cpu_plan.py's
-copies_by_rows) against the same plan with every transform splitting channel blocks.
+"""A compiled network's layout transforms, two ways, timed inside both running networks.
 
     python bench/transforms.py resnet18 mobilenet_v2 --threads 2 [--rounds 15] [--records F]
+                               [--compare rows|nhwc]
 
-"rule" is compile_network as it comes; "channels" compiles the same records with
-copies_by_rows answering no everywhere. Both have the same steps; only the transforms'
-loops differ. Each round clocks every step inside both running networks
-(CompiledNetwork._clock_steps) and times both end to end, the two taking turns, the first
-one alternating. Per model: the transforms' and all steps' in-network sums (medians of
-the per-round sums), each transform's median, and channels over rule end to end (median
-and spread of per-round ratios; above 1, the rule is faster). Records default to this
-CPU's bench/results/<cpu>/network_MODEL_<threads>threads.jsonl. Last line of stdout: one
-JSON object.
+--compare rows (the default): how the transforms split their work between threads. "rule"
+is compile_network as it comes (each parallel transform taking bands of rows unless its
+producer and reader split channel blocks: compile/cpu_plan.py's copies_by_rows);
+"channels" compiles the same records with copies_by_rows answering no everywhere. Both
+have the same steps; only the transforms' loops differ.
+
+--compare nhwc: the copies that bring an NHWC value into a conv's channel blocks.
+"nhwc" compiles the records with compile/cpu_plan.nhwc_reads's plan kept whatever its
+weighing said (convs read NHWC values as they are, and convs none of whose readers take
+their blocks as they are write NHWC); "copies" without it (the transforms stay).
+
+Each round clocks every step inside both running networks (CompiledNetwork._clock_steps)
+and times both end to end, the two taking turns, the first one alternating. Per model:
+the transforms' and all steps' in-network sums (medians of the per-round sums), each
+transform's median, and the second over the first end to end (median and spread of
+per-round ratios; above 1, the first is faster). Records default to this CPU's
+bench/results/<cpu>/network_MODEL_<threads>threads.jsonl. Last line of stdout: one JSON
+object.
 """
 from __future__ import annotations
 
@@ -40,19 +47,41 @@ CALLS = 15  # end-to-end calls a round, each network; its median is the round's 
 RUNS = 10  # clocked runs a round, each network
 
 
-def compile_both(model, inputs, path: str, threads: int) -> dict:
+SIDES = {"rows": ("rule", "channels"), "nhwc": ("nhwc", "copies")}
+
+
+def compile_both(model, inputs, path: str, threads: int, compare: str = "rows") -> dict:
+    from raytune_kernels.compile import cpu_network
+
+    first, second = SIDES[compare]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # untuned or old records, named by compile_network
-        rule = compile_network(model, inputs, path, threads=threads)
-        with mock.patch.object(cpu_plan, "copies_by_rows", lambda producer, reader: False):
-            channels = compile_network(model, inputs, path, threads=threads)
-    if [s.name for s in rule.steps] != [s.name for s in channels.steps]:
+        if compare == "rows":
+            nets = {first: compile_network(model, inputs, path, threads=threads)}
+            with mock.patch.object(cpu_plan, "copies_by_rows", lambda producer, reader: False):
+                nets[second] = compile_network(model, inputs, path, threads=threads)
+        else:
+            def kept(part, chosen, *args):
+                fused = cpu_plan.nhwc_reads(part, chosen)
+                return fused, refine.NhwcReads(steps=len(refine.differences(chosen, fused)),
+                                               kept=True)
+            with mock.patch.object(cpu_network, "_nhwc_reads", kept):
+                nets = {first: compile_network(model, inputs, path, threads=threads)}
+            with mock.patch.object(cpu_network, "_nhwc_reads",
+                                   lambda part, chosen, *args: (chosen, None)):
+                nets[second] = compile_network(model, inputs, path, threads=threads)
+            if not nets[first].nhwc_reads.steps:
+                raise SystemExit("bench/transforms.py: no conv of this plan reads an NHWC "
+                                 "value through a copy: nothing to compare")
+    if compare == "rows" and [s.name for s in nets[first].steps] != \
+            [s.name for s in nets[second].steps]:
         raise SystemExit("bench/transforms.py: the two compiles planned different steps "
                          "(the in-network refinement chose apart); run again")
-    return {"rule": rule, "channels": channels}
+    return nets
 
 
-def one_model(name: str, cpu: str, threads: int, rounds: int, records: str | None) -> dict:
+def one_model(name: str, cpu: str, threads: int, rounds: int, records: str | None,
+              compare: str = "rows") -> dict:
     from network import cpu_records, load_model, spread
 
     path = records or cpu_records(cpu, name, threads)
@@ -60,33 +89,37 @@ def one_model(name: str, cpu: str, threads: int, rounds: int, records: str | Non
         raise SystemExit(f"bench/transforms.py: no records at {path}: tune {name} first "
                          f"(bench/network.py) or name a file with --records")
     model, inputs = load_model(name)
-    nets = compile_both(model, inputs, path, threads)
-    xs = nets["rule"].random_inputs()
+    a, b = SIDES[compare]
+    nets = compile_both(model, inputs, path, threads, compare)
+    xs = nets[a].random_inputs()
     laps = {k: [] for k in nets}
     e2e = {k: [] for k in nets}
     for r in range(rounds):
-        for k in (("rule", "channels") if r % 2 == 0 else ("channels", "rule")):
+        for k in ((a, b) if r % 2 == 0 else (b, a)):
             laps[k].append(nets[k]._clock_steps(xs, RUNS))
             e2e[k].append(refine._median_call(nets[k], xs, CALLS))
-        print(f"  round {r}: rule {e2e['rule'][-1] * 1e3:.3f} ms, channels "
-              f"{e2e['channels'][-1] * 1e3:.3f} ms", file=sys.stderr, flush=True)
-    steps = nets["rule"].steps
-    moved = [i for i, s in enumerate(steps) if s.kind == "transform"]
+        print(f"  round {r}: {a} {e2e[a][-1] * 1e3:.3f} ms, {b} {e2e[b][-1] * 1e3:.3f} ms",
+              file=sys.stderr, flush=True)
     per = {k: np.asarray(v) for k, v in laps.items()}
-    us = lambda a: round(float(np.median(a)) * 1e6, 1)  # noqa: E731
-    return {"records": os.path.relpath(path, os.path.dirname(HERE)) if records is None
-            else path,
-            "transforms": len(moved),
-            "transforms_rule_us": us(per["rule"][:, moved].sum(1)),
-            "transforms_channels_us": us(per["channels"][:, moved].sum(1)),
-            "steps_rule_us": us(per["rule"].sum(1)),
-            "steps_channels_us": us(per["channels"].sum(1)),
-            "rule_ms": round(median(e2e["rule"]) * 1e3, 3),
-            "channels_ms": round(median(e2e["channels"]) * 1e3, 3),
-            "channels_over_rule": spread([c / r for c, r in zip(e2e["channels"],
-                                                                e2e["rule"])]),
-            "each_transform": [{"step": steps[i].name, "rule_us": us(per["rule"][:, i]),
-                                "channels_us": us(per["channels"][:, i])} for i in moved]}
+    moved = {k: [i for i, s in enumerate(nets[k].steps) if s.kind == "transform"]
+             for k in nets}
+    us = lambda x: round(float(np.median(x)) * 1e6, 1)  # noqa: E731
+    out = {"records": os.path.relpath(path, os.path.dirname(HERE)) if records is None
+           else path}
+    for k in (a, b):
+        out[f"transforms_{k}"] = len(moved[k])
+        out[f"transforms_{k}_us"] = us(per[k][:, moved[k]].sum(1))
+        out[f"steps_{k}_us"] = us(per[k].sum(1))
+        out[f"{k}_ms"] = round(median(e2e[k]) * 1e3, 3)
+    out[f"{b}_over_{a}"] = spread([y / x for x, y in zip(e2e[a], e2e[b])])
+    if compare == "rows":  # the same steps: each transform both ways
+        out["each_transform"] = [{"step": nets[a].steps[i].name, f"{a}_us": us(per[a][:, i]),
+                                  f"{b}_us": us(per[b][:, i])} for i in moved[a]]
+    else:
+        out["each_transform"] = {k: [{"step": nets[k].steps[i].name, "us": us(per[k][:, i])}
+                                     for i in moved[k]] for k in (a, b)}
+        out["nhwc_steps"] = nets[a].nhwc_reads.steps
+    return out
 
 
 def main() -> None:
@@ -95,23 +128,27 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--records", help="one records file (with one model)")
+    p.add_argument("--compare", choices=sorted(SIDES), default="rows")
     args = p.parse_args()
     if args.records and len(args.models) > 1:
         raise SystemExit("bench/transforms.py: --records names one model's records")
-    if args.threads < 2:
+    if args.threads < 2 and args.compare == "rows":
         raise SystemExit("bench/transforms.py: at 1 thread no transform runs in parallel")
     cpu = host_cpu()[0]
     torch.set_num_threads(args.threads)
+    a, b = SIDES[args.compare]
     out = {}
     for name in args.models:
-        r = out[name] = one_model(name, cpu, args.threads, args.rounds, args.records)
-        ratio = r["channels_over_rule"]
-        print(f"{name:16s} transforms {r['transforms_channels_us']:8.1f} -> "
-              f"{r['transforms_rule_us']:8.1f} us  steps {r['steps_channels_us']:9.1f} -> "
-              f"{r['steps_rule_us']:9.1f} us  end to end channels/rule {ratio['median']:.3f} "
+        r = out[name] = one_model(name, cpu, args.threads, args.rounds, args.records,
+                                  args.compare)
+        ratio = r[f"{b}_over_{a}"]
+        print(f"{name:16s} transforms {r[f'transforms_{b}_us']:8.1f} -> "
+              f"{r[f'transforms_{a}_us']:8.1f} us  steps {r[f'steps_{b}_us']:9.1f} -> "
+              f"{r[f'steps_{a}_us']:9.1f} us  end to end {b}/{a} {ratio['median']:.3f} "
               f"({ratio['min']:.3f}-{ratio['max']:.3f})", flush=True)
-    print(json.dumps({"bench": "transforms", "cpu": cpu, "threads": args.threads,
-                      "rounds": args.rounds, "models": out, "torch": torch.__version__}))
+    print(json.dumps({"bench": "transforms", "compare": args.compare, "cpu": cpu,
+                      "threads": args.threads, "rounds": args.rounds, "models": out,
+                      "torch": torch.__version__}))
 
 
 if __name__ == "__main__":

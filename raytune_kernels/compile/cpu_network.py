@@ -36,7 +36,7 @@ from raytune_kernels.compile.choose import (TORCH, Solver, candidates_from_recor
                                             estimated_latency, layout_family, prune,
                                             step_problem)
 from raytune_kernels.compile.cpu_plan import (Buf, Planner, Step, allocate, borders_wanted,
-                                              transform_cost, transforms_asked)
+                                              nhwc_reads, transform_cost, transforms_asked)
 from raytune_kernels.compile.report import (Profile, ProfileRow, Reporting, held_to,
                                              output_error, random_inputs, scaled_error)
 from raytune_kernels.cpu.amx import precision_problem
@@ -228,9 +228,11 @@ class CompiledNetwork(Reporting):
         return net
 
     examples: "Sequence[torch.Tensor] | None" = None  # the inputs it was compiled with
-    refined = None  # compile/refine.py's reports: Refined, Agreed, Weighed (None: not run)
+    # compile/refine.py's reports: Refined, Agreed, Weighed, NhwcReads (None: not run)
+    refined = None
     agreed = None
     weighed = None
+    nhwc_reads = None
     mcpu: str | None = None  # the CPU its kernels were built for (None: the host)
     # the tasks whose kernels and estimates come from records (not the analytic model)
     recorded: frozenset = frozenset()
@@ -550,7 +552,7 @@ def compile_network_cpu(model: torch.nn.Module,
                                 estimated, planner.value_of, planner.aliases)
         built.recorded = frozenset(best)
         return built
-    weighed, refined, agreed, net = None, None, None, None
+    weighed, nhwc, refined, agreed, net = None, None, None, None, None
     if refine > 1 and recs:  # each may hand back the network of its plan, built and timed
         prebuild = functools.partial(_prebuild, part, kernels, tgt.mcpu)
         if one_layout is not None:
@@ -558,6 +560,7 @@ def compile_network_cpu(model: torch.nn.Module,
                                              inputs, threads)
             if weighed.kept:  # the networks assembled from here on carry this plan
                 plan = one_layout[0]
+        chosen, nhwc = _nhwc_reads(part, chosen, assemble, prebuild, inputs, threads)
         chosen, refined, net = _refine(part, chosen, recs, assemble, prebuild, inputs,
                                        threads, refine)
         chosen, agreed, net = _agree(part, chosen, recs, assemble, prebuild, inputs,
@@ -565,7 +568,7 @@ def compile_network_cpu(model: torch.nn.Module,
     if net is None:
         net = assemble(chosen)
     net.examples, net.mcpu, net.refined, net.agreed = inputs, tgt.mcpu, refined, agreed
-    net.weighed = weighed
+    net.weighed, net.nhwc_reads = weighed, nhwc
     if verbose:
         print(f"compiled {len(net.steps)} steps "
               f"({sum(s.kind == 'kernel' for s in net.steps)} kernels, "
@@ -574,6 +577,8 @@ def compile_network_cpu(model: torch.nn.Module,
               f"{plan.cost * 1e3:.3f} ms by {plan.solver} in {plan.seconds:.2f} s")
         if weighed is not None:
             print(weighed.describe())
+        if nhwc is not None:
+            print(nhwc.describe())
         if refined is not None:
             print(refined.describe())
         if agreed is not None:
@@ -610,6 +615,20 @@ def _weigh_layouts(part: Partition, chosen: list[Candidate], other: list[Candida
     xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
     key = rf.decision_key(part, chosen, rf.differences(chosen, other), threads, kind="layouts")
     return rf.weigh_plans(part, chosen, other, assemble, xs, prebuild, key=key)
+
+
+def _nhwc_reads(part: Partition, chosen: list[Candidate], assemble, prebuild, inputs,
+                threads: int):
+    """compile/cpu_plan.nhwc_reads's plan, where it runs faster end to end than the plan
+    with the copies (refine.weigh_plans)."""
+    from raytune_kernels.compile import refine as rf
+
+    fused = nhwc_reads(part, chosen)
+    xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
+    key = rf.decision_key(part, chosen, rf.differences(chosen, fused), threads,
+                          kind="nhwc_reads")
+    return rf.weigh_plans(part, chosen, fused, assemble, xs, prebuild, key=key,
+                          report=rf.NhwcReads())
 
 
 def _refine(part: Partition, chosen: list[Candidate], recs: list[Record], assemble,

@@ -5,6 +5,7 @@ weights once, the measured price of a layout transform, and buffer reuse (alloca
 compile/cpu_network.py runs the plan; this module only makes it."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -21,7 +22,7 @@ from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.row_kernels import ROW_OPS
-from raytune_kernels.cpu.schedules import (lower, pack, reads_bordered_residual,
+from raytune_kernels.cpu.schedules import (lower, nhwc_reader, pack, reads_bordered_residual,
                                            writes_bordered)
 from raytune_kernels.space import Config
 from raytune_kernels.cpu.machine import cpu_info
@@ -411,6 +412,74 @@ def transforms_asked(ask: Callable[[Callable[[tuple, str, str], float]], object]
         return 0.0
     ask(note)
     return list(dict.fromkeys(asked))
+
+
+def nhwc_reads(part: Partition, chosen: list[Candidate]) -> list[Candidate]:
+    """The plan with values kept NHWC where a copy would bring them into channel blocks:
+    every direct conv that reads blocks (NCHW[cb]c, or NCHW) of a value its producer
+    writes NHWC reads that value as it is, a block at a time (schedules.nhwc_reader; the
+    kernel otherwise the same); and first, a conv that writes blocks (NCHW[ob]c) none of
+    whose readers reads them as they are, and each of which can read NHWC, writes NHWC
+    (its knob out_layout; not one with a residual, which it reads in its output's layout).
+    Each turned kernel is priced as its record timed the original; compile_network weighs
+    the plan against `chosen` as both run (refine.weigh_plans)."""
+    graph, nodes = part.graph, part.graph.node_map()
+    out = list(chosen)
+    readers: dict[str, list[tuple[int, int]]] = {}  # value -> (step, argument position)
+    for i, step in enumerate(part.steps):
+        args = step.args if isinstance(step, TaskStep) else nodes[step.node].inputs
+        for j, arg in enumerate(args):
+            if arg not in graph.params:
+                readers.setdefault(arg, []).append((i, j if isinstance(step, TaskStep) else -1))
+
+    def compute(i: int):
+        return part.task(part.steps[i].key).compute
+
+    def as_read(i: int, j: int) -> str | None:
+        """The layout step i reads its argument j in (None: plain, or not ours)."""
+        cand = out[i]
+        if j < 0 or cand.config in (None, TORCH):
+            return None
+        if j == 0:
+            return cand.in_layout
+        return cand.out_layout if j in residual_positions(compute(i)) else None
+
+    def reads_nhwc(i: int, j: int) -> bool:
+        read = as_read(i, j)
+        if read is not None and Layout.parse(read).name == "NHWC":
+            return True
+        return j == 0 and read is not None and \
+            nhwc_reader(compute(i), out[i].config) is not None
+
+    for i, (step, cand) in enumerate(zip(part.steps, chosen)):
+        if not isinstance(step, TaskStep) or cand.config in (None, TORCH) or \
+                step.output in graph.outputs or compute(i).op != "conv2d" or \
+                cand.config.get("out_layout") != "blocked" or residual_positions(compute(i)):
+            continue
+        if not hasattr(contraction(compute(i)), "reads_nhwc"):  # a window's one layout knob
+            continue
+        taken = readers.get(step.output, [])
+        written = Layout.parse(cand.out_layout).name
+        if taken and all(reads_nhwc(r, j) and Layout.parse(as_read(r, j)).name != written
+                         for r, j in taken):
+            knobs = dict(cand.config.knobs)
+            knobs["out_layout"] = "nhwc"
+            out[i] = dataclasses.replace(cand, out_layout="NHWC",
+                                         config=Config(tuple(sorted(knobs.items()))))
+    written = {step.output: cand.out_layout for step, cand in zip(part.steps, out)
+               if isinstance(step, TaskStep)}
+    for i, (step, cand) in enumerate(zip(part.steps, out)):
+        if not isinstance(step, TaskStep) or cand.config in (None, TORCH):
+            continue
+        src = written.get(step.args[0])
+        if src is None or Layout.parse(src).name != "NHWC":
+            continue
+        twin = nhwc_reader(compute(i), cand.config)
+        if twin is not None:
+            pad = Layout.parse(cand.in_layout).pad
+            out[i] = dataclasses.replace(cand, in_layout=Layout("NHWC", pad).label,
+                                         config=twin)
+    return out
 
 
 def copies_by_rows(producer: str | None, reader: str | None) -> bool:

@@ -395,6 +395,23 @@ class Weighed:
                 f"{kept}, {when}")
 
 
+@dataclass
+class NhwcReads(Weighed):
+    """What weigh_plans() did with the plan whose convs read their NHWC inputs as they are
+    (compile/cpu_plan.nhwc_reads): `kept`, that plan runs."""
+
+    def describe(self) -> str:
+        if not self.steps:
+            return "NHWC reads: no conv reads an NHWC value through a copy"
+        head = f"NHWC reads: {self.steps} conv(s) can read their NHWC input without a copy"
+        when = ("recalled: weighed by an earlier compile of these records on this machine"
+                if self.recalled else f"in {self.seconds:.1f} s")
+        if self.speedup is None:
+            return f"{head}, but not all of those kernels build: the copies kept, {when}"
+        kept = "they do" if self.kept else "the copies kept"
+        return f"{head}; so the network ran {self.speedup:.3f}x as fast end to end: {kept}, {when}"
+
+
 def differences(chosen: Sequence[Candidate], other: Sequence[Candidate]
                 ) -> dict[int, list[Candidate]]:
     """step index -> [chosen's candidate, other's], where they differ in layouts or kernel."""
@@ -405,8 +422,8 @@ def differences(chosen: Sequence[Candidate], other: Sequence[Candidate]
 def weigh_plans(part: Partition, chosen: Sequence[Candidate], other: Sequence[Candidate],
                 assemble: Callable[[list[Candidate]], object], inputs: Sequence[torch.Tensor],
                 prebuild: Callable[[list[tuple[str, Config]]], set] | None = None,
-                budget_s: float = BUDGET_S / 2, key: str | None = None
-                ) -> tuple[list[Candidate], Weighed]:
+                budget_s: float = BUDGET_S / 2, key: str | None = None,
+                report: Weighed | None = None) -> tuple[list[Candidate], Weighed]:
     """The layout ILP's plan (`chosen`) or the one-layout plan (`other`), whichever runs
     faster end to end, and the report. The ILP prices each kernel as its record timed it
     alone and each transform as timed alone; run in sequence, a plan of many layouts can
@@ -415,10 +432,12 @@ def weigh_plans(part: Partition, chosen: Sequence[Candidate], other: Sequence[Ca
     built and timed in interleaved rounds (refine's confirmation), and the one-layout plan
     replaces the ILP's where it runs faster by a third of MARGIN or more. With `key`
     (decision_key over the differing steps), a choice this machine made under it is
-    recalled, and this one remembered."""
+    recalled, and this one remembered. Any other pair of plans is weighed alike, `other`
+    the change that must earn its place; `report` (a Weighed) names what they are."""
     start = time.perf_counter()
     differ = differences(chosen, other)
-    report = Weighed(steps=len(differ))
+    report = report if report is not None else Weighed()
+    report.steps = len(differ)
     if not differ:
         return list(chosen), report
     if key is not None and (kept := recall(key, differ)) is not None:

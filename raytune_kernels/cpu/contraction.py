@@ -30,6 +30,11 @@ class Conv2dContraction(Contraction):
     input  [C/CB][Hp][Wp][CB] (pre-padded), weight [K/OB][Cg/CB][KH][KW][CB][OB],
     output [K/OB][OH][OW][OB] (or NHWC): NCHW[CB]c in, NCHW[OB]c out. Cg = C/groups; the
     blocks CB and OB divide a group's channels, so no block straddles two groups.
+
+    With the knob in_layout="nhwc" (one group only) the input is NHWC, [Hp][Wp][C], read a
+    block of CB channels at a time: the same loops and weights, the input's pixels C apart
+    instead of CB. compile_network sets it where the input would otherwise be copied from
+    NHWC into NCHW[CB]c (compile/cpu_plan.nhwc_reads); the search never tunes it.
     """
 
     n: int
@@ -81,11 +86,24 @@ class Conv2dContraction(Contraction):
                 "oh": self.oh // cfg["tile_h"], "co": self.reduce_extent // cfg["cb"],
                 "kh": self.kh, "kw": self.kw}
 
+    def reads_nhwc(self, cfg) -> bool:
+        """Whether the input is NHWC read in blocks of cb (knob in_layout), not NCHW[cb]c."""
+        return cfg.get("in_layout", "blocked") == "nhwc"
+
+    def in_steps(self, cfg) -> tuple[int, int]:
+        """Input strides of (channel block, pixel) in its padded buffer."""
+        cb = cfg["cb"]
+        if self.reads_nhwc(cfg):
+            return cb, self.c
+        hp, wp = self.padded()
+        return hp * wp * cb, cb
+
     def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
         """Per loop variable: (A stride, B stride, output stride) in elements."""
         cb, ob = cfg["cb"], cfg["ob"]
         hp, wp = self.padded()
         (sh, sw), (dh, dw) = self.stride, self.dil
+        a_co, px = self.in_steps(cfg)
         nco = self.reduce_extent // cb
         w_kw = cb * ob
         w_kh = self.kw * w_kw
@@ -95,10 +113,10 @@ class Conv2dContraction(Contraction):
         return {
             "grp": (self.reduce_extent * hp * wp, kob * nco * w_co, kob * o_ko),
             "ko": (0, nco * w_co, o_ko),
-            "oh": (cfg["tile_h"] * sh * wp * cb, 0, cfg["tile_h"] * o_row),
-            "ow": (sw * cb, 0, o_col),  # per output column (times the tile width by lower)
-            "co": (hp * wp * cb, w_co, 0), "kh": (dh * wp * cb, w_kh, 0),
-            "kw": (dw * cb, w_kw, 0), "ci": (1, ob, 0),
+            "oh": (cfg["tile_h"] * sh * wp * px, 0, cfg["tile_h"] * o_row),
+            "ow": (sw * px, 0, o_col),  # per output column (times the tile width by lower)
+            "co": (a_co, w_co, 0), "kh": (dh * wp * px, w_kh, 0),
+            "kw": (dw * px, w_kw, 0), "ci": (1, ob, 0),
         }
 
     def out_steps(self, cfg) -> tuple[int, int, int]:
@@ -122,8 +140,8 @@ class Conv2dContraction(Contraction):
         """(A strides, output strides) between the register tile's rows and columns."""
         hp, wp = self.padded()
         _, o_row, o_col = self.out_steps(cfg)
-        cb = cfg["cb"]
-        return ((self.stride[0] * wp * cb, self.stride[1] * cb), (o_row, o_col))
+        px = self.in_steps(cfg)[1]
+        return ((self.stride[0] * wp * px, self.stride[1] * px), (o_row, o_col))
 
     def kpad(self, cfg) -> int:
         """Output channels with the weights' last block padded whole."""
@@ -144,6 +162,8 @@ class Conv2dContraction(Contraction):
         cb = cfg["cb"]
         xp = torch.nn.functional.pad(x[0], (self.pad[1],) * 2 + (self.pad[0],) * 2)
         hp, wp = self.padded()
+        if self.reads_nhwc(cfg):
+            return as_blocks(xp.permute(1, 2, 0)).ravel()
         return as_blocks(xp.reshape(self.c // cb, cb, hp, wp).permute(0, 2, 3, 1)).ravel()
 
     def pack_b(self, w: torch.Tensor, cfg) -> np.ndarray:

@@ -129,6 +129,10 @@ def _validate(con, cfg: Config) -> None:
         problems.append(f"tile_w={cfg['tile_w']} outside 1..{con.tile_extents[1]}")
     if con.blocked_reduce and con.reduce_extent % cfg["cb"]:
         problems.append(f"cb={cfg['cb']} does not divide {con.reduce_extent}")
+    if cfg.get("in_layout", "blocked") != "blocked" and not (
+            cfg["in_layout"] == "nhwc" and hasattr(con, "reads_nhwc") and con.groups == 1):
+        problems.append(f"in_layout={cfg['in_layout']!r}: only an ungrouped direct conv "
+                        "reads its input NHWC in channel blocks ('nhwc')")
     if problems:
         raise LoweringError(f"bad config for {con.op}: " + "; ".join(problems))
 

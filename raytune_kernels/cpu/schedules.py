@@ -113,6 +113,20 @@ def writes_bordered(compute: Compute, cfg: Config) -> bool:
     return hasattr(contraction(compute), "out_layout")
 
 
+def nhwc_reader(compute: Compute, cfg: Config) -> Config | None:
+    """`cfg` reading its input NHWC in its channel blocks (knob in_layout, a direct
+    ungrouped conv whose blocks cb do not already span the channels: cb = C reads NHWC
+    as it is); else None. The same loops, weights and sums in the same order: the outputs
+    are those of `cfg` bit for bit, and no copy need bring an NHWC input into NCHW[cb]c."""
+    if compute.op != "conv2d" or cfg.get("algorithm", "direct") != "direct" or \
+            cfg.get("in_layout", "blocked") != "blocked":
+        return None
+    con = contraction(compute)
+    if not hasattr(con, "reads_nhwc") or con.groups != 1 or cfg["cb"] == con.c:
+        return None
+    return Config(tuple(sorted(cfg.knobs + (("in_layout", "nhwc"),))))
+
+
 def prefetch_twin(compute: Compute, cfg: Config) -> Config | None:
     """`cfg` with its knob prefetch_b turned the other way (a config from before the knob
     counts as 0), for a direct outer-product kernel that has the knob; else None. The
@@ -144,6 +158,9 @@ def lower(compute: Compute, cfg: Config) -> LoopNest:
         raise LoweringError(f"{compute.describe()}: config {cfg.to_json()} cannot read a "
                             f"bordered residual (res_pad): a direct, Winograd or AMX conv or "
                             f"a window with a residual operand can")
+    if "in_layout" in knobs and cfg.get("algorithm", "direct") != "direct":
+        raise LoweringError(f"{compute.describe()}: config {cfg.to_json()} cannot read its "
+                            f"input NHWC in channel blocks (in_layout): a direct conv can")
     if compute.op in ROW_OPS:
         return lower_rows(compute, cfg)
     if cfg.get("algorithm") == "im2col":

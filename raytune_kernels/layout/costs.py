@@ -45,7 +45,10 @@ def layouts_of(task: Task, cfg: Config) -> tuple[str, str]:
         lay = "NHWC" if cfg.get("out_layout") == "nhwc" else _blocked(ob, c.output.shape[1])
         return Layout(lay, pad).label, lay
     cb, channels = cfg["cb"], c.inputs[0].shape[1]
-    src = PLAIN if cb == 1 else _blocked(cb, channels)
+    if cfg.get("in_layout") == "nhwc":  # blocks of cb read from NHWC (schedules.nhwc_reader)
+        src = "NHWC"
+    else:
+        src = PLAIN if cb == 1 else _blocked(cb, channels)
     dst = "NHWC" if cfg.get("out_layout") == "nhwc" else _blocked(ob, c.output.shape[1])
     return Layout(src, pad).label, dst
 

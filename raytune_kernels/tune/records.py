@@ -305,7 +305,7 @@ def top_k(records: Iterable[Record], task_key: str, k: int) -> list[Record]:
 # The knobs that decide which data layouts a config's kernel reads and writes: the CPU's
 # channel blocks and output layout (layout/costs.layouts_of), the GPU's `layout`
 # (cuda/render.cuda_layouts). tests/tune/test_records.py checks they stay in step.
-LAYOUT_KNOBS = ("layout", "cb", "ob", "out_layout")
+LAYOUT_KNOBS = ("layout", "cb", "ob", "out_layout", "in_layout")
 
 
 def distill_key(r: Record) -> tuple:

@@ -673,3 +673,90 @@ def test_a_bad_refine_count_is_named(convs, bad):
     model, inputs, records = convs
     with pytest.raises(CompileError, match="refine must be a count of records"):
         compile_network(model, inputs, records, refine=bad)
+
+
+# ------------------------------------------------------------ convs reading NHWC as it is
+
+class Blocks(torch.nn.Module):
+    """Two direct convs, the second reading what the first wrote, with a border."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 32, 3, padding=1)
+        self.b = torch.nn.Conv2d(32, 16, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    """Blocks with one measured record per conv: the first writing NHWC, the second reading
+    blocks of 8 of its 32 channels (NCHW8c): as planned, a copy runs between them."""
+    torch.manual_seed(0)
+    model, inputs = Blocks().eval(), (torch.randn(1, 8, 10, 12),)
+    cpu, rng, records = cpu_info(), random.Random(0), []
+    opts = MeasureOptions(threads=1, min_repeat_ms=1, repeats=3)
+    wanted = [lambda src, dst: dst == "NHWC", lambda src, dst: src == "NCHW8c/p1x1"]
+    for task, want in zip(rk.extract_tasks(model, inputs), wanted):
+        space = space_for(task.compute, cpu)
+        cfg = next(c for c in (space.sample(rng) for _ in range(5000))
+                   if c.get("algorithm", "direct") == "direct" and want(*layouts_of(task, c)))
+        built = build_for(task.compute, cfg)
+        records.append(record_of(task.key, "llvm", cpu.name, cfg.to_json(), measure_built(
+            task.compute, cfg, built.library, opts, built.seconds), 1))
+    return model, inputs, records
+
+
+def test_a_conv_after_an_nhwc_producer_reads_it_as_it_is(blocks):
+    """nhwc_reads turns exactly the readers of NHWC values that read channel blocks: the
+    second conv reads NHWC (its border kept), its kernel otherwise the same config."""
+    from raytune_kernels.compile.cpu_plan import nhwc_reads
+
+    model, inputs, records = blocks
+    part = partition(rk.capture(model, inputs))
+    chosen = [Candidate(*layouts_of(part.task(s.key), c), 1e-3, c) for s, c in
+              zip(part.steps, [Config.from_json(r.config) for r in records])]
+    fused = nhwc_reads(part, chosen)
+    assert fused[0] == chosen[0] and fused[0].config == chosen[0].config
+    assert (fused[1].in_layout, fused[1].out_layout) == ("NHWC/p1x1", chosen[1].out_layout)
+    assert dict(fused[1].config.knobs) == {**dict(chosen[1].config.knobs), "in_layout": "nhwc"}
+    space, rng = space_for(part.task(part.steps[0].key).compute, cpu_info()), random.Random(1)
+    samples = [c for c in (space.sample(rng) for _ in range(3000))
+               if c.get("algorithm", "direct") == "direct"]
+
+    def writing(dst):  # the first conv on a config of its own writing `dst`
+        cfg = next(c for c in samples if layouts_of(part.task(part.steps[0].key), c)[1] == dst)
+        return [Candidate(*layouts_of(part.task(part.steps[0].key), cfg), 1e-3, cfg)]
+    # blocks of 16 the reader takes 8 at a time: written NHWC and read so, no copy left
+    turned = nhwc_reads(part, writing("NCHW16c") + chosen[1:])
+    assert (turned[0].out_layout, turned[0].config["out_layout"]) == ("NHWC", "nhwc")
+    assert turned[1] == fused[1]
+    # blocks of 8 read as they are: nothing to turn
+    same = writing("NCHW8c") + chosen[1:]
+    assert nhwc_reads(part, same) == same
+
+
+@pytest.mark.parametrize("speedup", [1.5, 0.9])
+def test_a_compile_drops_the_copy_where_the_network_runs_faster_without_it(
+        blocks, monkeypatch, tmp_path, speedup):
+    """compile_network weighs the plan whose conv reads NHWC against the plan with the
+    copy, runs the faster (checked against the model), and recalls the choice."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    model, inputs, records = blocks
+    monkeypatch.setattr(rf, "_confirm", lambda a, b, xs, budget_s: speedup)
+    net = compile_network(model, inputs, records, refine=2)  # checked against the model
+    kept = speedup > 1
+    assert net.nhwc_reads.steps == 1 and net.nhwc_reads.kept == kept
+    assert not net.nhwc_reads.recalled
+    assert ("they do" if kept else "the copies kept") in net.nhwc_reads.describe()
+    names = [s.name for s in net.steps]
+    assert ("relu: NHWC -> NCHW8c/p1x1" in names) != kept, names
+    assert sum(s.kind == "transform" for s in net.steps) == (2 if kept else 3), names
+    monkeypatch.setattr(rf, "_confirm", lambda *a: pytest.fail("a recalled choice times"))
+    again = compile_network(model, inputs, records, refine=2)
+    assert again.nhwc_reads.recalled and again.nhwc_reads.kept == kept
+    x = torch.randn(1, 8, 10, 12)
+    with torch.no_grad():
+        assert torch.allclose(again(x), model(x), atol=1e-4, rtol=1e-4)
+    assert compile_network(model, inputs, records, refine=0).nhwc_reads is None

@@ -670,3 +670,69 @@ def test_prefetching_b_changes_the_code_and_not_one_bit_of_the_result():
             got = run_candidate(compute, on, ops, threads=2)
             assert torch.equal(got, run_candidate(compute, off, ops, threads=2)), cfg
             assert torch.allclose(got, reference(compute, *ops), rtol=1e-4, atol=1e-4)
+
+
+class Strided(torch.nn.Module):
+    """A 3x3 conv with a border, a strided 3x3 and a strided 1x1 after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(32, 32, 3, padding=1)
+        self.b = torch.nn.Conv2d(32, 48, 3, stride=2, padding=1)
+        self.c = torch.nn.Conv2d(48, 16, 1, stride=2)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def test_direct_convs_read_nhwc_in_channel_blocks_with_the_same_bits():
+    """in_layout="nhwc" (set by compile_network, never tuned): a direct conv reads blocks of
+    cb channels straight from an NHWC input, natively and interpreted, with the outputs of
+    its blocked twin bit for bit; a conv whose blocks are its channels already has no twin."""
+    from raytune_kernels.cpu.schedules import nhwc_reader
+    from raytune_kernels.layout.costs import layouts_of
+
+    tasks = rk.extract_tasks(Strided().eval(), (torch.randn(1, 32, 9, 11),))
+    for i, task in enumerate(t for t in tasks if t.compute.op == "conv2d"):
+        space, rng = space_for(task.compute, cpu_info()), random.Random(i)
+        part = dict(space.parts)["direct"] if hasattr(space, "parts") else space
+        channels = task.compute.inputs[0].shape[1]
+        picked = {}
+        for cfg in (part.sample(rng) for _ in range(400)):
+            picked.setdefault(cfg["cb"], cfg)
+        assert len(picked) >= 3 and channels in picked
+        configs = [space._tag("direct", c) if hasattr(space, "parts") else c
+                   for cb, c in sorted(picked.items()) if cb != channels]
+        twins = [nhwc_reader(task.compute, c) for c in configs]
+        assert nhwc_reader(task.compute, picked[channels]) is None
+        for cfg, twin in zip(configs, twins):
+            assert layouts_of(task, twin)[0].startswith("NHWC")
+            assert layouts_of(task, twin)[1] == layouts_of(task, cfg)[1]
+        list(check_natively_and_interpreted(task, twins))
+        ops = operands(task.compute, 0)
+        for cfg, twin in zip(configs, twins):
+            assert torch.equal(run_candidate(task.compute, cfg, ops, threads=2),
+                               run_candidate(task.compute, twin, ops, threads=2)), twin
+
+
+def test_only_a_direct_ungrouped_conv_reads_nhwc_in_channel_blocks(zoo_models):
+    """The knob on a grouped or depthwise conv, a Winograd conv or a dense is a named
+    lowering error, as is a layout it does not know."""
+    grouped = rk.extract_tasks(torch.nn.Conv2d(32, 32, 3, groups=2).eval(),
+                               (torch.randn(1, 32, 8, 8),))[0]
+    conv = rk.extract_tasks(torch.nn.Conv2d(16, 32, 3, padding=1).eval(),
+                            (torch.randn(1, 16, 8, 12),))[0]
+    dense = rk.extract_tasks(torch.nn.Linear(32, 16).eval(), (torch.randn(1, 32),))[0]
+    space = space_for(conv.compute, cpu_info())
+    winograd = space._tag("winograd", dict(space.parts)["winograd"].sample(random.Random(0)))
+    direct = space._tag("direct", dict(space.parts)["direct"].sample(random.Random(0)))
+    cases = [(grouped, space_for(grouped.compute, cpu_info()).sample(random.Random(0)),
+              "nhwc", "only an ungrouped direct conv"),
+             (dense, space_for(dense.compute, cpu_info()).sample(random.Random(0)), "nhwc",
+              "only an ungrouped direct conv"),
+             (conv, winograd, "nhwc", "cannot read its input NHWC"),
+             (conv, direct, "nchw", "in_layout='nchw'")]
+    for task, cfg, value, match in cases:
+        knobs = tuple(kv for kv in cfg.knobs if kv[0] != "in_layout")
+        with pytest.raises(LoweringError, match=match):
+            lower(task.compute, Config(tuple(sorted(knobs + (("in_layout", value),)))))
