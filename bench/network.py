@@ -437,8 +437,9 @@ def refined_fields(refined) -> dict | None:
 
 
 def weighing_fields(report) -> dict | None:
-    """compile_network's split agreement or layout weighing report as JSON (None: it did
-    not run): the steps it weighed, what it kept, the kept network over the given one."""
+    """compile_network's split agreement, layout weighing or NHWC reads report as JSON
+    (None: it did not run): the steps it weighed, what it kept, the kept network over the
+    given one."""
     if report is None:
         return None
     return {"steps": report.steps, "kept": report.kept, "seconds": round(report.seconds, 1),
@@ -857,10 +858,12 @@ def main() -> None:
                                                   zip(rounds["uniform"], rounds["ours"])]),
               # compile_network's refine: the plan's kernels against those kept after
               # clocking each step's best records in the running network, the split
-              # agreement after it and the layout weighing before ('unrefined' runs none)
+              # agreement after it, and the layout weighing and NHWC reads before
+              # ('unrefined' runs none)
               "refine": args.refine, "refined": refined_fields(net.refined),
               "agreed": weighing_fields(net.agreed),
               "layouts_weighed": weighing_fields(getattr(net, "weighed", None)),
+              "nhwc_reads": weighing_fields(getattr(net, "nhwc_reads", None)),
               "unrefined_over_ours_rounds": spread([u / o for u, o in
                                                     zip(rounds["unrefined"], rounds["ours"])])
               if "unrefined" in rounds else None,

@@ -22,8 +22,8 @@ from raytune_kernels.cpu.contraction import contraction
 from raytune_kernels.cpu.llvm.ir import render
 from raytune_kernels.cpu.lower import operand_kinds
 from raytune_kernels.cpu.row_kernels import ROW_OPS
-from raytune_kernels.cpu.schedules import (lower, nhwc_reader, pack, reads_bordered_residual,
-                                           writes_bordered)
+from raytune_kernels.cpu.schedules import (lower, nhwc_reader, pack, reads_bordered_input,
+                                           reads_bordered_residual, writes_bordered)
 from raytune_kernels.space import Config
 from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cpu.transform import Layout, concat_nest, strided_nest
@@ -163,6 +163,9 @@ class Planner:
         if res_label:  # read where its other reader wants it, bordered: no copy drops it
             cfg = Config(tuple(sorted(cfg.knobs + (("res_pad",
                                                      Layout.parse(res_label).pad),))))
+        in_label = self._bordered_input(step.args[0], compute, cfg, cand.in_layout)
+        if in_label != cand.in_layout:  # read inside its other reader's border: no copy
+            cfg = Config(tuple(sorted(cfg.knobs + (("in_pad", Layout.parse(in_label).pad),))))
         kernel, nest = self._kernel(compute, cfg, step.key)
         split = split_axis(cfg)
         holders = [self.graph.params[a] if a in self.graph.params
@@ -180,7 +183,7 @@ class Planner:
                 continue
             if i == 0:
                 border = -math.inf if compute.op == "max_pool2d" else 0.0
-                buf = self.value(arg, cand.in_layout, border, reader=split)
+                buf = self.value(arg, in_label, border, reader=split)
             elif i < n_in or compute.op in ROW_OPS or kinds[i - n_in] == "channel":
                 buf = self.value(arg, NCHW)
             else:  # a residual, in the output's layout (with the border it lives in)
@@ -221,6 +224,17 @@ class Planner:
             out = final
         self._produce(step.output, out, NCHW if internal else out_label)
         self.split_of[step.output] = split
+
+    def _bordered_input(self, value: str, compute, cfg: Config, label: str) -> str:
+        """The bordered layout `value` already lives in where the step reads it in `label`
+        unbordered and its kernel can read the interior of a border (reads_bordered_input);
+        else `label` (read it as it is, or a copy)."""
+        if value in self.graph.params or value not in self.produced or \
+                not reads_bordered_input(compute, cfg):
+            return label
+        lay, want = Layout.parse(self.produced[value][1]), Layout.parse(label)
+        return lay.label if lay.pad != (0, 0) and want.pad == (0, 0) and \
+            lay.name == want.name else label
 
     def _bordered_residual(self, residuals: list[str], compute, cfg: Config,
                            label: str) -> str | None:
@@ -339,7 +353,9 @@ def borders_wanted(part: Partition, chosen: list[Candidate]) -> dict[str, tuple[
     unbordered with a kernel that can read it bordered, and that are no graph output:
     value -> (that layout, its border value). Their producer may write into that buffer
     directly (Planner.task) instead of a transform copying them into it, and the
-    residual's readers read its interior (res_pad)."""
+    residual's readers read its interior (res_pad), as do readers of the value as an input
+    in that layout unbordered whose kernel can read inside a border (in_pad: a direct
+    conv of no padding, reads_bordered_input)."""
     reads: dict[str, set] = {}
     nodes = part.graph.node_map()
     for step, cand in zip(part.steps, chosen):
@@ -361,6 +377,9 @@ def borders_wanted(part: Partition, chosen: list[Candidate]) -> dict[str, tuple[
                 read = (cand.in_layout, border)
             elif i in residual:  # read from any border of its layout
                 read = (RESIDUAL, cand.out_layout)
+            elif i == 0 and cand.config not in (None, TORCH) and \
+                    reads_bordered_input(compute, cand.config):
+                read = (RESIDUAL, Layout.parse(cand.in_layout).name)
             else:
                 read = None
             reads.setdefault(arg, set()).add(read)
@@ -375,7 +394,9 @@ def borders_wanted(part: Partition, chosen: list[Candidate]) -> dict[str, tuple[
     return out
 
 
-RESIDUAL = "residual"  # borders_wanted: a read of a residual its kernel reads bordered too
+# borders_wanted: a read, of a residual or of a 1x1 conv's input, that its kernel can make
+# inside any border of its layout (res_pad, in_pad)
+RESIDUAL = "residual"
 
 
 def residual_positions(compute) -> list[int]:

@@ -34,7 +34,9 @@ class Conv2dContraction(Contraction):
     With the knob in_layout="nhwc" (one group only) the input is NHWC, [Hp][Wp][C], read a
     block of CB channels at a time: the same loops and weights, the input's pixels C apart
     instead of CB. compile_network sets it where the input would otherwise be copied from
-    NHWC into NCHW[CB]c (compile/cpu_plan.nhwc_reads); the search never tunes it.
+    NHWC into NCHW[CB]c (compile/cpu_plan.nhwc_reads); the search never tunes it. With the
+    knob in_pad (a conv of no padding) the input lives inside a border another reader of
+    it wants, and the kernel reads the interior; compile_network sets that one too.
     """
 
     n: int
@@ -78,8 +80,20 @@ class Conv2dContraction(Contraction):
         return self.k
     unrollable = "kw"
 
-    def padded(self) -> tuple[int, int]:
-        return self.h + 2 * self.pad[0], self.w + 2 * self.pad[1]
+    def in_border(self, cfg=None) -> tuple[int, int]:
+        """The border around the input in its buffer: the conv's own padding, or the
+        larger border of the buffer it reads the interior of (knob in_pad)."""
+        return tuple(cfg.get("in_pad", self.pad)) if cfg is not None else self.pad
+
+    def padded(self, cfg=None) -> tuple[int, int]:
+        bh, bw = self.in_border(cfg)
+        return self.h + 2 * bh, self.w + 2 * bw
+
+    def in_offset(self, cfg) -> int:
+        """Where the input's first read element lies in its buffer: past the part of the
+        border the conv does not read (in_pad beyond its padding)."""
+        (bh, bw), (ph, pw) = self.in_border(cfg), self.pad
+        return ((bh - ph) * self.padded(cfg)[1] + bw - pw) * self.in_steps(cfg)[1]
 
     def extents(self, cfg) -> dict[str, int]:
         return {"grp": self.groups, "ko": self.vector_extent // cfg["ob"],
@@ -95,13 +109,13 @@ class Conv2dContraction(Contraction):
         cb = cfg["cb"]
         if self.reads_nhwc(cfg):
             return cb, self.c
-        hp, wp = self.padded()
+        hp, wp = self.padded(cfg)
         return hp * wp * cb, cb
 
     def strides(self, cfg) -> dict[str, tuple[int, int, int]]:
         """Per loop variable: (A stride, B stride, output stride) in elements."""
         cb, ob = cfg["cb"], cfg["ob"]
-        hp, wp = self.padded()
+        hp, wp = self.padded(cfg)
         (sh, sw), (dh, dw) = self.stride, self.dil
         a_co, px = self.in_steps(cfg)
         nco = self.reduce_extent // cb
@@ -138,7 +152,7 @@ class Conv2dContraction(Contraction):
 
     def tile_strides(self, cfg) -> tuple[tuple[int, int], tuple[int, int]]:
         """(A strides, output strides) between the register tile's rows and columns."""
-        hp, wp = self.padded()
+        hp, wp = self.padded(cfg)
         _, o_row, o_col = self.out_steps(cfg)
         px = self.in_steps(cfg)[1]
         return ((self.stride[0] * wp * px, self.stride[1] * px), (o_row, o_col))
@@ -148,7 +162,7 @@ class Conv2dContraction(Contraction):
         return -(-self.k // cfg["ob"]) * cfg["ob"]
 
     def buffer_sizes(self, cfg) -> dict[str, int]:
-        hp, wp = self.padded()
+        hp, wp = self.padded(cfg)
         weights = self.kpad(cfg) * self.reduce_extent * self.kh * self.kw
         return {"a": self.c * hp * wp, "b": weights,
                 "out": self.out_layout(cfg).size((1, self.k, self.oh, self.ow))}
@@ -159,9 +173,9 @@ class Conv2dContraction(Contraction):
     # layouts
     def pack_a(self, x: torch.Tensor, cfg) -> np.ndarray:
         import torch
-        cb = cfg["cb"]
-        xp = torch.nn.functional.pad(x[0], (self.pad[1],) * 2 + (self.pad[0],) * 2)
-        hp, wp = self.padded()
+        cb, (bh, bw) = cfg["cb"], self.in_border(cfg)
+        xp = torch.nn.functional.pad(x[0], (bw,) * 2 + (bh,) * 2)
+        hp, wp = self.padded(cfg)
         if self.reads_nhwc(cfg):
             return as_blocks(xp.permute(1, 2, 0)).ravel()
         return as_blocks(xp.reshape(self.c // cb, cb, hp, wp).permute(0, 2, 3, 1)).ravel()

@@ -133,6 +133,10 @@ def _validate(con, cfg: Config) -> None:
             cfg["in_layout"] == "nhwc" and hasattr(con, "reads_nhwc") and con.groups == 1):
         problems.append(f"in_layout={cfg['in_layout']!r}: only an ungrouped direct conv "
                         "reads its input NHWC in channel blocks ('nhwc')")
+    if "in_pad" in dict(cfg.knobs) and not (hasattr(con, "in_offset") and
+                                            con.pad == (0, 0)):
+        problems.append(f"in_pad={cfg['in_pad']}: only a direct conv of no padding reads "
+                        "its input inside a border")
     if problems:
         raise LoweringError(f"bad config for {con.op}: " + "; ".join(problems))
 
@@ -186,6 +190,8 @@ def _tile_index(con, cfg: Config, live: dict, base: dict, strides: dict, rows: t
     const = base["ow"][which] * cols[2] + row * rows[2] + base["ko"][which] * blocks[1]
     if which == 2:
         const += con.out_offset(cfg)
+    elif which == 0 and hasattr(con, "in_offset"):
+        const += con.in_offset(cfg)
     return _affine(live, strides, which, const)
 
 

@@ -113,6 +113,16 @@ def writes_bordered(compute: Compute, cfg: Config) -> bool:
     return hasattr(contraction(compute), "out_layout")
 
 
+def reads_bordered_input(compute: Compute, cfg: Config) -> bool:
+    """Whether this kernel can read its input inside a border it does not need (knob
+    in_pad): a direct conv of no padding (a 1x1 conv), whose strides then follow the
+    buffer's border."""
+    if compute.op != "conv2d" or cfg.get("algorithm", "direct") != "direct":
+        return False
+    con = contraction(compute)
+    return hasattr(con, "in_offset") and con.pad == (0, 0)
+
+
 def nhwc_reader(compute: Compute, cfg: Config) -> Config | None:
     """`cfg` reading its input NHWC in its channel blocks (knob in_layout, a direct
     ungrouped conv whose blocks cb do not already span the channels: cb = C reads NHWC
@@ -158,6 +168,10 @@ def lower(compute: Compute, cfg: Config) -> LoopNest:
         raise LoweringError(f"{compute.describe()}: config {cfg.to_json()} cannot read a "
                             f"bordered residual (res_pad): a direct, Winograd or AMX conv or "
                             f"a window with a residual operand can")
+    if "in_pad" in knobs and not reads_bordered_input(compute, cfg):
+        raise LoweringError(f"{compute.describe()}: config {cfg.to_json()} cannot read its "
+                            f"input inside a border (in_pad): a direct conv of no padding "
+                            f"can")
     if "in_layout" in knobs and cfg.get("algorithm", "direct") != "direct":
         raise LoweringError(f"{compute.describe()}: config {cfg.to_json()} cannot read its "
                             f"input NHWC in channel blocks (in_layout): a direct conv can")

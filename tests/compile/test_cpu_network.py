@@ -937,3 +937,34 @@ def test_a_copy_splits_channel_blocks_only_where_its_kernels_do(monkeypatch):
     assert by_rows(None, None) and by_rows("ow", "pt") and by_rows("oh", None)
     assert by_rows("ko", "oh") and by_rows("oh", "ko")  # a tie: rows
     assert not by_rows("ko", None) and not by_rows(None, "ko") and not by_rows("ko", "ko")
+
+
+class Fork(torch.nn.Module):
+    """A value read by a padded 3x3 conv and by a 1x1 conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 32, 3, padding=1)
+        self.b = torch.nn.Conv2d(32, 16, 3, padding=1)
+        self.c = torch.nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        return torch.relu(self.b(y)) * self.c(y)
+
+
+def test_a_1x1_conv_reads_inside_the_border_its_sibling_wants():
+    """The producer writes straight into the bordered buffer the 3x3 conv reads, and the
+    1x1 conv reads that buffer's interior (in_pad): no copy adds or drops the border."""
+    torch.manual_seed(0)
+    model, x = Fork().eval(), torch.randn(1, 8, 10, 12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # untuned
+        net = compile_network(model, x, layout="uniform")  # checked against the model
+    kinds = {s.name: s for s in net.steps}
+    assert [s.name for s in net.steps if s.kind == "transform"] == \
+        ["x: NCHW -> NHWC/p1x1", "mul: NHWC -> NCHW"], [s.name for s in net.steps]
+    assert kinds["b"].reads[0] is kinds["c"].reads[0] is kinds["a"].writes[0]
+    assert kinds["c"].reads[0].layout.label == "NHWC/p1x1"
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)

@@ -736,3 +736,44 @@ def test_only_a_direct_ungrouped_conv_reads_nhwc_in_channel_blocks(zoo_models):
         knobs = tuple(kv for kv in cfg.knobs if kv[0] != "in_layout")
         with pytest.raises(LoweringError, match=match):
             lower(task.compute, Config(tuple(sorted(knobs + (("in_layout", value),)))))
+
+
+@pytest.mark.parametrize("in_layout", ["blocked", "nhwc"])
+def test_a_conv_of_no_padding_reads_its_input_inside_a_border(in_layout):
+    """in_pad (set by compile_network, never tuned): a 1x1 conv reads the interior of a
+    buffer bordered for another reader of its input, and never the border; a padded conv
+    is refused by name."""
+    from raytune_kernels.cpu.build import LoadedKernel, aligned
+    from raytune_kernels.cpu.contraction import contraction
+    from raytune_kernels.cpu.kernel import build_for
+    from raytune_kernels.cpu.schedules import nhwc_reader
+
+    for i, (stride, pad) in enumerate([(1, (1, 1)), (2, (1, 2))]):
+        task = rk.extract_tasks(torch.nn.Conv2d(32, 16, 1, stride=stride).eval(),
+                                (torch.randn(1, 32, 9, 10),))[0]
+        space, rng = space_for(task.compute, cpu_info()), random.Random(i)
+        part = dict(space.parts)["direct"] if hasattr(space, "parts") else space
+        cfg = next(c for c in (part.sample(rng) for _ in range(500)) if c["cb"] < 32)
+        cfg = space._tag("direct", cfg) if hasattr(space, "parts") else cfg
+        if in_layout == "nhwc":
+            cfg = nhwc_reader(task.compute, cfg)
+        cfg = Config(tuple(sorted(cfg.knobs + (("in_pad", pad),))))
+        ops = operands(task.compute, i)
+        bufs = {k: aligned(v) for k, v in pack(task.compute, cfg, ops).items()}
+        con = contraction(task.compute)
+        hp, wp = con.padded(cfg)
+        assert bufs["a"].size == 32 * hp * wp == 32 * (9 + 2 * pad[0]) * (10 + 2 * pad[1])
+        ones = pack(task.compute, cfg, [torch.ones(1, 32, 9, 10)] + list(ops[1:]))["a"]
+        bufs["a"][ones != 1.0] = 1e6  # a border the kernel must not read
+        built, nest = build_for(task.compute, cfg), lower(task.compute, cfg)
+        assert built.library, built.error
+        kernel = LoadedKernel(built.library, nest.name, len(nest.buffers))
+        kernel([bufs[b.name].ctypes.data for b in nest.buffers], 2)
+        got = unpack(task.compute, cfg, bufs["out"])
+        assert torch.allclose(got, reference(task.compute, *ops), rtol=1e-4, atol=1e-4), cfg
+    padded = rk.extract_tasks(torch.nn.Conv2d(16, 16, 3, padding=1).eval(),
+                              (torch.randn(1, 16, 8, 8),))[0]
+    space = space_for(padded.compute, cpu_info())
+    direct = space._tag("direct", dict(space.parts)["direct"].sample(random.Random(0)))
+    with pytest.raises(LoweringError, match="cannot read its input inside a border"):
+        lower(padded.compute, Config(tuple(sorted(direct.knobs + (("in_pad", (2, 2)),)))))
