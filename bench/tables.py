@@ -15,6 +15,7 @@ first, then regenerate the table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import pathlib
@@ -231,7 +232,6 @@ def search_network_row(run: Run) -> dict[str, str]:
     args = ["bench/search_network.py", d["model"], "--trials", str(d["trials"]), "--seeds",
             str(d["seeds"]), "--threads", str(d["threads"]), "--strategies",
             ",".join(d["strategies"])]
-    first = d["strategies"][0]
     return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
             "command": d.get("command") or shlex.join(args),
             "estimated (ms) by seed": "; ".join(
@@ -340,14 +340,22 @@ def steps_row(run: Run) -> dict[str, str]:
             "steps alone, warm (ms)": each("alone_warm_ms"), "file": run.path}
 
 
+def per_model(d: dict, f) -> str:
+    """`f` of each model's entry of a multi-model bench's JSON, named, in one cell."""
+    return "; ".join(f"{n.split('/')[-1]} {f(v)}" for n, v in d["models"].items())
+
+
+def models_command(script: str, d: dict, *extra: str) -> str:
+    """The command line of a multi-model bench's run (models, threads, rounds)."""
+    return shlex.join([script, *d["models"], "--threads", str(d["threads"]), "--rounds",
+                       str(d["rounds"]), *extra])
+
+
 def prefetch_row(run: Run) -> dict[str, str]:
     d = run.data
-
-    def each(f) -> str:
-        return "; ".join(f"{n.split('/')[-1]} {f(v)}" for n, v in d["models"].items())
+    each = functools.partial(per_model, d)
     return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
-            "command": shlex.join(["bench/prefetch.py", *d["models"], "--threads",
-                                   str(d["threads"]), "--rounds", str(d["rounds"])]),
+            "command": models_command("bench/prefetch.py", d),
             "on (ms)": each(lambda v: f"{v['on_ms']:.3f}"),
             "off (ms)": each(lambda v: f"{v['off_ms']:.3f}"),
             "off / on": each(lambda v: spread(v["off_over_on"])),
@@ -359,12 +367,9 @@ def prefetch_row(run: Run) -> dict[str, str]:
 
 def transforms_row(run: Run) -> dict[str, str]:
     d = run.data
-
-    def each(f) -> str:
-        return "; ".join(f"{n.split('/')[-1]} {f(v)}" for n, v in d["models"].items())
+    each = functools.partial(per_model, d)
     return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
-            "command": shlex.join(["bench/transforms.py", *d["models"], "--threads",
-                                   str(d["threads"]), "--rounds", str(d["rounds"])]),
+            "command": models_command("bench/transforms.py", d),
             "transforms, channels -> rule (us)": each(
                 lambda v: f"{v['transforms_channels_us']:.0f} -> {v['transforms_rule_us']:.0f}"),
             "steps, channels -> rule (ms)": each(
@@ -376,13 +381,9 @@ def transforms_row(run: Run) -> dict[str, str]:
 
 def nhwc_reads_row(run: Run) -> dict[str, str]:
     d = run.data
-
-    def each(f) -> str:
-        return "; ".join(f"{n.split('/')[-1]} {f(v)}" for n, v in d["models"].items())
+    each = functools.partial(per_model, d)
     return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
-            "command": shlex.join(["bench/transforms.py", *d["models"], "--threads",
-                                   str(d["threads"]), "--rounds", str(d["rounds"]),
-                                   "--compare", "nhwc"]),
+            "command": models_command("bench/transforms.py", d, "--compare", "nhwc"),
             "transforms, copies -> nhwc": each(
                 lambda v: f"{v['transforms_copies']} -> {v['transforms_nhwc']}"),
             "their time, copies -> nhwc (us)": each(
