@@ -384,6 +384,7 @@ def nhwc_reads_row(run: Run) -> dict[str, str]:
     each = functools.partial(per_model, d)
     return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
             "command": models_command("bench/transforms.py", d, "--compare", "nhwc"),
+            "refine each side": "yes" if d.get("refined", True) else "no",
             "transforms, copies -> nhwc": each(
                 lambda v: f"{v['transforms_copies']} -> {v['transforms_nhwc']}"),
             "their time, copies -> nhwc (us)": each(
@@ -536,7 +537,9 @@ SHAPES = (
           "blocks; convs whose every reader copied their blocks write NHWC) and without "
           "it, timed interleaved: the transforms, their and all steps' sums clocked inside "
           "the running network (medians of per-round sums), and copies over nhwc end to "
-          "end as the median (range) of per-round ratios.",
+          "end as the median (range) of per-round ratios. Refine each side: whether each "
+          "network also went through refine and the split agreement, which pick kernels "
+          "apart for each plan (runs before that was switched off).",
           lambda d: d.get("bench") == "transforms" and d.get("compare") == "nhwc",
           nhwc_reads_row),
     Shape("Runner dispatch (bench/dispatch.py)",

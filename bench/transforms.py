@@ -12,7 +12,9 @@ have the same steps; only the transforms' loops differ.
 --compare nhwc: the copies that bring an NHWC value into a conv's channel blocks.
 "nhwc" compiles the records with compile/cpu_plan.nhwc_reads's plan kept whatever its
 weighing said (convs read NHWC values as they are, and convs none of whose readers take
-their blocks as they are write NHWC); "copies" without it (the transforms stay).
+their blocks as they are write NHWC); "copies" without it (the transforms stay). Both
+skip refine's and the split agreement's picks (each would weigh its own plan's kernels
+apart), so that the two networks differ by the copies and the turned kernels alone.
 
 Each round clocks every step inside both running networks (CompiledNetwork._clock_steps)
 and times both end to end, the two taking turns, the first one alternating. Per model:
@@ -65,11 +67,16 @@ def compile_both(model, inputs, path: str, threads: int, compare: str = "rows") 
                 fused = cpu_plan.nhwc_reads(part, chosen)
                 return fused, refine.NhwcReads(steps=len(refine.differences(chosen, fused)),
                                                kept=True)
-            with mock.patch.object(cpu_network, "_nhwc_reads", kept):
-                nets = {first: compile_network(model, inputs, path, threads=threads)}
-            with mock.patch.object(cpu_network, "_nhwc_reads",
-                                   lambda part, chosen, *args: (chosen, None)):
-                nets[second] = compile_network(model, inputs, path, threads=threads)
+            unrefined = (mock.patch.object(cpu_network, "_refine",
+                                           lambda part, chosen, *args: (chosen, None, None)),
+                         mock.patch.object(cpu_network, "_agree",
+                                           lambda part, chosen, *args: (chosen, None, args[-1])))
+            with unrefined[0], unrefined[1]:
+                with mock.patch.object(cpu_network, "_nhwc_reads", kept):
+                    nets = {first: compile_network(model, inputs, path, threads=threads)}
+                with mock.patch.object(cpu_network, "_nhwc_reads",
+                                       lambda part, chosen, *args: (chosen, None)):
+                    nets[second] = compile_network(model, inputs, path, threads=threads)
             if not nets[first].nhwc_reads.steps:
                 raise SystemExit("bench/transforms.py: no conv of this plan reads an NHWC "
                                  "value through a copy: nothing to compare")
@@ -148,7 +155,8 @@ def main() -> None:
               f"({ratio['min']:.3f}-{ratio['max']:.3f})", flush=True)
     print(json.dumps({"bench": "transforms", "compare": args.compare, "cpu": cpu,
                       "threads": args.threads, "rounds": args.rounds, "models": out,
-                      "torch": torch.__version__}))
+                      # each side's refine and split agreement: nhwc skips both
+                      "refined": args.compare == "rows", "torch": torch.__version__}))
 
 
 if __name__ == "__main__":
