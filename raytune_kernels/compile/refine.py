@@ -382,12 +382,15 @@ class Weighed:
     seconds: float = 0.0
     recalled: bool = False
 
+    def when(self) -> str:
+        return ("recalled: weighed by an earlier compile of these records on this machine"
+                if self.recalled else f"in {self.seconds:.1f} s")
+
     def describe(self) -> str:
         if not self.steps:
             return "layouts weighed: the ILP's plan is the one-layout plan"
         head = f"layouts weighed: the one-layout plan differs in {self.steps} steps"
-        when = ("recalled: weighed by an earlier compile of these records on this machine"
-                if self.recalled else f"in {self.seconds:.1f} s")
+        when = self.when()
         if self.speedup is None:
             return f"{head}, and not all of its kernels build: the ILP's plan kept, {when}"
         kept = "the one-layout plan kept" if self.kept else "the ILP's plan kept"
@@ -404,12 +407,11 @@ class NhwcReads(Weighed):
         if not self.steps:
             return "NHWC reads: no conv reads an NHWC value through a copy"
         head = f"NHWC reads: {self.steps} conv(s) can read their NHWC input without a copy"
-        when = ("recalled: weighed by an earlier compile of these records on this machine"
-                if self.recalled else f"in {self.seconds:.1f} s")
         if self.speedup is None:
-            return f"{head}, but not all of those kernels build: the copies kept, {when}"
+            return f"{head}, but not all of those kernels build: the copies kept, {self.when()}"
         kept = "they do" if self.kept else "the copies kept"
-        return f"{head}; so the network ran {self.speedup:.3f}x as fast end to end: {kept}, {when}"
+        return (f"{head}; so the network ran {self.speedup:.3f}x as fast end to end: {kept}, "
+                f"{self.when()}")
 
 
 def differences(chosen: Sequence[Candidate], other: Sequence[Candidate]
