@@ -715,7 +715,7 @@ def test_direct_convs_read_nhwc_in_channel_blocks_with_the_same_bits():
                                run_candidate(task.compute, twin, ops, threads=2)), twin
 
 
-def test_only_a_direct_ungrouped_conv_reads_nhwc_in_channel_blocks(zoo_models):
+def test_only_a_direct_ungrouped_conv_reads_nhwc_in_channel_blocks():
     """The knob on a grouped or depthwise conv, a Winograd conv or a dense is a named
     lowering error, as is a layout it does not know."""
     grouped = rk.extract_tasks(torch.nn.Conv2d(32, 32, 3, groups=2).eval(),
