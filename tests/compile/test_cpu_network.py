@@ -122,6 +122,44 @@ def test_the_native_steps_run_in_one_native_call_and_match_step_by_step(small, n
         assert torch.equal(net._out_views[0], whole)
 
 
+def test_an_input_is_read_where_the_callers_tensor_lies(small, net):
+    """The native calls read a contiguous, aligned float32 input in the caller's tensor:
+    the network's own buffer of it is left as it was (NaN here), the caller's tensor
+    unchanged, the runner's table back at its own buffer after the call. An input laid
+    out otherwise (channels last, another dtype, not 64-byte aligned) is copied in and
+    gives the same outputs."""
+    model, _, _ = small
+    slots, own = net._in_slots[0], net._in_views[0]
+    assert slots and all(rest == own.data_ptr() for _, rest in slots)
+    x = torch.randn(1, 3, 16, 16)
+    kept = x.clone()
+    own.fill_(float("nan"))
+    with torch.no_grad():
+        got = net(x)
+        assert torch.allclose(got, model(x), atol=1e-4, rtol=1e-4)
+    assert torch.isnan(own).all() and torch.equal(x, kept)
+    assert all(word.value == rest for word, rest in slots)
+    unaligned = torch.empty(x.numel() + 1)[1:].view_as(x).copy_(x)
+    for y in (x.to(memory_format=torch.channels_last), x.double(), unaligned):
+        own.fill_(float("nan"))
+        assert torch.equal(net(y), got)
+        assert torch.equal(own, x)
+
+
+def test_an_input_a_pytorch_step_reads_is_copied_in(small):
+    """conv1 left to PyTorch reads the network's own buffer of the input: no native call
+    is handed the caller's tensor."""
+    model, inputs, records = small
+    conv1 = next(t for t in rk.extract_tasks(model, inputs) if "conv1" in t.layers)
+    slow = [dataclasses.replace(r, times=(1.0, 1.0, 1.0)) if r.task_key == conv1.key else r
+            for r in records]
+    net = compile_network(model, inputs, slow, fallback="torch")
+    assert net.steps[0].kernel is None and net._in_slots[0] is None
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+
+
 def test_pytorch_steps_split_the_native_runs(small):
     """A step left to PyTorch (fallback="torch", its kernel recorded slower than PyTorch)
     in the middle of the network: the kernels before and after it run as native runs of
