@@ -396,6 +396,19 @@ def nhwc_reads_row(run: Run) -> dict[str, str]:
             "file": run.path}
 
 
+def boundary_row(run: Run) -> dict[str, str]:
+    d = run.data
+    each = functools.partial(per_model, d)
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": models_command("bench/boundary.py", d),
+            "handed -> copied (ms)": each(lambda v: f"{v['handed_ms']:.3f} -> "
+                                                    f"{v['copied_ms']:.3f}"),
+            "outside the run, handed -> copied (us)": each(
+                lambda v: f"{v['handed_outside_us']:.0f} -> {v['copied_outside_us']:.0f}"),
+            "copied / handed": each(lambda v: spread(v["copied_over_handed"])),
+            "file": run.path}
+
+
 def records_ab_row(run: Run) -> dict[str, str]:
     d = run.data
 
@@ -542,6 +555,13 @@ SHAPES = (
           "apart for each plan (runs before that was switched off).",
           lambda d: d.get("bench") == "transforms" and d.get("compare") == "nhwc",
           nhwc_reads_row),
+    Shape("A network's input handed to its kernels (bench/boundary.py)",
+          "one compiled network per model called with its input read where the caller's "
+          "tensor lies (handed: as it comes) and copied into the network's own buffer "
+          "first (copied), a call each way a round: medians of whole calls, of their time "
+          "outside the native run, and copied over handed as the median (range) of "
+          "per-round ratios.",
+          lambda d: d.get("bench") == "boundary", boundary_row),
     Shape("Runner dispatch (bench/dispatch.py)",
           "what a native step pays to open and join its OpenMP parallel region inside the "
           "runner (kernels that do nothing else), median over repeats.",

@@ -911,3 +911,25 @@ def test_the_transforms_bench_names_missing_records_and_wants_threads(tmp_path):
     assert done.returncode != 0 and f"no records at {missing}" in done.stderr
     done = _run("bench/transforms.py", "resnet18", "--threads", "1")
     assert done.returncode != 0 and "at 1 thread no transform runs in parallel" in done.stderr
+
+
+def test_boundary_bench_times_a_handed_input_against_a_copied_one(tmp_path):
+    """bench/boundary.py on a small untuned CNN: both ways timed every round, the input
+    handed to the kernels, the time outside the native run reported for each."""
+    model_file = tmp_path / "cnn.py"
+    model_file.write_text(
+        "import torch\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),\n"
+        "                            torch.nn.Conv2d(16, 16, 1)).eval()\n"
+        "    return m, (torch.randn(1, 3, 16, 16),)\n")
+    proc = _run("bench/boundary.py", f"{model_file}:make", "--threads", "1", "--rounds", "6",
+                "--records", "none", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    (r,) = out["models"].values()
+    assert out["bench"] == "boundary" and r["inputs_handed"] == r["inputs"] == 1
+    assert r["input_bytes"] == 3 * 16 * 16 * 4 and r["copied_over_handed"]["rounds"] == 6
+    assert r["handed_ms"] > 0 and r["copied_ms"] > 0
+    assert 0 < r["handed_outside_us"] < r["handed_ms"] * 1e3
