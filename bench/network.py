@@ -439,12 +439,15 @@ def refined_fields(refined) -> dict | None:
 def weighing_fields(report) -> dict | None:
     """compile_network's split agreement, layout weighing or NHWC reads report as JSON
     (None: it did not run): the steps it weighed, what it kept, the kept network over the
-    given one."""
+    given one; for the split agreement, also its reordered kernels offered and kept."""
     if report is None:
         return None
-    return {"steps": report.steps, "kept": report.kept, "seconds": round(report.seconds, 1),
-            "end_to_end": None if report.speedup is None else round(report.speedup, 3),
-            "recalled": report.recalled}
+    out = {"steps": report.steps, "kept": report.kept, "seconds": round(report.seconds, 1),
+           "end_to_end": None if report.speedup is None else round(report.speedup, 3),
+           "recalled": report.recalled}
+    if hasattr(report, "reordered"):  # the split agreement's second pass
+        out.update(reordered=report.reordered, reordered_kept=report.reordered_kept)
+    return out
 
 
 def best_other_ratios(rounds_s: dict[str, list[float]]) -> list[float]:

@@ -50,8 +50,8 @@ from raytune_kernels.cpu.runner import Runner, cycles_per_second, make_runner
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info
 from raytune_kernels.cpu.measure import cold_copies
-from raytune_kernels.cpu.schedules import (lower, no_kernel_reason, prefetch_twin, space_for,
-                                           writes_bordered)
+from raytune_kernels.cpu.schedules import (lower, no_kernel_reason, prefetch_twin,
+                                           rows_first_twin, space_for, writes_bordered)
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.capture import capture
@@ -706,17 +706,28 @@ def _refine(part: Partition, chosen: list[Candidate], recs: list[Record], assemb
 def _agree(part: Partition, chosen: list[Candidate], recs: list[Record], assemble,
            prebuild, inputs, threads: int, net):
     """compile/refine.py's split agreement over the (refined) plan: steps splitting rows
-    first between the threads, where the network runs faster so."""
+    first between the threads, where the network runs faster so; first by records that
+    do, then, on the plan that kept, by the plan's own kernels with their loops reordered
+    (schedules.rows_first_twin), which no record needs to hold."""
     from raytune_kernels.compile import refine as rf
 
     if threads < 2:  # one thread splits nothing
         return chosen, None, net
-    rows = rf.row_alternatives(part, chosen, recs, layouts_of, threads,
-                               functools.partial(_writes_bordered, part))
     xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
-    return rf.agree(part, chosen, rows, assemble, xs, prebuild,
-                    key=rf.decision_key(part, chosen, rows, threads, kind="agree"), net=net,
-                    networks=rf.MEMORY_BYTES // max(_weight_bytes(part), 1))
+    bordered = functools.partial(_writes_bordered, part)
+    networks = rf.MEMORY_BYTES // max(_weight_bytes(part), 1)
+    rows = rf.row_alternatives(part, chosen, recs, layouts_of, threads, bordered)
+    chosen, agreed, net = rf.agree(
+        part, chosen, rows, assemble, xs, prebuild, net=net, networks=networks,
+        key=rf.decision_key(part, chosen, rows, threads, kind="agree"))
+    twins = rf.row_alternatives(
+        part, chosen, (), layouts_of, threads, bordered,
+        lambda step, cfg: rows_first_twin(part.task(step.key).compute, cfg, threads,
+                                          rf.ROW_AXES))
+    chosen, reordered, net = rf.agree(
+        part, chosen, twins, assemble, xs, prebuild, net=net, networks=networks,
+        key=rf.decision_key(part, chosen, twins, threads, kind="agree_reordered"))
+    return chosen, agreed.joined(reordered), net
 
 
 def _weight_bytes(part: Partition) -> int:

@@ -41,6 +41,7 @@ import json
 import math
 import pathlib
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -261,33 +262,51 @@ def split_axis(config) -> str | None:
 
 @dataclass
 class Agreed:
-    """What agree() did: the steps it could make split rows and what it kept."""
+    """What agree() did: the steps it could make split rows and what it kept; joined()
+    adds a second agreement's (the plan's own kernels reordered) as `reordered`."""
 
     steps: int = 0  # steps with a record of their layouts that splits rows first
     kept: int = 0  # of those, the steps now running it
     speedup: float | None = None  # the given plan's network over the kept one's
     seconds: float = 0.0
     recalled: bool = False
+    reordered: int = 0  # steps then offered their own kernel splitting rows first
+    reordered_kept: int = 0  # of those, the steps now running it
+
+    def joined(self, then: "Agreed") -> "Agreed":
+        """This agreement followed by `then`, which weighed the plan's kernels reordered
+        (rows_first_twin) on the plan this one kept: one report of both."""
+        speedups = [a.speedup for a in (self, then) if a.kept and a.speedup is not None]
+        return Agreed(self.steps, self.kept, math.prod(speedups) if speedups else None,
+                      self.seconds + then.seconds,
+                      all(a.recalled for a in (self, then) if a.steps),
+                      then.steps, then.kept)
 
     def describe(self) -> str:
-        if not self.steps:
+        if not self.steps and not self.reordered:
             return "split agreement: every kernel already splits rows, or none can"
         head = f"split agreement: {self.steps} steps could split rows first"
+        kept = f"{self.kept}"
+        if self.reordered:
+            head += f" by a record, {self.reordered} by their own kernel reordered"
+            kept += f" and {self.reordered_kept}"
         when = ("recalled: weighed by an earlier compile of these records on this machine"
                 if self.recalled else f"in {self.seconds:.1f} s")
-        if not self.kept:
+        if not self.kept and not self.reordered_kept:
             return f"{head}; the plan's splits kept, {when}"
-        return (f"{head}, {self.kept} now do (end to end {self.speedup:.3f}x the plan's "
-                f"network); {when}")
+        return f"{head}, {kept} now do (end to end {self.speedup:.3f}x the plan's network); {when}"
 
 
 def row_alternatives(part: Partition, chosen: Sequence[Candidate],
                      records: Sequence[Record], layouts: Callable, threads: int,
-                     bordered: Callable[[TaskStep, Candidate], bool]
+                     bordered: Callable[[TaskStep, Candidate], bool],
+                     twin: Callable[[TaskStep, Config], Config | None] | None = None
                      ) -> dict[int, list[Candidate]]:
     """Per step whose kernel splits something other than rows first (ROW_AXES): [the
     plan's candidate, its task's fastest record at `threads` with the same layouts and
-    bordered output that splits rows first]; steps without one are left out."""
+    bordered output that splits rows first], or where no record does, the plan's own
+    kernel with its loops reordered to split rows first (`twin`, timed as the plan's:
+    the weighing measures it); steps with neither are left out."""
     by_task: dict[str, list[Record]] = {}
     for r in records:
         if r.ok and r.threads == threads:
@@ -295,10 +314,10 @@ def row_alternatives(part: Partition, chosen: Sequence[Candidate],
     out: dict[int, list[Candidate]] = {}
     for i, (step, cand) in enumerate(zip(part.steps, chosen)):
         if not isinstance(step, TaskStep) or cand.config in (None, TORCH) or \
-                step.key not in by_task or split_axis(cand.config) in (None, *ROW_AXES):
+                split_axis(cand.config) in (None, *ROW_AXES):
             continue
         task = part.task(step.key)
-        for r in sorted(by_task[step.key], key=lambda r: r.median):
+        for r in sorted(by_task.get(step.key, ()), key=lambda r: r.median):
             cfg = Config.from_json(r.config)
             if split_axis(cfg) not in ROW_AXES:
                 continue
@@ -307,6 +326,10 @@ def row_alternatives(part: Partition, chosen: Sequence[Candidate],
                     bordered(step, alt) == bordered(step, cand):
                 out[i] = [cand, alt]
                 break
+        else:
+            cfg = twin(step, cand.config) if twin is not None else None
+            if cfg is not None:
+                out[i] = [cand, dataclasses.replace(cand, config=cfg)]
     return out
 
 

@@ -151,6 +151,37 @@ def prefetch_twin(compute: Compute, cfg: Config) -> Config | None:
     return Config(tuple(sorted(knobs.items())))
 
 
+IMAGE_OPS = ("conv2d", "max_pool2d", "avg_pool2d")  # kernels over an image's rows
+
+
+def rows_first_twin(compute: Compute, cfg: Config, threads: int,
+                    row_axes: tuple[str, ...] = ("oh", "pt")) -> Config | None:
+    """`cfg` with its outer loops reordered so that its threads split rows (the first of
+    `row_axes` its spatial_order holds) before the loops that came first, their order kept
+    otherwise: (ko, oh, ow) -> (oh, ko, ow). The same tile, layouts and values bit for bit
+    (each output element's sum is the same); only which thread writes what changes. None
+    where the kernel is not a direct or window one, already splits rows first, has no
+    rows to split, or would split them among fewer parallel iterations than `threads`
+    (denses and matmuls, whose rows are a batch's tokens, are left as they are)."""
+    order = cfg.get("spatial_order")
+    if compute.op not in IMAGE_OPS or cfg.get("algorithm", "direct") != "direct" or \
+            not order:
+        return None
+    rows = next((a for a in order if a in row_axes), None)
+    if rows is None or order[0] == rows:
+        return None
+    knobs = {**dict(cfg.knobs), "spatial_order": (rows, *(a for a in order if a != rows))}
+    twin = Config(tuple(sorted(knobs.items())))
+    try:
+        outer = lower(compute, twin).body[0]
+    except LoweringError:
+        return None
+    split = outer.body[0] if getattr(outer, "kind", None) == "parallel" else None
+    if split is None or split.names[0] not in row_axes or outer.extent < threads:
+        return None  # rows of one tile drop out of the loops: the split stays as it was
+    return twin
+
+
 def reads_bordered_residual(compute: Compute, cfg: Config) -> bool:
     """Whether this kernel reads a residual (an epilogue tensor laid out like its output)
     and can read it from a bordered buffer (knob res_pad): the kernels that can write one."""

@@ -381,6 +381,48 @@ def test_row_alternatives_are_the_fastest_row_split_record_of_the_plans_layouts(
     assert bordered[0][1].config["tag"] == "slow" and bordered[0][1].seconds == 3.0
 
 
+def test_without_a_row_record_the_plans_own_kernel_reordered_is_the_alternative():
+    """row_alternatives with `twin`: a step no record offers a row split gets its own
+    kernel reordered (at the plan's time, its layouts); a record still comes first; a step
+    whose twin is None is left out."""
+    part, _, _ = fake_plan(1)
+    part.task = lambda key: SimpleNamespace(key=key)
+    plan = Config((("spatial_order", ("ko", "oh")), ("tag", "plan")))
+    chosen = [Candidate("NHWC", "NHWC", 1.0, plan), Candidate("NHWC", "NHWC", 0),
+              Candidate("NCHW16c", "NCHW16c", 2.0, plan)]
+    layouts = lambda task, c: ("NHWC", "NHWC")  # noqa: E731
+    asked = []
+
+    def twin(step, cfg):
+        asked.append(step.key)
+        return Config((("spatial_order", ("oh", "ko")), ("tag", "twin")))
+    record = SimpleNamespace(task_key="k0", median=3.0, threads=2, ok=True, config=Config(
+        (("spatial_order", ("oh", "ko")), ("tag", "record"))).to_json())
+    alts = rf.row_alternatives(part, chosen, [record], layouts, 2, lambda s, c: False, twin)
+    assert asked == ["k1"] and alts[0][1].config["tag"] == "record"
+    assert alts[2][0] is chosen[2] and alts[2][1].config["tag"] == "twin"
+    assert (alts[2][1].in_layout, alts[2][1].out_layout, alts[2][1].seconds) == \
+        ("NCHW16c", "NCHW16c", 2.0)
+    assert rf.row_alternatives(part, chosen, [], layouts, 2, lambda s, c: False,
+                               lambda step, cfg: None) == {}
+
+
+def test_the_two_agreements_report_as_one():
+    by_record = rf.Agreed(steps=3, kept=2, speedup=1.05, seconds=2.0, recalled=True)
+    reordered = rf.Agreed(steps=4, kept=1, speedup=1.02, seconds=3.0)
+    both = by_record.joined(reordered)
+    assert (both.steps, both.kept, both.reordered, both.reordered_kept) == (3, 2, 4, 1)
+    assert both.speedup == pytest.approx(1.05 * 1.02) and both.seconds == 5.0
+    assert not both.recalled  # an agreement with nothing to weigh recalls nothing
+    assert by_record.joined(rf.Agreed(recalled=False)).recalled
+    assert "3 steps could split rows first by a record, 4 by their own kernel reordered, " \
+        "2 and 1 now do (end to end 1.071x" in both.describe()
+    none_kept = rf.Agreed(steps=3).joined(rf.Agreed(steps=4))
+    assert none_kept.speedup is None and "the plan's splits kept" in none_kept.describe()
+    assert by_record.joined(rf.Agreed()).speedup == 1.05
+    assert "every kernel already splits rows" in rf.Agreed().joined(rf.Agreed()).describe()
+
+
 # ------------------------------------------------- the ILP's plan against one layout's
 
 class PlanNet:

@@ -777,3 +777,57 @@ def test_a_conv_of_no_padding_reads_its_input_inside_a_border(in_layout):
     direct = space._tag("direct", dict(space.parts)["direct"].sample(random.Random(0)))
     with pytest.raises(LoweringError, match="cannot read its input inside a border"):
         lower(padded.compute, Config(tuple(sorted(direct.knobs + (("in_pad", (2, 2)),)))))
+
+
+def test_the_rows_first_twin_reorders_the_split_and_keeps_every_bit():
+    """schedules.rows_first_twin: a direct conv's or window's kernel whose threads split
+    channel blocks or columns first gets its rows split first, the other loops in their
+    order, the same layouts and bit for bit the same output; a kernel already splitting
+    rows, a dense, a Winograd conv, or rows too few for the threads get none."""
+    from raytune_kernels.cpu.schedules import rows_first_twin
+    from raytune_kernels.layout.costs import layouts_of
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 32, 3, padding=1, groups=32),
+                                torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                                torch.nn.Linear(32 * 16, 10))
+    tasks = rk.extract_tasks(model.eval(), (torch.randn(1, 16, 8, 8),))
+    rng = random.Random(0)
+    for task in (t for t in tasks if t.compute.op != "dense"):
+        space = space_for(task.compute, cpu_info())
+        part = dict(space.parts)["direct"] if hasattr(space, "parts") else space
+        tag = (lambda c: space._tag("direct", c)) if hasattr(space, "parts") else (lambda c: c)
+        rows = task.compute.output.shape[2]  # at least two row tiles to split
+        cfgs = [tag(c) for c in (part.sample(rng) for _ in range(300))
+                if c["spatial_order"][0] == "ko" and 2 * c["tile_h"] <= rows][:3]
+        assert cfgs, task.compute.describe()
+        ops = operands(task.compute, 0)
+        for cfg in cfgs:
+            twin = rows_first_twin(task.compute, cfg, threads=2)
+            order = cfg["spatial_order"]
+            assert twin["spatial_order"] == ("oh", *(a for a in order if a != "oh"))
+            assert {k: v for k, v in twin.knobs if k != "spatial_order"} == \
+                {k: v for k, v in cfg.knobs if k != "spatial_order"}
+            assert layouts_of(task, twin) == layouts_of(task, cfg)
+            assert rows_first_twin(task.compute, twin, threads=2) is None
+            assert torch.equal(run_candidate(task.compute, cfg, ops, threads=2),
+                               run_candidate(task.compute, twin, ops, threads=2)), twin
+    dense = tasks[-1].compute
+    assert rows_first_twin(dense, space_for(dense, cpu_info()).sample(rng), 2) is None
+    winograd = Config((("algorithm", "winograd"), ("spatial_order", ("ko", "oh", "ow"))))
+    assert rows_first_twin(tasks[0].compute, winograd, 2) is None
+    # the conv's 8 rows in one tile drop out of the loops: nothing to split first; in two
+    # tiles they split between two threads, not four
+    conv = tasks[0].compute
+    space = space_for(conv, cpu_info())
+    part = dict(space.parts)["direct"] if hasattr(space, "parts") else space
+    cfg = next(c for c in (part.sample(rng) for _ in range(300)) if c["spatial_order"][0] == "ko")
+
+    def with_rows(tile_h: int) -> Config:
+        knobs = {**dict(cfg.knobs), "tile_h": tile_h, "tile_w": 1, "parallel": 1,
+                 "spatial_order": ("ko", "oh", "ow")}
+        c = Config(tuple(sorted(knobs.items())))
+        return space._tag("direct", c) if hasattr(space, "parts") else c
+    assert rows_first_twin(conv, with_rows(8), threads=2) is None
+    assert rows_first_twin(conv, with_rows(4), threads=2) is not None
+    assert rows_first_twin(conv, with_rows(4), threads=4) is None
