@@ -409,6 +409,21 @@ def boundary_row(run: Run) -> dict[str, str]:
             "file": run.path}
 
 
+def agree_row(run: Run) -> dict[str, str]:
+    d = run.data
+    each = functools.partial(per_model, d)
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": models_command("bench/agree.py", d),
+            "reordered -> records (ms)": each(lambda v: f"{v['reordered_ms']:.3f} -> "
+                                                        f"{v['records_ms']:.3f}"),
+            "records / reordered": each(lambda v: spread(v["records_over_reordered"])),
+            "kept: by records, reordered (of)": each(
+                lambda v: f"{v['agreed_reordered']['kept']}, "
+                          f"{v['agreed_reordered']['reordered_kept']} "
+                          f"({v['agreed_reordered']['reordered']})"),
+            "file": run.path}
+
+
 def records_ab_row(run: Run) -> dict[str, str]:
     d = run.data
 
@@ -562,6 +577,13 @@ SHAPES = (
           "outside the native run, and copied over handed as the median (range) of "
           "per-round ratios.",
           lambda d: d.get("bench") == "boundary", boundary_row),
+    Shape("The split agreement's reordered kernels (bench/agree.py)",
+          "a model's records compiled as compile_network does (reordered: after records "
+          "that split rows, the plan's own kernels reordered to split rows first are "
+          "weighed) and with that second pass offered nothing (records), timed "
+          "interleaved: medians, records over reordered end to end as the median (range) "
+          "of per-round ratios, and the steps each pass kept.",
+          lambda d: d.get("bench") == "agree", agree_row),
     Shape("Runner dispatch (bench/dispatch.py)",
           "what a native step pays to open and join its OpenMP parallel region inside the "
           "runner (kernels that do nothing else), median over repeats.",
