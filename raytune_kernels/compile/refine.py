@@ -35,13 +35,13 @@ kernels at once instead of weighing them again, so two compiles of one model agr
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import math
 import pathlib
 import time
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
