@@ -933,3 +933,12 @@ def test_boundary_bench_times_a_handed_input_against_a_copied_one(tmp_path):
     assert r["input_bytes"] == 3 * 16 * 16 * 4 and r["copied_over_handed"]["rounds"] == 6
     assert r["handed_ms"] > 0 and r["copied_ms"] > 0
     assert 0 < r["handed_outside_us"] < r["handed_ms"] * 1e3
+
+
+def test_agree_bench_refuses_one_thread_and_one_records_file_for_two_models():
+    """bench/agree.py weighs how threads split rows: at one thread there is nothing to
+    compare; one --records file cannot serve two models. Both one line, before any work."""
+    one = _run("bench/agree.py", "resnet18", "--threads", "1")
+    assert one.returncode != 0 and "one thread splits nothing" in one.stderr
+    two = _run("bench/agree.py", "resnet18", "mobilenet_v2", "--records", "r.jsonl")
+    assert two.returncode != 0 and "--records names one model's records" in two.stderr
