@@ -424,6 +424,30 @@ def agree_row(run: Run) -> dict[str, str]:
             "file": run.path}
 
 
+def layers_row(run: Run) -> dict[str, str]:
+    d = run.data
+    each = functools.partial(per_model, d)
+    engines = [e for e in ("onnxruntime", "openvino")
+               if any(f"{e}_us" in v["sums"] for v in d["models"].values())]
+
+    def behind(v: dict) -> str:
+        worst = max(v["steps"], key=lambda r: r["behind_us"])
+        kernels = [r for r in v["steps"] if r["kind"] == "kernel"]
+        count = sum(1 for r in kernels if r["behind_us"] > 0)
+        return (f"{count} of {len(kernels)}" + (f", most {worst['step']} "
+                                                 f"{worst['behind_us']:.0f} us" if count else ""))
+    row = {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+           "command": models_command("bench/layers.py", d),
+           "ours: steps' sum (ms)": each(lambda v: f"{v['sums']['ours_us'] / 1e3:.3f}")}
+    for e in engines:
+        row[f"{e}: nodes' sum (ms)"] = each(
+            lambda v, e=e: f"{v['sums'][f'{e}_us'] / 1e3:.3f}" if f"{e}_us" in v["sums"]
+            else "-")
+    row["kernels behind an engine"] = each(behind)
+    row["file"] = run.path
+    return row
+
+
 def records_ab_row(run: Run) -> dict[str, str]:
     d = run.data
 
@@ -584,6 +608,15 @@ SHAPES = (
           "interleaved: medians, records over reordered end to end as the median (range) "
           "of per-round ratios, and the steps each pass kept.",
           lambda d: d.get("bench") == "agree", agree_row),
+    Shape("Layer by layer against the engines (bench/layers.py)",
+          "a model's records compiled as compile_network does, and the same model in ONNX "
+          "Runtime (its profiler) and OpenVINO (PERF_COUNT), taking turns: our steps "
+          "clocked inside the running network and the engines' nodes, each node attached "
+          "to our step of its layer (a fused activation or add with its conv): the sums "
+          "(medians of per-round sums; profilers add to every node), and how many of our "
+          "kernels ran slower than the faster engine's nodes of the same layer, with the "
+          "one furthest behind.",
+          lambda d: d.get("bench") == "layers", layers_row),
     Shape("Runner dispatch (bench/dispatch.py)",
           "what a native step pays to open and join its OpenMP parallel region inside the "
           "runner (kernels that do nothing else), median over repeats.",

@@ -2,6 +2,7 @@
 GPU a one-line error and exit status 2 before any work (run here as subprocesses, as a
 user would); on a machine with a GPU, each bench end to end at a small budget."""
 import collections
+import functools
 import importlib.util
 import json
 import math
@@ -942,3 +943,73 @@ def test_agree_bench_refuses_one_thread_and_one_records_file_for_two_models():
     assert one.returncode != 0 and "one thread splits nothing" in one.stderr
     two = _run("bench/agree.py", "resnet18", "mobilenet_v2", "--records", "r.jsonl")
     assert two.returncode != 0 and "--records names one model's records" in two.stderr
+
+
+def test_layers_bench_names_each_engine_node_by_the_module_it_came_from():
+    """bench/layers.py reads the exporter's scopes: a child of a Sequential is named from
+    its Sequential's parent (conv.0.0 under features.1.conv), a block's children from the
+    block; op names, numbers and layout reorders name no module."""
+    layers = _bench("layers")
+    modules = {"layer2", "layer2.0", "layer2.0.conv1", "layer2.0.downsample",
+               "layer2.0.downsample.0", "features", "features.1", "features.1.conv",
+               "features.1.conv.0", "features.1.conv.0.0", "fc"}
+    of = functools.partial(layers.module_of, modules=modules)
+    assert of("/model/layer2/layer2.0/conv1/Conv/WithoutBiases") == "layer2.0.conv1"
+    assert of("/model/layer2/layer2.0/downsample/downsample.0/Conv_output_0_nchwc") == \
+        "layer2.0.downsample.0"
+    assert of("/model/features/features.1/conv/conv.0/conv.0.0/Conv") == "features.1.conv.0.0"
+    assert of("/model/layer2/layer2.0/relu/Relu_output_0_nchwc") == "layer2.0"
+    assert of("/model/fc/Gemm") == "fc"
+    assert of("191") is None and of("ReorderOutput") is None and of("/model/Flatten") is None
+
+
+def test_layers_bench_attaches_fused_and_unnamed_nodes_to_our_steps():
+    """A node of a step's layer goes to it; a conv named after its fused activation to the
+    next kernel step no node claimed; an add or reorder to the node before it; a node
+    before any step is unattributed."""
+    layers = _bench("layers")
+    steps = [(), ("conv1",), ("layer1.0.conv1",), ("layer1.0.conv2",), (), ("fc",)]
+    kernels = [False, True, True, True, False, True]
+    nodes = [("input0_abcd_acdb", "Reorder", 1.0),        # before any step
+             ("/model/relu/Relu_output_0", "FusedConv", 2.0),   # conv1 + relu
+             ("/model/layer1/layer1.0/relu/Relu", "Conv", 4.0),  # layer1.0.conv1 + relu
+             ("/model/layer1/layer1.0/conv2/Conv", "Conv", 8.0),
+             ("/model/layer1/layer1.0/Add", "Add", 16.0),      # with conv2
+             ("191", "FullyConnected", 32.0)]                # the one kernel left: fc
+    per, lost, names = layers.attach(nodes, steps, kernels)
+    assert per == [0.0, 2.0, 4.0, 24.0, 0.0, 32.0]
+    assert lost == 1.0 and names == ["input0_abcd_acdb"]
+
+
+def test_layers_bench_profiles_the_engines_beside_our_steps(tmp_path):
+    """bench/layers.py on a small untuned CNN with the engines of the `compare` extra: every
+    kernel step gets each engine's nodes, the sums and per-round ratios are reported; an
+    engine not installed is named missing."""
+    model_file = tmp_path / "cnn.py"
+    model_file.write_text(
+        "import torch\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),\n"
+        "                            torch.nn.Conv2d(16, 16, 1)).eval()\n"
+        "    return m, (torch.randn(1, 3, 16, 16),)\n")
+    proc = _run("bench/layers.py", f"{model_file}:make", "--threads", "1", "--rounds", "2",
+                "--records", "none", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    (r,) = out["models"].values()
+    assert out["bench"] == "layers" and r["sums"]["ours_us"] > 0
+    kernels = [row for row in r["steps"] if row["kind"] == "kernel"]
+    assert kernels and all(row["ours_us"] > 0 for row in kernels)
+    for name in ("onnxruntime", "openvino"):
+        if importlib.util.find_spec(name) is None or importlib.util.find_spec("onnx") is None:
+            assert name in r["missing"]
+            continue
+        assert r["sums"][f"{name}_us"] > 0 and r["versions"][name]
+        assert all(row[f"{name}_us"] > 0 and row[f"{name}_over_ours"]["median"] > 0
+                   for row in kernels)
+
+
+def test_layers_bench_refuses_an_unknown_engine_before_any_work():
+    proc = _run("bench/layers.py", "resnet18", "--engines", "tensorrt")
+    assert proc.returncode != 0 and "--engines 'tensorrt'" in proc.stderr
