@@ -396,6 +396,20 @@ def nhwc_reads_row(run: Run) -> dict[str, str]:
             "file": run.path}
 
 
+def twins_row(run: Run) -> dict[str, str]:
+    d = run.data
+    each = functools.partial(per_model, d)
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": models_command("bench/transforms.py", d, "--compare", "twins"),
+            "transforms, records -> twins": each(
+                lambda v: f"{v['transforms_records']} -> {v['transforms_twins']}"),
+            "steps, records -> twins (ms)": each(
+                lambda v: f"{v['steps_records_us'] / 1e3:.3f} -> "
+                          f"{v['steps_twins_us'] / 1e3:.3f}"),
+            "end to end records / twins": each(lambda v: spread(v["records_over_twins"])),
+            "file": run.path}
+
+
 def boundary_row(run: Run) -> dict[str, str]:
     d = run.data
     each = functools.partial(per_model, d)
@@ -594,6 +608,16 @@ SHAPES = (
           "apart for each plan (runs before that was switched off).",
           lambda d: d.get("bench") == "transforms" and d.get("compare") == "nhwc",
           nhwc_reads_row),
+    Shape("Convs offered to the layout plan reading NHWC (bench/transforms.py --compare "
+          "twins)",
+          "a model's records compiled as compile_network does (twins: each conv record that "
+          "reads channel blocks also offered to the layout plan reading NHWC values as they "
+          "lie, weighed end to end against the plan without) and with the records alone, "
+          "both refined in full, timed interleaved: the transforms each plan kept, all "
+          "steps' sums clocked inside the running network (medians of per-round sums), and "
+          "records over twins end to end as the median (range) of per-round ratios.",
+          lambda d: d.get("bench") == "transforms" and d.get("compare") == "twins",
+          twins_row),
     Shape("A network's input handed to its kernels (bench/boundary.py)",
           "one compiled network per model called with its input read where the caller's "
           "tensor lies (handed: as it comes) and copied into the network's own buffer "

@@ -1,13 +1,18 @@
 """A compiled network's layout transforms, two ways, timed inside both running networks.
 
     python bench/transforms.py resnet18 mobilenet_v2 --threads 2 [--rounds 15] [--records F]
-                               [--compare rows|nhwc]
+                               [--compare rows|nhwc|twins]
 
 --compare rows (the default): how the transforms split their work between threads. "rule"
 is compile_network as it comes (each parallel transform taking bands of rows unless its
 producer and reader split channel blocks: compile/cpu_plan.py's copies_by_rows);
 "channels" compiles the same records with copies_by_rows answering no everywhere. Both
 have the same steps; only the transforms' loops differ.
+
+--compare twins: the layout plan offered each conv's records that read channel blocks as
+reading NHWC values as they lie (compile/cpu_network.nhwc_twins; "twins", compile_network
+as it comes) or only the records (configs whose block spans every channel read NHWC):
+both compiled and refined in full, the ILP's and the weighings' choices their own.
 
 --compare nhwc: the copies that bring an NHWC value into a conv's channel blocks.
 "nhwc" compiles the records with compile/cpu_plan.nhwc_reads's plan kept whatever its
@@ -49,7 +54,8 @@ CALLS = 15  # end-to-end calls a round, each network; its median is the round's 
 RUNS = 10  # clocked runs a round, each network
 
 
-SIDES = {"rows": ("rule", "channels"), "nhwc": ("nhwc", "copies")}
+SIDES = {"rows": ("rule", "channels"), "nhwc": ("nhwc", "copies"),
+         "twins": ("twins", "records")}
 
 
 def compile_both(model, inputs, path: str, threads: int, compare: str = "rows") -> dict:
@@ -62,9 +68,14 @@ def compile_both(model, inputs, path: str, threads: int, compare: str = "rows") 
             nets = {first: compile_network(model, inputs, path, threads=threads)}
             with mock.patch.object(cpu_plan, "copies_by_rows", lambda producer, reader: False):
                 nets[second] = compile_network(model, inputs, path, threads=threads)
+        elif compare == "twins":
+            nets = {first: compile_network(model, inputs, path, threads=threads)}
+            with mock.patch.object(cpu_network, "nhwc_twins", lambda task, cands: []):
+                nets[second] = compile_network(model, inputs, path, threads=threads)
         else:
-            def kept(part, chosen, *args):
-                fused = cpu_plan.nhwc_reads(part, chosen)
+            def kept(part, chosen, *args):  # args: ..., threads, the plan with nhwc_twins
+                twins = args[4] if len(args) > 4 else None
+                fused = cpu_plan.nhwc_reads(part, chosen if twins is None else twins)
                 return fused, refine.NhwcReads(steps=len(refine.differences(chosen, fused)),
                                                kept=True)
             unrefined = (mock.patch.object(cpu_network, "_refine",
@@ -126,6 +137,8 @@ def one_model(name: str, cpu: str, threads: int, rounds: int, records: str | Non
         out["each_transform"] = {k: [{"step": nets[k].steps[i].name, "us": us(per[k][:, i])}
                                      for i in moved[k]] for k in (a, b)}
         out["nhwc_steps"] = nets[a].nhwc_reads.steps
+        if compare == "twins":
+            out["nhwc_kept"] = {k: nets[k].nhwc_reads.kept for k in (a, b)}
     return out
 
 
@@ -156,7 +169,7 @@ def main() -> None:
     print(json.dumps({"bench": "transforms", "compare": args.compare, "cpu": cpu,
                       "threads": args.threads, "rounds": args.rounds, "models": out,
                       # each side's refine and split agreement: nhwc skips both
-                      "refined": args.compare == "rows", "torch": torch.__version__}))
+                      "refined": args.compare != "nhwc", "torch": torch.__version__}))
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ from raytune_kernels.cpu.runner import Runner, cycles_per_second, make_runner
 from raytune_kernels.cpu.estimate import cycles
 from raytune_kernels.cpu.machine import CpuInfo, cpu_info
 from raytune_kernels.cpu.measure import cold_copies
-from raytune_kernels.cpu.schedules import (lower, no_kernel_reason, prefetch_twin,
-                                           rows_first_twin, space_for, writes_bordered)
+from raytune_kernels.cpu.schedules import (lower, nhwc_reader, no_kernel_reason,
+                                           prefetch_twin, rows_first_twin, space_for,
+                                           writes_bordered)
 from raytune_kernels.cpu.transform import Layout
 from raytune_kernels.errors import CompileError
 from raytune_kernels.frontend.capture import capture
@@ -63,6 +64,7 @@ from raytune_kernels.measure import MeasureOptions, random_operands
 from raytune_kernels.frontend.partition import (GlueStep, Partition, TaskStep, partition,
                                                  run_glue, run_steps)
 from raytune_kernels.space import Config, completed, describe_tuned_before, tuned_before_knobs
+from raytune_kernels.task import Task
 from raytune_kernels.tune.records import Record, best_per_task
 from raytune_kernels.frontend.reference import reference
 from raytune_kernels.target import Target, parse_target
@@ -561,8 +563,10 @@ def compile_network_cpu(model: torch.nn.Module,
         # (its node costs are estimates too): a first compile times no transform
         bordering = functools.partial(_writes_bordered, part)
         priced_at = None if recs else cpu.machine.ghz
+        # the plan nhwc_reads weighs may read NHWC where a copy stood: its transforms too
+        twinned = _with_twins(part, cands) if refine > 1 and recs else cands
         if priced_at is None:
-            measure_transforms(transforms_asked(lambda cost: step_problem(part, cands, cost,
+            measure_transforms(transforms_asked(lambda cost: step_problem(part, twinned, cost,
                                                                           bordering)), opts)
         verdicts: dict = {}
         # from records, the ILP's plan is weighed as it runs against the one-layout plan
@@ -611,7 +615,13 @@ def compile_network_cpu(model: torch.nn.Module,
                                              inputs, threads)
             if weighed.kept:  # the networks assembled from here on carry this plan
                 plan = one_layout[0]
-        chosen, nhwc = _nhwc_reads(part, chosen, assemble, prebuild, inputs, threads)
+        twins = None  # the ILP's plan where convs may read NHWC in channel blocks
+        if twinned is not cands and not (weighed is not None and weighed.kept):
+            twin_plan, twins = choose(part, twinned, layout, lambda shape, a, b: transform_cost(
+                shape, a, b, opts, priced_at), time_limit_s, solver, bordering)
+        chosen, nhwc = _nhwc_reads(part, chosen, assemble, prebuild, inputs, threads, twins)
+        if nhwc.kept and twins is not None:
+            plan = twin_plan
         chosen, refined, net = _refine(part, chosen, recs, assemble, prebuild, inputs,
                                        threads, refine)
         chosen, agreed, net = _agree(part, chosen, recs, assemble, prebuild, inputs,
@@ -676,12 +686,14 @@ def _weigh_layouts(part: Partition, chosen: list[Candidate], other: list[Candida
 
 
 def _nhwc_reads(part: Partition, chosen: list[Candidate], assemble, prebuild, inputs,
-                threads: int):
+                threads: int, twins: list[Candidate] | None = None):
     """compile/cpu_plan.nhwc_reads's plan, where it runs faster end to end than the plan
-    with the copies (refine.weigh_plans)."""
+    with the copies (refine.weigh_plans). `twins`: the layout ILP's plan where convs
+    could also read NHWC values in channel blocks (nhwc_twins), which nhwc_reads then
+    completes, in place of `chosen`'s."""
     from raytune_kernels.compile import refine as rf
 
-    fused = nhwc_reads(part, chosen)
+    fused = nhwc_reads(part, chosen if twins is None else twins)
     xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
     key = rf.decision_key(part, chosen, rf.differences(chosen, fused), threads,
                           kind="nhwc_reads")
@@ -695,8 +707,9 @@ def _refine(part: Partition, chosen: list[Candidate], recs: list[Record], assemb
     network runs, among the best `most` records of its layouts."""
     from raytune_kernels.compile import refine as rf
 
-    alts = rf.alternatives(part, chosen, recs, layouts_of, threads, most,
-                           functools.partial(_writes_bordered, part), prefetch_twin)
+    alts = rf.alternatives(part, chosen, _read_as_chosen(part, chosen, recs), layouts_of,
+                           threads, most, functools.partial(_writes_bordered, part),
+                           prefetch_twin)
     xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
     return rf.refine(part, chosen, alts, assemble, xs,
                      rf.variant_count(alts, most, _weight_bytes(part)), prebuild,
@@ -716,7 +729,8 @@ def _agree(part: Partition, chosen: list[Candidate], recs: list[Record], assembl
     xs = random_inputs([tuple(x.shape) for x in inputs], inputs)
     bordered = functools.partial(_writes_bordered, part)
     networks = rf.MEMORY_BYTES // max(_weight_bytes(part), 1)
-    rows = rf.row_alternatives(part, chosen, recs, layouts_of, threads, bordered)
+    rows = rf.row_alternatives(part, chosen, _read_as_chosen(part, chosen, recs), layouts_of,
+                               threads, bordered)
     chosen, agreed, net = rf.agree(
         part, chosen, rows, assemble, xs, prebuild, net=net, networks=networks,
         key=rf.decision_key(part, chosen, rows, threads, kind="agree"))
@@ -728,6 +742,24 @@ def _agree(part: Partition, chosen: list[Candidate], recs: list[Record], assembl
         part, chosen, twins, assemble, xs, prebuild, net=net, networks=networks,
         key=rf.decision_key(part, chosen, twins, threads, kind="agree_reordered"))
     return chosen, agreed.joined(reordered), net
+
+
+def _read_as_chosen(part: Partition, chosen: list[Candidate], recs: list[Record]
+                    ) -> list[Record]:
+    """`recs`, and for each step whose kernel reads NHWC in channel blocks (nhwc_twins,
+    nhwc_reads) its task's records turned to read so too, timed as they were: refine and
+    the split agreement weigh such a step among those as among any records of its
+    layouts."""
+    turned = {step.key for step, cand in zip(part.steps, chosen)
+              if isinstance(step, TaskStep) and cand.config not in (None, TORCH)
+              and cand.config.get("in_layout") == "nhwc"}
+    extra = []
+    for r in recs:
+        if r.task_key in turned and r.ok:
+            twin = nhwc_reader(part.task(r.task_key).compute, Config.from_json(r.config))
+            if twin is not None:
+                extra.append(dataclasses.replace(r, config=twin.to_json()))
+    return list(recs) + extra if extra else recs
 
 
 def _weight_bytes(part: Partition) -> int:
@@ -827,6 +859,39 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
                       "the analytic estimate's best config, untuned (tune them for speed): "
                       + "; ".join(list(untuned.values())[:6])
                       + ("; ..." if len(untuned) > 6 else ""), stacklevel=3)
+    return out
+
+
+def _with_twins(part: Partition, cands: list[list[Candidate]]) -> list[list[Candidate]]:
+    """`cands` with each step's nhwc_twins added (the same list where no step has any)."""
+    out, added = [], False
+    for step, cs in zip(part.steps, cands):
+        twins = [] if not isinstance(step, TaskStep) else [
+            c for c in nhwc_twins(part.task(step.key), [c for c in cs if c.config not in
+                                                         (None, TORCH)])
+            if _bindable(part, step, c)]
+        out.append(cs + twins)
+        added = added or bool(twins)
+    return out if added else cands
+
+
+def nhwc_twins(task: Task, cands: list[Candidate]) -> list[Candidate]:
+    """Each candidate reading its input in channel blocks, turned to read it NHWC as it
+    lies (schedules.nhwc_reader: the same loops and sums, a block at a time), priced as
+    its record timed the original; where no candidate that reads NHWC and writes the
+    same layout is as fast. A conv's records hold few configs that read NHWC (those
+    whose block spans every channel), and the layout plan otherwise weighs the copy into
+    blocks against the best of those alone."""
+    out: list[Candidate] = []
+    for cand in sorted(cands, key=lambda c: c.seconds):
+        twin = nhwc_reader(task.compute, cand.config)
+        if twin is None:
+            continue
+        into, written = layouts_of(task, twin)
+        if any(c.in_layout == into and c.out_layout == written and c.seconds <= cand.seconds
+               for c in cands + out):
+            continue
+        out.append(Candidate(into, written, cand.seconds, twin))
     return out
 
 

@@ -429,7 +429,8 @@ class NhwcReads(Weighed):
     def describe(self) -> str:
         if not self.steps:
             return "NHWC reads: no conv reads an NHWC value through a copy"
-        head = f"NHWC reads: {self.steps} conv(s) can read their NHWC input without a copy"
+        head = (f"NHWC reads: {self.steps} step(s) change so that convs read NHWC values "
+                "without a copy")
         if self.speedup is None:
             return f"{head}, but not all of those kernels build: the copies kept, {self.when()}"
         kept = "they do" if self.kept else "the copies kept"

@@ -779,6 +779,70 @@ def test_a_conv_after_an_nhwc_producer_reads_it_as_it_is(blocks):
     assert nhwc_reads(part, same) == same
 
 
+def _native_nhwc(task, out_layout: str, seed: int = 2) -> Config:
+    """A direct config of the task whose block spans every channel: it reads NHWC as is."""
+    space, rng = space_for(task.compute, cpu_info()), random.Random(seed)
+    return next(c for c in (space.sample(rng) for _ in range(5000))
+                if c.get("algorithm", "direct") == "direct" and
+                layouts_of(task, c) == ("NHWC/p1x1", out_layout))
+
+
+def test_a_conv_reading_blocks_is_offered_reading_nhwc_where_no_record_reads_it_as_fast(
+        blocks):
+    """nhwc_twins: each candidate reading channel blocks gets a twin reading NHWC, priced
+    as its record timed the original, unless a candidate that reads NHWC and writes the
+    same layout is as fast; a candidate already reading NHWC has none."""
+    from raytune_kernels.compile.cpu_network import nhwc_twins
+
+    model, inputs, records = blocks
+    task = rk.extract_tasks(model, inputs)[1]
+    cfg = Config.from_json(records[1].config)
+    blocked = Candidate(*layouts_of(task, cfg), 1e-3, cfg)
+    (twin,) = nhwc_twins(task, [blocked])
+    assert (twin.in_layout, twin.out_layout, twin.seconds) == \
+        ("NHWC/p1x1", blocked.out_layout, 1e-3)
+    assert dict(twin.config.knobs) == {**dict(cfg.knobs), "in_layout": "nhwc"}
+    native = _native_nhwc(task, blocked.out_layout)
+
+    def reading_nhwc(seconds):
+        return Candidate(*layouts_of(task, native), seconds, native)
+    assert nhwc_twins(task, [blocked, reading_nhwc(1e-3)]) == []
+    assert nhwc_twins(task, [blocked, reading_nhwc(2e-3)]) == [twin]
+    assert nhwc_twins(task, [reading_nhwc(2e-3)]) == []
+
+
+@pytest.fixture(scope="module")
+def slow_nhwc(blocks):
+    """blocks' records and one more of the second conv, reading NHWC as it is, timed just
+    slower than its record reading blocks: the layout plan takes it over the copy."""
+    model, inputs, records = blocks
+    task = rk.extract_tasks(model, inputs)[1]
+    cfg = _native_nhwc(task, layouts_of(task, Config.from_json(records[1].config))[1])
+    built = build_for(task.compute, cfg)
+    timed = measure_built(task.compute, cfg, built.library,
+                          MeasureOptions(threads=1, min_repeat_ms=1, repeats=3), built.seconds)
+    timed = dataclasses.replace(timed, times=tuple(1.05 * t for t in records[1].times))
+    return model, inputs, records + [record_of(task.key, "llvm", cpu_info().name,
+                                               cfg.to_json(), timed, 1)]
+
+
+@pytest.mark.parametrize("speedup", [1.5, 0.9])
+def test_a_compile_weighs_a_conv_reading_nhwc_in_blocks_against_its_slower_record(
+        slow_nhwc, monkeypatch, tmp_path, speedup):
+    """Where the plan's conv reads NHWC with a kernel slower than a record that reads
+    blocks, no copy is left for nhwc_reads to drop: the layout plan, offered that record
+    reading NHWC (nhwc_twins), is weighed against it end to end, and the faster runs."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    model, inputs, records = slow_nhwc
+    monkeypatch.setattr(rf, "_confirm", lambda a, b, xs, budget_s: speedup)
+    net = compile_network(model, inputs, records, refine=2)  # checked against the model
+    assert net.nhwc_reads.steps == 1 and net.nhwc_reads.kept == (speedup > 1)
+    assert sum(s.kind == "transform" for s in net.steps) == 2  # the input's and output's
+    x = torch.randn(1, 8, 10, 12)
+    with torch.no_grad():
+        assert torch.allclose(net(x), model(x), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("speedup", [1.5, 0.9])
 def test_a_compile_drops_the_copy_where_the_network_runs_faster_without_it(
         blocks, monkeypatch, tmp_path, speedup):
