@@ -186,15 +186,12 @@ class OvProfile:
 
 def engines(model, inputs, threads: int, workdir: str, wanted=ENGINES) -> tuple[dict, dict]:
     """The profiled engines that build here, and why the others do not."""
-    from network import _Flat
+    from network import export_onnx
 
     path = os.path.join(workdir, "model.onnx")
-    names = [f"input{i}" for i in range(len(inputs))]
     feeds = [x.numpy() for x in inputs]
     try:
-        with torch.no_grad():
-            torch.onnx.export(_Flat(model), tuple(inputs), path, input_names=names,
-                              opset_version=17, dynamo=False)
+        names = export_onnx(model, inputs, path)
     except Exception as exc:
         why = f"ONNX export failed: {type(exc).__name__}: {exc}"[:300]
         print(f"no engine here: {why}", file=sys.stderr)

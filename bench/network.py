@@ -204,6 +204,16 @@ class _Flat(torch.nn.Module):
         return tuple(pytree.tree_flatten(self.model(*inputs))[0])
 
 
+def export_onnx(model, inputs, path: str) -> list[str]:
+    """`model` at `inputs` to ONNX at `path` (the TorchScript exporter, opset 17, outputs
+    flattened: _Flat); the graph's input names."""
+    names = [f"input{i}" for i in range(len(inputs))]
+    with torch.no_grad():
+        torch.onnx.export(_Flat(model), tuple(inputs), path, input_names=names,
+                          opset_version=17, dynamo=False)
+    return names
+
+
 def engine_variants(model, inputs, threads: int, workdir: str, bf16_atol: float | None = None
                     ) -> tuple[dict, dict, dict]:
     """What a user would pick instead on a CPU, from the model exported to ONNX once:
@@ -218,12 +228,10 @@ def engine_variants(model, inputs, threads: int, workdir: str, bf16_atol: float 
 
     fns, versions, missing = {}, {}, {}
     path = os.path.join(workdir, "model.onnx")
-    names = [f"input{i}" for i in range(len(inputs))]
     feeds = [x.numpy() for x in inputs]
     try:
+        names = export_onnx(model, inputs, path)
         with torch.no_grad():
-            torch.onnx.export(_Flat(model), tuple(inputs), path, input_names=names,
-                              opset_version=17, dynamo=False)
             want = model(*inputs)
     except Exception as exc:
         why = f"ONNX export failed: {type(exc).__name__}: {exc}"[:300]

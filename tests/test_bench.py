@@ -914,9 +914,9 @@ def test_the_transforms_bench_names_missing_records_and_wants_threads(tmp_path):
     assert done.returncode != 0 and "at 1 thread no transform runs in parallel" in done.stderr
 
 
-def test_boundary_bench_times_a_handed_input_against_a_copied_one(tmp_path):
-    """bench/boundary.py on a small untuned CNN: both ways timed every round, the input
-    handed to the kernels, the time outside the native run reported for each."""
+def _small_cnn(tmp_path):
+    """A file defining make(): a small CNN and its input, as the benches take a model
+    (path/to/file.py:make)."""
     model_file = tmp_path / "cnn.py"
     model_file.write_text(
         "import torch\n"
@@ -925,6 +925,13 @@ def test_boundary_bench_times_a_handed_input_against_a_copied_one(tmp_path):
         "    m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),\n"
         "                            torch.nn.Conv2d(16, 16, 1)).eval()\n"
         "    return m, (torch.randn(1, 3, 16, 16),)\n")
+    return model_file
+
+
+def test_boundary_bench_times_a_handed_input_against_a_copied_one(tmp_path):
+    """bench/boundary.py on a small untuned CNN: both ways timed every round, the input
+    handed to the kernels, the time outside the native run reported for each."""
+    model_file = _small_cnn(tmp_path)
     proc = _run("bench/boundary.py", f"{model_file}:make", "--threads", "1", "--rounds", "6",
                 "--records", "none", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -985,14 +992,7 @@ def test_layers_bench_profiles_the_engines_beside_our_steps(tmp_path):
     """bench/layers.py on a small untuned CNN with the engines of the `compare` extra: every
     kernel step gets each engine's nodes, the sums and per-round ratios are reported; an
     engine not installed is named missing."""
-    model_file = tmp_path / "cnn.py"
-    model_file.write_text(
-        "import torch\n"
-        "def make():\n"
-        "    torch.manual_seed(0)\n"
-        "    m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),\n"
-        "                            torch.nn.Conv2d(16, 16, 1)).eval()\n"
-        "    return m, (torch.randn(1, 3, 16, 16),)\n")
+    model_file = _small_cnn(tmp_path)
     proc = _run("bench/layers.py", f"{model_file}:make", "--threads", "1", "--rounds", "2",
                 "--records", "none", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
