@@ -86,7 +86,7 @@ def compile_both(model, inputs, path: str, threads: int, compare: str = "rows") 
                 with mock.patch.object(cpu_network, "_nhwc_reads", kept):
                     nets = {first: compile_network(model, inputs, path, threads=threads)}
                 with mock.patch.object(cpu_network, "_nhwc_reads",
-                                       lambda part, chosen, *args: (chosen, None)):
+                                       lambda part, chosen, *args: (chosen, refine.NhwcReads())):
                     nets[second] = compile_network(model, inputs, path, threads=threads)
             if not nets[first].nhwc_reads.steps:
                 raise SystemExit("bench/transforms.py: no conv of this plan reads an NHWC "
