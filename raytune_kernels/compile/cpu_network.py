@@ -564,9 +564,9 @@ def compile_network_cpu(model: torch.nn.Module,
         bordering = functools.partial(_writes_bordered, part)
         priced_at = None if recs else cpu.machine.ghz
         # the plan nhwc_reads weighs may read NHWC where a copy stood: its transforms too
-        twinned = _with_twins(part, cands) if refine > 1 and recs else cands
+        offered = (_with_twins(part, cands) if refine > 1 and recs else None) or cands
         if priced_at is None:
-            measure_transforms(transforms_asked(lambda cost: step_problem(part, twinned, cost,
+            measure_transforms(transforms_asked(lambda cost: step_problem(part, offered, cost,
                                                                           bordering)), opts)
         verdicts: dict = {}
         # from records, the ILP's plan is weighed as it runs against the one-layout plan
@@ -616,7 +616,9 @@ def compile_network_cpu(model: torch.nn.Module,
             if weighed.kept:  # the networks assembled from here on carry this plan
                 plan = one_layout[0]
         twins = None  # the ILP's plan where convs may read NHWC in channel blocks
-        if twinned is not cands and not (weighed is not None and weighed.kept):
+        # an untuned step keeps the kernel its check passed: the others were never checked
+        twinned = _with_twins(part, cands, {i: chosen[i] for i in unchecked})
+        if twinned is not None and not (weighed is not None and weighed.kept):
             twin_plan, twins = choose(part, twinned, layout, lambda shape, a, b: transform_cost(
                 shape, a, b, opts, priced_at), time_limit_s, solver, bordering)
         chosen, nhwc = _nhwc_reads(part, chosen, assemble, prebuild, inputs, threads, twins)
@@ -862,17 +864,22 @@ def _candidates(part: Partition, recs: list[Record], fallback: str | None,
     return out
 
 
-def _with_twins(part: Partition, cands: list[list[Candidate]]) -> list[list[Candidate]]:
-    """`cands` with each step's nhwc_twins added (the same list where no step has any)."""
-    out, added = [], False
-    for step, cs in zip(part.steps, cands):
+def _with_twins(part: Partition, cands: list[list[Candidate]],
+                fixed: dict[int, Candidate] | None = None) -> list[list[Candidate]] | None:
+    """`cands` with each step's nhwc_twins added, the steps of `fixed` held to their one
+    candidate; None where no step has a twin."""
+    out, added, fixed = [], False, fixed or {}
+    for i, (step, cs) in enumerate(zip(part.steps, cands)):
+        if i in fixed:
+            out.append([fixed[i]])
+            continue
         twins = [] if not isinstance(step, TaskStep) else [
             c for c in nhwc_twins(part.task(step.key), [c for c in cs if c.config not in
                                                          (None, TORCH)])
             if _bindable(part, step, c)]
         out.append(cs + twins)
         added = added or bool(twins)
-    return out if added else cands
+    return out if added else None
 
 
 def nhwc_twins(task: Task, cands: list[Candidate]) -> list[Candidate]:
