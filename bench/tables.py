@@ -410,6 +410,25 @@ def twins_row(run: Run) -> dict[str, str]:
             "file": run.path}
 
 
+def timed_twins_row(run: Run) -> dict[str, str]:
+    d = run.data
+    each = functools.partial(per_model, d)
+
+    def ratios(v) -> str:
+        r = v["twins_timed"]
+        return f"{len(r)}: {r[len(r) // 2]:.2f} ({r[0]:.2f}-{r[-1]:.2f})" if r else "0"
+    return {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
+            "command": models_command("bench/transforms.py", d, "--compare", "timed"),
+            "twins timed: their time / the original's": each(ratios),
+            "transforms, priced -> timed": each(
+                lambda v: f"{v['transforms_priced']} -> {v['transforms_timed']}"),
+            "steps, priced -> timed (ms)": each(
+                lambda v: f"{v['steps_priced_us'] / 1e3:.3f} -> "
+                          f"{v['steps_timed_us'] / 1e3:.3f}"),
+            "end to end priced / timed": each(lambda v: spread(v["priced_over_timed"])),
+            "file": run.path}
+
+
 def boundary_row(run: Run) -> dict[str, str]:
     d = run.data
     each = functools.partial(per_model, d)
@@ -618,6 +637,18 @@ SHAPES = (
           "records over twins end to end as the median (range) of per-round ratios.",
           lambda d: d.get("bench") == "transforms" and d.get("compare") == "twins",
           twins_row),
+    Shape("Convs reading NHWC, timed before the layout plan takes them (bench/transforms.py "
+          "--compare timed)",
+          "a model's records compiled as compile_network does (timed: each twin the layout "
+          "plan chose timed beside its original and priced by their ratio, the plan solved "
+          "again until it chose none untimed) and with each twin priced as its original's "
+          "record (priced), both refined in full, timed interleaved: how many twins were "
+          "timed and the median (range) of their time over their original's, the "
+          "transforms each plan kept, all steps' sums clocked inside the running network "
+          "(medians of per-round sums), and priced over timed end to end as the median "
+          "(range) of per-round ratios.",
+          lambda d: d.get("bench") == "transforms" and d.get("compare") == "timed",
+          timed_twins_row),
     Shape("A network's input handed to its kernels (bench/boundary.py)",
           "one compiled network per model called with its input read where the caller's "
           "tensor lies (handed: as it comes) and copied into the network's own buffer "

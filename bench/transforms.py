@@ -1,7 +1,7 @@
 """A compiled network's layout transforms, two ways, timed inside both running networks.
 
     python bench/transforms.py resnet18 mobilenet_v2 --threads 2 [--rounds 15] [--records F]
-                               [--compare rows|nhwc|twins]
+                               [--compare rows|nhwc|twins|timed]
 
 --compare rows (the default): how the transforms split their work between threads. "rule"
 is compile_network as it comes (each parallel transform taking bands of rows unless its
@@ -13,6 +13,12 @@ have the same steps; only the transforms' loops differ.
 reading NHWC values as they lie (compile/cpu_network.nhwc_twins; "twins", compile_network
 as it comes) or only the records (configs whose block spans every channel read NHWC):
 both compiled and refined in full, the ILP's and the weighings' choices their own.
+
+--compare timed: the twins timed before the layout plan takes them (compile/cpu_network.
+_timed_twins: each twin the plan chose timed beside its original, priced by their ratio,
+and the plan solved again; "timed", compile_network as it comes) or priced as their
+originals' records ("priced": one plan, as before the twins were timed). Both refined in
+full; the JSON gives each timed twin's ratio to its original.
 
 --compare nhwc: the copies that bring an NHWC value into a conv's channel blocks.
 "nhwc" compiles the records with compile/cpu_plan.nhwc_reads's plan kept whatever its
@@ -55,7 +61,14 @@ RUNS = 10  # clocked runs a round, each network
 
 
 SIDES = {"rows": ("rule", "channels"), "nhwc": ("nhwc", "copies"),
-         "twins": ("twins", "records")}
+         "twins": ("twins", "records"), "timed": ("timed", "priced")}
+
+
+def priced_twins(part, cands, twinned, plan_of, *args):
+    """compile/cpu_network._timed_twins as it stood before it timed: one plan over the
+    twins, each priced as its original's record."""
+    plan, chosen = plan_of(twinned)
+    return plan, chosen, {}
 
 
 def compile_both(model, inputs, path: str, threads: int, compare: str = "rows") -> dict:
@@ -67,6 +80,10 @@ def compile_both(model, inputs, path: str, threads: int, compare: str = "rows") 
         if compare == "rows":
             nets = {first: compile_network(model, inputs, path, threads=threads)}
             with mock.patch.object(cpu_plan, "copies_by_rows", lambda producer, reader: False):
+                nets[second] = compile_network(model, inputs, path, threads=threads)
+        elif compare == "timed":
+            nets = {first: compile_network(model, inputs, path, threads=threads)}
+            with mock.patch.object(cpu_network, "_timed_twins", priced_twins):
                 nets[second] = compile_network(model, inputs, path, threads=threads)
         elif compare == "twins":
             nets = {first: compile_network(model, inputs, path, threads=threads)}
@@ -137,8 +154,10 @@ def one_model(name: str, cpu: str, threads: int, rounds: int, records: str | Non
         out["each_transform"] = {k: [{"step": nets[k].steps[i].name, "us": us(per[k][:, i])}
                                      for i in moved[k]] for k in (a, b)}
         out["nhwc_steps"] = nets[a].nhwc_reads.steps
-        if compare == "twins":
+        if compare in ("twins", "timed"):
             out["nhwc_kept"] = {k: nets[k].nhwc_reads.kept for k in (a, b)}
+        if compare == "timed":  # each twin's time over its original's, as the compile timed
+            out["twins_timed"] = sorted(round(r, 3) for r in nets[a].twins_timed.values())
     return out
 
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import hashlib
 import itertools
+import json
 import math
 import random
 import time
@@ -286,6 +288,9 @@ class CompiledNetwork(Reporting):
     agreed = None
     weighed = None
     nhwc_reads = None
+    # (task key, config) -> a kernel turned to read NHWC, timed against its original
+    # before the layout plan took it: the ratio of their times (_timed_twins)
+    twins_timed: dict | None = None
     mcpu: str | None = None  # the CPU its kernels were built for (None: the host)
     # the tasks whose kernels and estimates come from records (not the analytic model)
     recorded: frozenset = frozenset()
@@ -608,6 +613,7 @@ def compile_network_cpu(model: torch.nn.Module,
         built.recorded = frozenset(best)
         return built
     weighed, nhwc, refined, agreed, net = None, None, None, None, None
+    twins_timed: dict = {}
     if refine > 1 and recs:  # each may hand back the network of its plan, built and timed
         prebuild = functools.partial(_prebuild, part, kernels, tgt.mcpu)
         if one_layout is not None:
@@ -619,8 +625,11 @@ def compile_network_cpu(model: torch.nn.Module,
         # an untuned step keeps the kernel its check passed: the others were never checked
         twinned = _with_twins(part, cands, {i: chosen[i] for i in unchecked})
         if twinned is not None and not (weighed is not None and weighed.kept):
-            twin_plan, twins = choose(part, twinned, layout, lambda shape, a, b: transform_cost(
-                shape, a, b, opts, priced_at), time_limit_s, solver, bordering)
+            twin_plan, twins, twins_timed = _timed_twins(
+                part, cands, twinned, lambda cs: choose(
+                    part, cs, layout, lambda shape, a, b: transform_cost(
+                        shape, a, b, opts, priced_at), time_limit_s, solver, bordering),
+                opts, tgt.mcpu)
         chosen, nhwc = _nhwc_reads(part, chosen, assemble, prebuild, inputs, threads, twins)
         if nhwc.kept and twins is not None:
             plan = twin_plan
@@ -631,7 +640,7 @@ def compile_network_cpu(model: torch.nn.Module,
     if net is None:
         net = assemble(chosen)
     net.examples, net.mcpu, net.refined, net.agreed = inputs, tgt.mcpu, refined, agreed
-    net.weighed, net.nhwc_reads = weighed, nhwc
+    net.weighed, net.nhwc_reads, net.twins_timed = weighed, nhwc, twins_timed
     if verbose:
         print(f"compiled {len(net.steps)} steps "
               f"({sum(s.kind == 'kernel' for s in net.steps)} kernels, "
@@ -640,6 +649,11 @@ def compile_network_cpu(model: torch.nn.Module,
               f"{plan.cost * 1e3:.3f} ms by {plan.solver} in {plan.seconds:.2f} s")
         if weighed is not None:
             print(weighed.describe())
+        if twins_timed:
+            ratios = sorted(twins_timed.values())
+            print(f"timed {len(ratios)} kernel(s) turned to read NHWC before the plan took "
+                  f"them: {ratios[len(ratios) // 2]:.2f}x their originals' time (median; "
+                  f"{ratios[0]:.2f}-{ratios[-1]:.2f})")
         if nhwc is not None:
             print(nhwc.describe())
         if refined is not None:
@@ -880,6 +894,94 @@ def _with_twins(part: Partition, cands: list[list[Candidate]],
         out.append(cs + twins)
         added = added or bool(twins)
     return out if added else None
+
+
+TWIN_PLANS = 6  # layout plans solved at most while the turned kernels they chose are timed
+
+
+def _timed_twins(part: Partition, cands: list[list[Candidate]],
+                 twinned: list[list[Candidate]], plan_of: Callable, opts: MeasureOptions,
+                 mcpu: str | None, timer: Callable | None = None
+                 ) -> tuple[LayoutPlan, list[Candidate], dict]:
+    """The layout plan over `twinned` (`cands` with nhwc_twins; plan_of(candidates) ->
+    (plan, chosen)) with no twin in it priced by its original's record alone: a twin
+    reads a few channels of each NHWC pixel where its original read a contiguous block,
+    at a cost that depends on the block and the image and is only known timed. Each twin
+    the plan chose is timed beside its original, in a child (probe.time_isolated, or
+    `timer`; the ratio is remembered per machine in compile/refine.py's cache), and
+    priced as that record times the twin's ratio to it (inf where either fails), and the
+    plan solved again, until it chooses no twin untimed; the last of
+    TWIN_PLANS plans is solved without the twins still untimed. Returns the plan, its
+    choice, and (task key, twin config) -> the twin's ratio to its original."""
+    from raytune_kernels.compile import refine as rf
+    from raytune_kernels.cpu.probe import TIME_CHILD, time_isolated
+
+    def twin(c: Candidate, cs: list[Candidate]) -> bool:
+        return not any(c is o for o in cs)
+
+    def offer(step: TaskStep, cs: list[Candidate], c: Candidate, last: bool
+              ) -> Candidate | None:
+        """`c` as a plan is offered it: a twin at its timed price; none where it failed,
+        nor untimed in the last plan."""
+        if not twin(c, cs):
+            return c
+        timed = priced.get((step.key, c.config))
+        if timed is None:
+            return None if last else c
+        return dataclasses.replace(c, seconds=timed[0]) if timed[0] < math.inf else None
+    own = timer is None  # a timing child of ours, started ahead of each round's plan
+    timer = timer or functools.partial(time_isolated, mcpu=mcpu)
+    priced: dict[tuple[str, Config], tuple[float, float]] = {}  # -> (seconds, ratio)
+    child = None
+    try:
+        for round_ in range(TWIN_PLANS):
+            last = round_ == TWIN_PLANS - 1
+            offered = [ts if not isinstance(step, TaskStep) else
+                       [o for c in ts if (o := offer(step, cs, c, last)) is not None]
+                       for step, cs, ts in zip(part.steps, cands, twinned)]
+            plan, chosen = plan_of(offered)
+            todo: dict[tuple[str, Config], Candidate] = {}
+            for step, cs, c in zip(part.steps, cands, chosen):
+                if isinstance(step, TaskStep) and twin(c, cs) and \
+                        (step.key, c.config) not in priced:
+                    compute = part.task(step.key).compute
+                    todo[step.key, c.config] = next(
+                        o for o in cs if o.config not in (None, TORCH)
+                        and nhwc_reader(compute, o.config) == c.config)
+            if not todo:
+                break
+            recalled = {key: rf.recall(_twin_key(key, opts), {}) for key in todo}
+            fresh = [(key, original) for key, original in todo.items() if not recalled[key]]
+            items = [(part.task(key).compute, cfg) for (key, turned), original in fresh
+                     for cfg in (original.config, turned)]
+            seconds = []
+            if items:
+                seconds, child = timer(items, opts, child=child), None
+            for k, (key, original) in enumerate(fresh):
+                alone, turned = seconds[2 * k], seconds[2 * k + 1]
+                ratio = turned / alone if math.isfinite(alone) else math.inf
+                rf.remember(_twin_key(key, opts), [], 0, ratio)
+                recalled[key] = {"speedup": ratio}
+            for key, original in todo.items():
+                ratio = recalled[key]["speedup"]
+                priced[key] = (original.seconds * ratio, ratio)
+            if own and child is None and round_ < TWIN_PLANS - 2:  # imports as a plan solves
+                child = start_child(TIME_CHILD)
+    finally:
+        if child is not None:
+            child.kill()
+            child.communicate()
+    return plan, chosen, {key: ratio for key, (_, ratio) in priced.items()}
+
+
+def _twin_key(key: tuple[str, Config], opts: MeasureOptions) -> str:
+    """Where a twin's ratio to its original is remembered (compile/refine.py's cache): by
+    the machine and code, the task, the twin's config, the threads and the weights' heat."""
+    from raytune_kernels.compile import refine as rf
+
+    text = json.dumps(["nhwc_twin", rf.fingerprint(), opts.threads, opts.cold_weights,
+                       key[0], key[1].to_json()], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def nhwc_twins(task: Task, cands: list[Candidate]) -> list[Candidate]:

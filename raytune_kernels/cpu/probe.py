@@ -11,17 +11,21 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import math
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import warnings
 
 from raytune_kernels.cpu.build import host_cpu, mcpu_problem
+from raytune_kernels.measure import MeasureOptions
 from raytune_kernels.space import Config
 from raytune_kernels.task import Compute, EpilogueOp, TensorSpec
 
@@ -125,7 +129,6 @@ def check_in_child(job: dict, library: bytes, common: dict) -> str | None:
     """One built kernel checked against its reference (run_jobs' child): None, or the
     error kind and message."""
     from raytune_kernels.cpu.measure import measure_built
-    from raytune_kernels.measure import MeasureOptions
 
     opts = MeasureOptions(threads=common["threads"], warmup=0, min_repeat_ms=0, repeats=1)
     r = measure_built(Compute.from_json(job["compute"]), Config.from_json(job["config"]),
@@ -153,34 +156,66 @@ def check_isolated(items: list[tuple[Compute, Config]], mcpu: str | None = None,
     when given): None where it builds and matches, else why not. A kernel that kills the
     child (a segfault, an illegal instruction, a hang) is blamed alone; the rest are
     checked again in a fresh child."""
+    return [error for _, error in _isolated(items, mcpu, CHECK_CHILD, {"threads": threads},
+                                            child)]
+
+
+def time_isolated(items: list[tuple[Compute, Config]], opts: MeasureOptions,
+                  mcpu: str | None = None, child: subprocess.Popen | None = None
+                  ) -> list[float]:
+    """Build each (compute, config), check it against its reference and time it under
+    `opts` (a measurer's way), one after another in a child process (`child`, from
+    start_child(TIME_CHILD), when given): its median seconds, or inf where it does not
+    build, check or run (a kernel that kills the child is blamed alone)."""
+    return [math.inf if error else value for value, error in
+            _isolated(items, mcpu, TIME_CHILD, {"opts": dataclasses.asdict(opts)}, child)]
+
+
+def _isolated(items: list[tuple[Compute, Config]], mcpu: str | None, target: str,
+              common: dict, child: subprocess.Popen | None
+              ) -> list[tuple[object, str | None]]:
+    """(value, None) of `target` (check_in_child, time_in_child) on each item built, in a
+    child; (None, why not) where it does not lower, build or pass."""
     from raytune_kernels.cpu.llvm.ir import render
     from raytune_kernels.cpu.parallel_build import build_all
     from raytune_kernels.cpu.schedules import lower
 
-    results: list[str | None] = [None] * len(items)
+    results: list[tuple[object, str | None]] = [(None, None)] * len(items)
     texts: dict[int, str] = {}
     for i, (compute, cfg) in enumerate(items):
         try:
             texts[i] = render(lower(compute, cfg))
         except Exception as exc:  # a config that does not lower: its failure alone
-            results[i] = f"build_error: {type(exc).__name__}: {exc}"
+            results[i] = (None, f"build_error: {type(exc).__name__}: {exc}")
     todo = []
     # built in parallel, and kept on disk: they are the kernels of the network to come
     for i, built in zip(texts, build_all(list(texts.values()), mcpu, persist=True)):
         if built.library is None:
-            results[i] = f"build_error: {built.error}"
+            results[i] = (None, f"build_error: {built.error}")
         else:
             todo.append((i, *items[i], built.library))
-    checked = run_jobs(CHECK_CHILD, [{"compute": c.to_json(), "config": cfg.to_json()}
-                                     for _, c, cfg, _ in todo],
-                       [lib for *_, lib in todo], {"threads": threads}, child)
-    for (i, *_), (value, error) in zip(todo, checked):
-        results[i] = error or value
+    ran = run_jobs(target, [{"compute": c.to_json(), "config": cfg.to_json()}
+                            for _, c, cfg, _ in todo], [lib for *_, lib in todo], common, child)
+    for (i, *_), (value, error) in zip(todo, ran):
+        results[i] = (None, error or value) if target == CHECK_CHILD else (value, error)
     return results
 
 
+def time_in_child(job: dict, library: bytes, common: dict) -> float:
+    """One built kernel checked against its reference, then timed (run_jobs' child): its
+    median seconds; raises where it fails."""
+    from raytune_kernels.cpu.measure import measure_built
+
+    r = measure_built(Compute.from_json(job["compute"]), Config.from_json(job["config"]),
+                      library, MeasureOptions(**common["opts"]))
+    if r.error_kind:
+        raise RuntimeError(f"{r.error_kind}: {r.error_msg}")
+    return statistics.median(r.times)
+
+
 CHECK_CHILD = "raytune_kernels.cpu.probe:check_in_child"
-# what check_in_child needs, imported by a child started ahead of its job (start_child)
+TIME_CHILD = "raytune_kernels.cpu.probe:time_in_child"
+# what check_in_child and time_in_child need, imported by a child started ahead of its job (start_child)
 CHILD_PRELOAD = ("torch", "raytune_kernels.cpu.measure", "raytune_kernels.frontend.reference")
 
 

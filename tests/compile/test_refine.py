@@ -695,9 +695,11 @@ def test_an_agreed_network_is_checked_and_recalled(split_records, monkeypatch, t
     model, inputs, records = split_records
     net = compile_network(model, inputs, records, threads=2, refine=2)  # checked
     # every step with another record of its layouts (and bordering) was offered its row
-    # split: by refine (its only other record) or by the agreement
+    # split: by refine (its only other record) or by the agreement; a step refine turned
+    # to its kernel's prefetch twin still splits channels, and is offered rows after
     assert net.agreed is not None and not net.agreed.recalled
-    assert net.agreed.steps + len(net.refined.changed) == net.refined.steps >= 1
+    to_rows = len(net.refined.changed) - net.refined.turned.get("prefetch_b", 0)
+    assert net.agreed.steps + to_rows == net.refined.steps >= 1
     assert net.agreed.kept <= net.agreed.steps
     again = compile_network(model, inputs, records, threads=2, refine=2)
     assert again.agreed.recalled == (net.agreed.steps > 0)
@@ -828,6 +830,87 @@ def test_an_untuned_step_keeps_its_checked_kernel_when_convs_are_offered_reading
     held = _with_twins(part, cands, {0: cands[0][0]})
     assert held[0] == cands[0] and held[1] == offered[1]
     assert _with_twins(part, cands, {0: cands[0][0], 1: cands[1][0]}) is None
+
+
+def _twin_plans(blocks, ratios, monkeypatch, tmp_path):
+    """_timed_twins over blocks' two convs, each with one record and its twin: a plan
+    takes the cheapest candidate of each step, a read of NHWC counted 0.5 ms cheaper
+    (the copy it saves), and the timer gives each twin `ratios[step]` times its
+    original's time (None: it fails). Returns the result, the plans' offers and the
+    timer's calls."""
+    from raytune_kernels.compile.cpu_network import _timed_twins, _with_twins
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    model, inputs, records = blocks
+    part = partition(rk.capture(model, inputs))
+    cands = [[Candidate(*layouts_of(part.task(s.key), c), 1e-3, c)] for s, c in
+             zip(part.steps, [Config.from_json(r.config) for r in records])]
+    offers, calls = [], []
+
+    def plan_of(offered):
+        offers.append(offered)
+        return "plan", [min(cs, key=lambda c: c.seconds - 5e-4 * c.in_layout.startswith(
+            "NHWC")) for cs in offered]
+
+    def timer(items, opts, child=None):
+        calls.append(items)
+        steps = [next(i for i, s in enumerate(part.steps) if part.task(s.key).compute == c)
+                 for c, _ in items[::2]]
+        return [t for i in steps for t in (
+            2e-3, 2e-3 * ratios[i] if ratios[i] is not None else float("inf"))]
+    out = _timed_twins(part, cands, _with_twins(part, cands), plan_of,
+                       MeasureOptions(threads=1), None, timer)
+    return part, cands, out, offers, calls
+
+
+def test_a_twin_the_plan_takes_is_timed_and_priced_by_its_ratio_to_its_original(
+        blocks, monkeypatch, tmp_path):
+    """_timed_twins: the twins a plan chose are timed beside their originals, priced as
+    their records times that ratio, and the plan solved again; a twin twice as slow as
+    its original loses the copy it saves, one 1.2x as slow keeps it, a failing one is not
+    offered again; a second compile recalls the ratios and times nothing."""
+    part, cands, (plan, chosen, ratios), offers, calls = _twin_plans(
+        blocks, [2.0, 1.2], monkeypatch, tmp_path)
+    assert len(offers) == 2 and len(calls) == 1 and len(calls[0]) == 4
+    assert chosen[0] is cands[0][0]  # the first conv's twin, 2 ms, loses to its record
+    assert chosen[1].config.get("in_layout") == "nhwc" and chosen[1].seconds == \
+        pytest.approx(1.2e-3)
+    assert sorted(ratios.values()) == pytest.approx([1.2, 2.0])
+    assert [c.seconds for c in offers[1][0]] == pytest.approx([1e-3, 2e-3])
+    _, _, (_, _, again), _, calls = _twin_plans(blocks, [None, None], monkeypatch, tmp_path)
+    assert calls == [] and again == ratios  # recalled from this machine's cache
+    _, cands, (_, chosen, ratios), offers, _ = _twin_plans(
+        blocks, [None, 1.0], monkeypatch, tmp_path / "failing")
+    assert ratios[part.steps[0].key, offers[0][0][1].config] == float("inf")
+    assert len(offers[1][0]) == 1 and chosen[0] is cands[0][0]
+
+
+def test_the_last_plan_takes_no_twin_untimed(blocks, monkeypatch, tmp_path):
+    """With one plan allowed, no twin is timed and none is offered to it."""
+    from raytune_kernels.compile import cpu_network
+
+    monkeypatch.setattr(cpu_network, "TWIN_PLANS", 1)
+    _, cands, (_, chosen, ratios), offers, calls = _twin_plans(
+        blocks, [1.0, 1.0], monkeypatch, tmp_path)
+    assert calls == [] and ratios == {} and offers == [cands] and chosen == \
+        [cs[0] for cs in cands]
+
+
+def test_kernels_timed_in_a_child_give_their_seconds_or_inf(blocks):
+    """probe.time_isolated: a record's kernel and its twin, checked and timed in a child,
+    take finite seconds; a config that does not lower takes inf."""
+    from raytune_kernels.cpu.probe import time_isolated
+    from raytune_kernels.cpu.schedules import nhwc_reader
+
+    model, inputs, records = blocks
+    task = rk.extract_tasks(model, inputs)[1]
+    cfg = Config.from_json(records[1].config)
+    broken = Config(tuple(sorted({**dict(cfg.knobs), "lanes": 7}.items())))
+    seconds = time_isolated([(task.compute, cfg), (task.compute, nhwc_reader(task.compute,
+                                                                            cfg)),
+                             (task.compute, broken)],
+                            MeasureOptions(threads=1, min_repeat_ms=1, repeats=3))
+    assert all(0 < t < 0.1 for t in seconds[:2]) and seconds[2] == float("inf")
 
 
 @pytest.fixture(scope="module")
