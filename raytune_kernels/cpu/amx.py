@@ -1,7 +1,7 @@
 """Convolutions, denses and batched matmuls on AMX tensor tiles in bfloat16 (`llvm
 -precision=bf16` on a CPU with amx-bf16), float32 accumulation, activations float32 in
-memory: convs of groups 1, batch 1, output channels in whole 16s, input channels in whole
-16s or few enough to fold; denses whose reduction is in whole 16s; batched matmuls of any
+memory: convs of groups 1, batch 1, input channels in whole 16s or few enough to fold
+(output channels any: a last block of fewer than 16 is masked); denses whose reduction is in whole 16s; batched matmuls of any
 shape (_lower_matmul: both operands rounded at run time).
 
 A dense y[M, N] = x[M, K] @ w[N, K]^T is the 1x1 conv of K channels over an M x 1 image
@@ -80,8 +80,7 @@ def applicable(c: Compute, cpu: CpuInfo, precision: str) -> bool:
         return c.inputs[0].shape[-1] % LANES == 0
     if c.op == "matmul":
         return MatmulContraction.from_compute(c) is not None
-    if not (c.op == "conv2d" and c.attr("groups") == 1 and c.inputs[0].shape[0] == 1
-            and c.output.shape[1] % LANES == 0):
+    if not (c.op == "conv2d" and c.attr("groups") == 1 and c.inputs[0].shape[0] == 1):
         return False
     return bool(fields_of(view(c)))
 
@@ -129,12 +128,18 @@ def amx_space(c: Compute, cpu: CpuInfo) -> Space:
     view is NHWC of its own row-major buffers."""
     con = view(c)
     combos = [(LANES, LANES * nt, mt, nt, con.c, fields, chunk) for mt, nt in SHAPES
-              if c.op == "dense" or (con.k // LANES) % nt == 0  # a dense's N is padded
+              if c.op == "dense" or _fits(con, nt)  # a dense's N is padded
               for fields in fields_of(con) for chunk in chunks(con, fields)]
     independent = (("out_layout", ("nhwc",)),
                    ("spatial_order", (("ko", "pt"), ("pt", "ko"))), ("parallel", (1, 2)))
     return Space(("lanes", "ob", "mt", "nt", "cb", "fields", "chunk"), tuple(combos),
                  independent)
+
+
+def _fits(con: Conv2dContraction, nt: int) -> bool:
+    """Whether nt blocks of 16 output channels at a time tile K: they divide its blocks,
+    and a masked last block (16 not dividing K) goes alone."""
+    return -(-con.k // LANES) % nt == 0 and (con.k % LANES == 0 or nt == 1)
 
 
 def chunks(con: Conv2dContraction, fields: str) -> tuple[int, ...]:
@@ -197,10 +202,11 @@ def lower_amx(c: Compute, cfg) -> LoopNest:
     cb, mt, nt = cfg["cb"], cfg["mt"], cfg["nt"]
     whole = cb == con.c or cb % LANES == 0  # the folded fields' NHWC: any C
     if cfg["lanes"] != LANES or not whole or con.c % cb or cfg["ob"] != LANES * nt \
-            or (con.k // LANES) % nt or (mt, nt) not in SHAPES:
+            or not _fits(con, nt) or (mt, nt) not in SHAPES:
         raise ValueError(f"amx: config {cfg.to_json()} does not fit {c.describe()} (cb C "
-                         f"or a multiple of {LANES} dividing it, ob = {LANES}*nt dividing "
-                         f"K, (mt, nt) in {SHAPES})")
+                         f"or a multiple of {LANES} dividing it, ob = {LANES}*nt, nt "
+                         f"dividing K's blocks of {LANES}, 1 where a block is partial; "
+                         f"(mt, nt) in {SHAPES})")
     fields = cfg.get("fields", "im2col")
     if fields not in fields_of(con):
         raise ValueError(f"amx: fields={fields!r} for {c.describe()}, expected one of "
@@ -217,7 +223,8 @@ def lower_amx(c: Compute, cfg) -> LoopNest:
     tiles: list[Tile] = []
     gemm, scratch = _gemm_stage(c, con, cfg, kinds, row, tiles)
     reduction = len(taps) * pixel if direct else row  # B's slots per output channel
-    bufs = [Buffer("a", sizes["a"], "in"), Buffer("b", con.k * reduction, "in")]
+    bufs = [Buffer("a", sizes["a"], "in"),
+            Buffer("b", -(-con.k // LANES) * LANES * reduction, "in")]
     bufs += [Buffer(f"e{i}", con.k if k.kind == "channel" else
                     con.buffer_sizes(residual_cfg(cfg))["out"], "in")
              for i, k in enumerate(kinds)]
@@ -312,7 +319,8 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
     (the loops, the scratch floats they use)."""
     mt, nt, ob = cfg["mt"], cfg["nt"], cfg["ob"]
     fields = cfg.get("fields", "im2col")
-    kb, steps = con.k // ob, 2 * row // AMX_STEP
+    steps = 2 * row // AMX_STEP
+    nb, tail = -(-con.k // LANES), con.k % LANES
     th, tw = pixel_tile(con, fields)
     taps = (0,)
     if fields != "im2col":  # tiles in one output row, read at the stride from the input
@@ -322,55 +330,63 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
     o_ko, o_row, o_col = con.out_steps(cfg)  # the output's, bordered where the plan says
     rcfg = residual_cfg(cfg)
     r_ko, r_row, r_col = con.out_steps(rcfg)
+    b_tile = len(taps) * steps * 256  # B's slots per block of 16 channels
     out, scratch = [], 0
-    for nr, rows, row0 in tile_variants(con.oh, mt * th):
-        heights = [th] * (rows // th) + ([rows % th] if rows % th else [])
-        for nc, w, col0 in tile_variants(con.ow, tw):
-            cap = len(heights) * nt * 256  # a block's C tiles, 16 rows each at most
-            cs = Affine((("pr", nc * kb * cap), ("pc", kb * cap), ("ko", cap)), scratch)
-            scratch += nr * nc * kb * cap
-            if fields != "im2col":  # output (row, col) reads input (row*sh, col*sw) on
-                a = Affine((("pr", mt * sh * columns * pixel), ("pc", tw * sw * pixel)),
-                           (row0 * sh * columns + col0 * sw) * pixel)
-                a_row, a_tile = sw * pixel, sh * columns * pixel
-            else:
-                a = Affine((("pr", mt * th * con.ow * row), ("pc", tw * row)),
-                           (row0 * con.ow + col0) * row)
-                a_row, a_tile = row, th * con.ow * row
-            b_tile = len(taps) * steps * 256
-            chunk = cfg.get("chunk", 0) or steps
-            gemms = [AmxGemm(Access("ws", a), a_row, a_tile, tuple(m * w for m in heights),
-                             Access("b", Affine((("ko", nt * b_tile),))), b_tile, chunk, nt,
-                             Access("cs", cs), taps)]
-            if chunk < steps:  # the rest of the reduction, chunk by chunk, added to C
-                on = Affine((("kc", chunk * AMX_STEP // 2),), chunk * AMX_STEP // 2)
-                gemms.append(dataclasses.replace(
-                    gemms[0], a=Access("ws", _combine(a, on)),
-                    b=Access("b", Affine((("ko", nt * b_tile), ("kc", chunk * 256)),
-                                         chunk * 256)), accumulate=True))
-            body: list = []
-            for i, m in enumerate(heights):
-                first = row0 + i * th
-                for j in range(nt):
-                    tile = Tile(f"g{len(tiles)}", (m, w), 1)
-                    tiles.append(tile)
-                    o = Affine((("ko", o_ko), ("pr", mt * th * o_row), ("pc", tw * o_col)),
-                               con.out_offset(cfg) + first * o_row + col0 * o_col + j * LANES)
-                    res = Affine((("ko", r_ko), ("pr", mt * th * r_row), ("pc", tw * r_col)),
-                                 con.out_offset(rcfg) + first * r_row + col0 * r_col
-                                 + j * LANES)
-                    epi = epilogue_steps(c, kinds, o, (o_row, o_col), {"ko": kb}, cfg,
-                                         first_channel=j * LANES,
-                                         residual=(res, (r_row, r_col)))
-                    body += [UpdateTile(tile.name, Access("cs", cs.offset((i * nt + j) * 256)),
-                                        (w * LANES, LANES), None, SET),
-                             StoreTile(tile.name, Access("out", o), (o_row, o_col), epi)]
-            split = (Split("pt", ("pr", "pc"), (nr, nc)),)
-            pack = _block_pack(con, cfg, row, tiles, heights, th, w,
-                               Affine((("pr", mt * th),), row0),
-                               Affine((("pc", tw),), col0)) if fused_pack(cfg) else ()
-            out.append(_blocks(cfg, {"ko": kb, "pt": nr * nc}, split, pack, gemms,
-                               steps // chunk, tuple(body)))
+    # the channel blocks in whole vectors, nt at a time, then a masked last one alone
+    for first, kb, mask in ((0, (nb - bool(tail)) // nt, 0), (nb - 1, int(bool(tail)), tail)):
+        if not kb:
+            continue
+        at, r_at = first * LANES * o_ko // ob, first * LANES * r_ko // ob
+        for nr, rows, row0 in tile_variants(con.oh, mt * th):
+            heights = [th] * (rows // th) + ([rows % th] if rows % th else [])
+            for nc, w, col0 in tile_variants(con.ow, tw):
+                cap = len(heights) * nt * 256  # a block's C tiles, 16 rows each at most
+                cs = Affine((("pr", nc * kb * cap), ("pc", kb * cap), ("ko", cap)), scratch)
+                scratch += nr * nc * kb * cap
+                if fields != "im2col":  # output (row, col) reads input (row*sh, col*sw) on
+                    a = Affine((("pr", mt * sh * columns * pixel), ("pc", tw * sw * pixel)),
+                               (row0 * sh * columns + col0 * sw) * pixel)
+                    a_row, a_tile = sw * pixel, sh * columns * pixel
+                else:
+                    a = Affine((("pr", mt * th * con.ow * row), ("pc", tw * row)),
+                               (row0 * con.ow + col0) * row)
+                    a_row, a_tile = row, th * con.ow * row
+                chunk = cfg.get("chunk", 0) or steps
+                b = Affine((("ko", nt * b_tile),), first * b_tile)
+                gemms = [AmxGemm(Access("ws", a), a_row, a_tile, tuple(m * w for m in heights),
+                                 Access("b", b), b_tile, chunk, nt, Access("cs", cs), taps)]
+                if chunk < steps:  # the rest of the reduction, chunk by chunk, added to C
+                    on = Affine((("kc", chunk * AMX_STEP // 2),), chunk * AMX_STEP // 2)
+                    gemms.append(dataclasses.replace(
+                        gemms[0], a=Access("ws", _combine(a, on)),
+                        b=Access("b", _combine(b, Affine((("kc", chunk * 256),),
+                                                         chunk * 256))), accumulate=True))
+                body: list = []
+                for i, m in enumerate(heights):
+                    row1 = row0 + i * th
+                    for j in range(nt):
+                        tile = Tile(f"g{len(tiles)}", (m, w), 1, mask)
+                        tiles.append(tile)
+                        o = Affine((("ko", o_ko), ("pr", mt * th * o_row), ("pc", tw * o_col)),
+                                   con.out_offset(cfg) + at + row1 * o_row + col0 * o_col
+                                   + j * LANES)
+                        res = Affine((("ko", r_ko), ("pr", mt * th * r_row),
+                                      ("pc", tw * r_col)),
+                                     con.out_offset(rcfg) + r_at + row1 * r_row
+                                     + col0 * r_col + j * LANES)
+                        epi = epilogue_steps(c, kinds, o, (o_row, o_col), {"ko": kb}, cfg,
+                                             first_channel=(first + j) * LANES,
+                                             residual=(res, (r_row, r_col)))
+                        body += [UpdateTile(tile.name,
+                                            Access("cs", cs.offset((i * nt + j) * 256)),
+                                            (w * LANES, LANES), None, SET),
+                                 StoreTile(tile.name, Access("out", o), (o_row, o_col), epi)]
+                split = (Split("pt", ("pr", "pc"), (nr, nc)),)
+                pack = _block_pack(con, cfg, row, tiles, heights, th, w,
+                                   Affine((("pr", mt * th),), row0),
+                                   Affine((("pc", tw),), col0)) if fused_pack(cfg) else ()
+                out.append(_blocks(cfg, {"ko": kb, "pt": nr * nc}, split, pack, gemms,
+                                   steps // chunk, tuple(body)))
     return out, scratch
 
 
@@ -443,22 +459,24 @@ def pack_amx(c: Compute, cfg, operands) -> dict[str, np.ndarray]:
 
 def pack_weights(w, con: Conv2dContraction, cb: int, row: int, per_tap: str = ""
                  ) -> np.ndarray:
-    """[K/16][R'/32][16 pairs][16 channels][2] bf16 of the weights, the reduction in
-    ws's order, as float32 slots of two values: `row` slots of it, zeros past R; with
+    """[K'/16][R'/32][16 pairs][16 channels][2] bf16 of the weights, the reduction in
+    ws's order, as float32 slots of two values: `row` slots of it, zeros past R, and K'
+    channels, K padded to whole 16s with zeros (a masked last block's dead columns); with
     `per_tap` (the fields, direct or folded), a tap's run of values (C at each (kh, kw),
     or kw x C at each kh) padded to `row` slots (a rounded input pixel), tap after tap."""
     k, r = con.k, con.c * con.kh * con.kw
+    kp = -(-k // LANES) * LANES
     if per_tap:
         taps = con.kh if per_tap == "folded" else con.kh * con.kw
-        flat = np.zeros((k, taps, 2 * row), np.float32)
-        flat[:, :, :r // taps] = w.detach().permute(0, 2, 3, 1).reshape(k, taps, -1).numpy()
-        flat = flat.reshape(k, -1)
+        flat = np.zeros((kp, taps, 2 * row), np.float32)
+        flat[:k, :, :r // taps] = w.detach().permute(0, 2, 3, 1).reshape(k, taps, -1).numpy()
+        flat = flat.reshape(kp, -1)
         row = taps * row
     else:
         wr = w.detach().reshape(k, con.c // cb, cb, con.kh, con.kw).permute(0, 1, 3, 4, 2)
-        flat = np.zeros((k, 2 * row), np.float32)
-        flat[:, :r] = wr.reshape(k, r).numpy()
-    vnni = flat.reshape(k // LANES, LANES, 2 * row // AMX_STEP, AMX_STEP // 2, 2)
+        flat = np.zeros((kp, 2 * row), np.float32)
+        flat[:k, :r] = wr.reshape(k, r).numpy()
+    vnni = flat.reshape(kp // LANES, LANES, 2 * row // AMX_STEP, AMX_STEP // 2, 2)
     vnni = vnni.transpose(0, 2, 3, 1, 4)  # tile, step, pair, channel, value of the pair
     return np.ascontiguousarray(to_bf16(np.ascontiguousarray(vnni))).view(np.float32).ravel()
 

@@ -42,6 +42,10 @@ CASES = [  # 1x1 over 7x7 (tiles of 2 rows, a ragged last one); 3x3 stride 2 wit
     conv((1, 16, 5, 37), 32, 3, 1, 1, epilogue=(bias(), residual(), unary("relu"))),
     # a stem: 3 channels, each kh's 7 x 3 values folded into one rounded pixel
     conv((1, 3, 21, 23), 32, 7, 2, 3, epilogue=(bias(), unary("relu"))),
+    # output channels 16 does not divide: a masked last block of 8 (a projection to 24
+    # with its residual) and of 8 after two whole ones (3x3, stride 2, 40 outputs)
+    conv((1, 48, 9, 11), 24, 1, 1, 0, epilogue=(bias(), residual())),
+    conv((1, 16, 10, 10), 40, 3, 2, 1, epilogue=(bias(), unary("relu"))),
     # denses: 40 outputs padded to the channel block; 74 rows in tiles of 16 and a ragged
     # 10, with a residual; one row and a reduction of 80 (zeros to 96)
     make("dense", ((1, 32), (40, 32)), epilogue=(bias(1), unary("gelu"))),
@@ -95,7 +99,8 @@ def test_the_space_offers_amx_in_bf16_on_a_cpu_with_it():
         ("folded",)  # 3 channels: 7 x 3 values a kh, folded
     assert not applicable(conv((1, 24, 8, 8), 16, 3, 1, 1), AMX_CPU, "bf16")  # 3 x 24 > 64
     assert not applicable(conv((1, 3, 8, 8), 16, 3, 1, 2, dil=2), AMX_CPU, "bf16")
-    assert not applicable(conv((1, 32, 8, 8), 24, 1), AMX_CPU, "bf16")  # 24 outputs
+    assert applicable(conv((1, 32, 8, 8), 24, 1), AMX_CPU, "bf16")  # 24: 16 and 8 masked
+    assert {cfg["nt"] for cfg in _configs(conv((1, 32, 8, 8), 24, 1), 20, 0)} == {1}
     assert not applicable(conv((1, 32, 8, 8), 32, 3, 1, 1, groups=2), AMX_CPU, "bf16")
     assert not applicable(conv((2, 32, 8, 8), 32, 1), AMX_CPU, "bf16")  # batch 2
     shapes = {(cfg["mt"], cfg["nt"]) for cfg in _configs(conv((1, 32, 8, 8), 96, 1), 300, 0)}
@@ -149,7 +154,7 @@ def test_a_reduction_walked_in_chunks_adds_up_to_the_whole(native):
     block or ahead) or each fused block alone (parallel 2)."""
     if native and not HOST_AMX:
         pytest.skip("this CPU has no AMX bf16 tiles")
-    c = CASES[9]
+    c = CASES[11]
     assert chunks(view(c), "im2col") == (0, 4)
     assert chunks(view(c), "direct") == (0,)
     base = dict(_configs(c, 1, 0)[0].knobs)
