@@ -1,13 +1,16 @@
 """Where a compiled network gains or loses against the engines, layer by layer.
 
     python bench/layers.py resnet18 mobilenet_v2 --threads 2 [--rounds 7] [--records F]
+                           [--precision bf16]
 
 Per model: compile_network from the records (default: this CPU's
 bench/results/<cpu>/network_MODEL_<threads>threads.jsonl; `--records none`: untuned) and
 the model exported to ONNX once, as bench/network.py exports it. Each round, the three in
 turn (the first one rotating): our steps clocked inside the running network
 (CompiledNetwork._clock_steps), ONNX Runtime's nodes under its profiler and OpenVINO's
-under PERF_COUNT (--engines picks), each over RUNS runs (medians).
+under PERF_COUNT (--engines picks), each over RUNS runs (medians). --precision bf16
+compiles for `llvm -precision=bf16` (records default to ..._bf16.jsonl) and runs OpenVINO
+in bf16, as it runs by default on a CPU with bf16 arithmetic; ONNX Runtime stays f32.
 
 The engines' node names keep the scopes of the modules they came from
 (/model/layer1/layer1.0/conv1/...), and their nodes run in an order of the graph, as ours
@@ -41,6 +44,7 @@ sys.path.insert(0, HERE)
 
 from raytune_kernels.compile.api import compile_network  # noqa: E402
 from raytune_kernels.cpu.build import host_cpu  # noqa: E402
+from raytune_kernels.precision import DEFAULT  # noqa: E402
 from raytune_kernels.timing import median  # noqa: E402
 
 RUNS = 20  # runs a round, each side; the median of each node's or step's times
@@ -158,15 +162,15 @@ class OrtProfile:
 
 
 class OvProfile:
-    """OpenVINO (CPU, LATENCY hint, f32, `threads` threads) with PERF_COUNT: each executed
-    node's median time over a round's runs."""
+    """OpenVINO (CPU, LATENCY hint, `precision` f32 or bf16, `threads` threads) with
+    PERF_COUNT: each executed node's median time over a round's runs."""
 
-    def __init__(self, path: str, feeds: list, threads: int):
+    def __init__(self, path: str, feeds: list, threads: int, precision: str = "f32"):
         import openvino as ov
 
         compiled = ov.Core().compile_model(path, "CPU", {
             "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
-            "INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": "YES"})
+            "INFERENCE_PRECISION_HINT": precision, "PERF_COUNT": "YES"})
         self.request, self.feeds, self.version = compiled.create_infer_request(), feeds, \
             ov.__version__
         for _ in range(OrtProfile.WARMUP):
@@ -184,7 +188,8 @@ class OvProfile:
         return [(n, op, median(v)) for (n, op), v in times.items()]
 
 
-def engines(model, inputs, threads: int, workdir: str, wanted=ENGINES) -> tuple[dict, dict]:
+def engines(model, inputs, threads: int, workdir: str, wanted=ENGINES,
+            precision: str = DEFAULT) -> tuple[dict, dict]:
     """The profiled engines that build here, and why the others do not."""
     from network import export_onnx
 
@@ -199,7 +204,8 @@ def engines(model, inputs, threads: int, workdir: str, wanted=ENGINES) -> tuple[
     made, missing = {}, {}
     for name, make in (("onnxruntime", lambda: OrtProfile(path, dict(zip(names, feeds)),
                                                           threads, workdir)),
-                       ("openvino", lambda: OvProfile(path, feeds, threads))):
+                       ("openvino", lambda: OvProfile(
+                           path, feeds, threads, "bf16" if precision == "bf16" else "f32"))):
         if name not in wanted:
             continue
         try:
@@ -211,10 +217,10 @@ def engines(model, inputs, threads: int, workdir: str, wanted=ENGINES) -> tuple[
 
 
 def one_model(name: str, cpu: str, threads: int, rounds: int, records: str | None,
-              wanted=ENGINES) -> dict:
+              wanted=ENGINES, precision: str = DEFAULT) -> dict:
     from network import cpu_records, load_model, spread
 
-    path = records or cpu_records(cpu, name, threads)
+    path = records or cpu_records(cpu, name, threads, precision)
     if path != "none" and not os.path.exists(path):
         raise SystemExit(f"bench/layers.py: no records at {path}: tune {name} first "
                          f"(bench/network.py), name a file with --records, or --records none")
@@ -223,10 +229,11 @@ def one_model(name: str, cpu: str, threads: int, rounds: int, records: str | Non
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # untuned or old records, named by compile_network
         net = compile_network(model, inputs, None if path == "none" else path,
-                              threads=threads)
+                              threads=threads, target="llvm" if precision == DEFAULT
+                              else f"llvm -precision={precision}")
     xs = net.random_inputs()
     with tempfile.TemporaryDirectory() as workdir:
-        made, missing = engines(model, xs, threads, workdir, wanted)
+        made, missing = engines(model, xs, threads, workdir, wanted, precision)
         sides = ["ours", *made]
         laps: dict[str, list] = {k: [] for k in sides}
         for r in range(rounds):
@@ -296,6 +303,8 @@ def main() -> None:
     p.add_argument("--records", help="one records file (with one model), or none (untuned)")
     p.add_argument("--engines", default=",".join(ENGINES),
                    help="comma-separated, among " + ", ".join(ENGINES))
+    p.add_argument("--precision", choices=(DEFAULT, "bf16"), default=DEFAULT,
+                   help="bf16: our network for llvm -precision=bf16, OpenVINO in bf16")
     args = p.parse_args()
     if args.records and args.records != "none" and len(args.models) > 1:
         raise SystemExit("bench/layers.py: --records names one model's records")
@@ -308,9 +317,10 @@ def main() -> None:
     out = {}
     for name in args.models:
         out[name] = one_model(name, cpu, args.threads, args.rounds, args.records,
-                              wanted)
+                              wanted, args.precision)
         print(table(name, out[name]), flush=True)
     print(json.dumps({"bench": "layers", "cpu": cpu, "threads": args.threads,
+                      "precision": args.precision,
                       "rounds": args.rounds, "runs": RUNS, "models": out,
                       "torch": torch.__version__}))
 

@@ -470,7 +470,8 @@ def layers_row(run: Run) -> dict[str, str]:
         return (f"{count} of {len(kernels)}" + (f", most {worst['step']} "
                                                  f"{worst['behind_us']:.0f} us" if count else ""))
     row = {"date": run.date, "CPU or GPU": run.machine, "threads": str(d["threads"]),
-           "command": models_command("bench/layers.py", d),
+           "command": models_command("bench/layers.py", d, *(
+               ("--precision", d["precision"]) if d.get("precision", "fp32") != "fp32" else ())),
            "ours: steps' sum (ms)": each(lambda v: f"{v['sums']['ours_us'] / 1e3:.3f}")}
     for e in engines:
         row[f"{e}: nodes' sum (ms)"] = each(
