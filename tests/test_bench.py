@@ -15,6 +15,7 @@ import torch
 
 import raytune_kernels as rk
 from raytune_kernels import Target, zoo
+from raytune_kernels.cpu.machine import cpu_info
 from raytune_kernels.cuda import torch_timing as torch_gpu
 from raytune_kernels.cuda.build import nvrtc_unavailable
 from raytune_kernels.errors import CompileError
@@ -1008,6 +1009,23 @@ def test_layers_bench_profiles_the_engines_beside_our_steps(tmp_path):
         assert r["sums"][f"{name}_us"] > 0 and r["versions"][name]
         assert all(row[f"{name}_us"] > 0 and row[f"{name}_over_ours"]["median"] > 0
                    for row in kernels)
+
+
+@pytest.mark.skipif(not cpu_info().amx, reason="bf16 networks need AMX tiles")
+def test_layers_bench_in_bf16_runs_our_bf16_network_against_openvinos(tmp_path):
+    """--precision bf16: our network for llvm -precision=bf16, OpenVINO asked for bf16."""
+    model_file = _small_cnn(tmp_path)
+    proc = _run("bench/layers.py", f"{model_file}:make", "--threads", "1", "--rounds", "2",
+                "--records", "none", "--precision", "bf16", "--engines", "openvino",
+                timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    (r,) = out["models"].values()
+    assert out["precision"] == "bf16" and r["sums"]["ours_us"] > 0
+    assert "onnxruntime_us" not in r["sums"]
+    if importlib.util.find_spec("openvino") is not None and \
+            importlib.util.find_spec("onnx") is not None:
+        assert r["sums"]["openvino_us"] > 0
 
 
 def test_layers_bench_refuses_an_unknown_engine_before_any_work():
