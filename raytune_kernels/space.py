@@ -144,9 +144,13 @@ KNOB_DEFAULTS = {
 
 def completed(cfg: Config, space: "Space | UnionSpace") -> Config:
     """`cfg` with every knob of KNOB_DEFAULTS that `space` has and cfg lacks set to that
-    default."""
+    default: of a union, the knobs of the part cfg names (another part's knob, an AMX
+    conv's chunk on a direct conv's config, would leave it outside the space)."""
     have = dict(cfg.knobs)
-    missing = {k: v for k, v in KNOB_DEFAULTS.items() if k not in have and k in space.names}
+    names = space.names
+    if isinstance(space, UnionSpace) and have.get(space.key) in dict(space.parts):
+        names = dict(space.parts)[have[space.key]].names
+    missing = {k: v for k, v in KNOB_DEFAULTS.items() if k not in have and k in names}
     return Config(tuple(sorted({**missing, **have}.items()))) if missing else cfg
 
 

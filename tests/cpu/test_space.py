@@ -98,6 +98,30 @@ def test_union_space_names_the_algorithm(zoo_models):
     assert Config.of(algorithm="winograd") not in space
 
 
+def test_a_config_from_before_a_knob_is_completed_with_its_own_parts_knobs(zoo_models):
+    """A bf16 conv's space holds direct convs (prefetch_b) and AMX convs (chunk): a direct
+    record from before prefetch_b completes to a direct config of the space, without
+    the AMX part's chunk, and mutates like any other (resumed tuning read every knob)."""
+    import dataclasses
+
+    from raytune_kernels.cpu.machine import cpu_info
+    from raytune_kernels.cpu.schedules import space_for
+    from raytune_kernels.space import completed
+    model, inputs = zoo_models["resnet18"]
+    task = next(t for t in rk.extract_tasks(model, inputs) if t.compute.describe().startswith(
+        "conv2d 1x64x56x56 -> 64ch k3x3 s1"))
+    cpu = dataclasses.replace(cpu_info(), lanes=(16, 8), amx=True)
+    space = space_for(task.compute, cpu, "bf16")
+    assert {"direct", "amx"} <= set(dict(space.parts))
+    rng = random.Random(2)
+    new = next(c for c in (space.sample(rng) for _ in range(500)) if c["algorithm"] == "direct")
+    old = Config(tuple(kv for kv in new.knobs if kv[0] != "prefetch_b"))
+    full = completed(old, space)
+    assert old not in space and full in space and "chunk" not in dict(full.knobs)
+    assert dict(full.knobs) == {**dict(old.knobs), "prefetch_b": 0}
+    assert space.mutate(full, rng) in space
+
+
 def test_a_union_space_samples_each_algorithm_alike(zoo_models):
     """The direct part holds far more points than im2col's or Winograd's: sampled by
     size, a search would rarely try the small ones."""
