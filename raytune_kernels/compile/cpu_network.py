@@ -651,8 +651,9 @@ def compile_network_cpu(model: torch.nn.Module,
             print(weighed.describe())
         if twins_timed:
             ratios = sorted(twins_timed.values())
-            print(f"timed {len(ratios)} kernel(s) turned to read NHWC before the plan took "
-                  f"them: {ratios[len(ratios) // 2]:.2f}x their originals' time (median; "
+            print(f"{len(ratios)} kernel(s) turned to read NHWC, timed against their "
+                  f"originals before the plan took them (now or by an earlier compile): "
+                  f"{ratios[len(ratios) // 2]:.2f}x their time (median; "
                   f"{ratios[0]:.2f}-{ratios[-1]:.2f})")
         if nhwc is not None:
             print(nhwc.describe())
@@ -910,9 +911,9 @@ def _timed_twins(part: Partition, cands: list[list[Candidate]],
     the plan chose is timed beside its original, in a child (probe.time_isolated, or
     `timer`; the ratio is remembered per machine in compile/refine.py's cache), and
     priced as that record times the twin's ratio to it (inf where either fails), and the
-    plan solved again, until it chooses no twin untimed; the last of
-    TWIN_PLANS plans is solved without the twins still untimed. Returns the plan, its
-    choice, and (task key, twin config) -> the twin's ratio to its original."""
+    plan solved again, until it chooses no twin untimed; the last of TWIN_PLANS plans is
+    solved without the twins still untimed. Returns the plan, its choice, and (task key,
+    twin config) -> the twin's ratio to its original, of every twin a plan chose."""
     from raytune_kernels.compile import refine as rf
     from raytune_kernels.cpu.probe import TIME_CHILD, time_isolated
 

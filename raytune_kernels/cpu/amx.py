@@ -1,8 +1,9 @@
 """Convolutions, denses and batched matmuls on AMX tensor tiles in bfloat16 (`llvm
 -precision=bf16` on a CPU with amx-bf16), float32 accumulation, activations float32 in
 memory: convs of groups 1, batch 1, input channels in whole 16s or few enough to fold
-(output channels any: a last block of fewer than 16 is masked); denses whose reduction is in whole 16s; batched matmuls of any
-shape (_lower_matmul: both operands rounded at run time).
+(output channels any: a last block of fewer than 16 is masked); denses whose reduction
+is in whole 16s; batched matmuls of any shape (_lower_matmul: both operands rounded at
+run time).
 
 A dense y[M, N] = x[M, K] @ w[N, K]^T is the 1x1 conv of K channels over an M x 1 image
 into N channels padded to the channel block (its output [M][Npad], as the dense's own
@@ -315,8 +316,9 @@ def _pad_stage(r: int, row: int, p: int, tiles: list) -> list:
 def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles: list
                 ) -> tuple[list, int]:
     """The products and the fused epilogue, per run of pixel blocks of one shape (blocks of
-    `mt` tiles down the rows, tiles of pixel_tile() along them, each with its ragged tail):
-    (the loops, the scratch floats they use)."""
+    `mt` tiles down the rows, tiles of pixel_tile() along them, each with its ragged tail),
+    over the whole blocks of 16 output channels and then a masked last one: (the loops,
+    the scratch floats they use)."""
     mt, nt, ob = cfg["mt"], cfg["nt"], cfg["ob"]
     fields = cfg.get("fields", "im2col")
     steps = 2 * row // AMX_STEP

@@ -156,8 +156,8 @@ def check_isolated(items: list[tuple[Compute, Config]], mcpu: str | None = None,
     when given): None where it builds and matches, else why not. A kernel that kills the
     child (a segfault, an illegal instruction, a hang) is blamed alone; the rest are
     checked again in a fresh child."""
-    return [error for _, error in _isolated(items, mcpu, CHECK_CHILD, {"threads": threads},
-                                            child)]
+    return [error or value for value, error in _isolated(items, mcpu, CHECK_CHILD,
+                                                         {"threads": threads}, child)]
 
 
 def time_isolated(items: list[tuple[Compute, Config]], opts: MeasureOptions,
@@ -175,7 +175,7 @@ def _isolated(items: list[tuple[Compute, Config]], mcpu: str | None, target: str
               common: dict, child: subprocess.Popen | None
               ) -> list[tuple[object, str | None]]:
     """(value, None) of `target` (check_in_child, time_in_child) on each item built, in a
-    child; (None, why not) where it does not lower, build or pass."""
+    child; (None, why not) where it does not lower or build, or the child raised."""
     from raytune_kernels.cpu.llvm.ir import render
     from raytune_kernels.cpu.parallel_build import build_all
     from raytune_kernels.cpu.schedules import lower
@@ -196,8 +196,8 @@ def _isolated(items: list[tuple[Compute, Config]], mcpu: str | None, target: str
             todo.append((i, *items[i], built.library))
     ran = run_jobs(target, [{"compute": c.to_json(), "config": cfg.to_json()}
                             for _, c, cfg, _ in todo], [lib for *_, lib in todo], common, child)
-    for (i, *_), (value, error) in zip(todo, ran):
-        results[i] = (None, error or value) if target == CHECK_CHILD else (value, error)
+    for (i, *_), result in zip(todo, ran):
+        results[i] = result
     return results
 
 
@@ -215,7 +215,8 @@ def time_in_child(job: dict, library: bytes, common: dict) -> float:
 
 CHECK_CHILD = "raytune_kernels.cpu.probe:check_in_child"
 TIME_CHILD = "raytune_kernels.cpu.probe:time_in_child"
-# what check_in_child and time_in_child need, imported by a child started ahead of its job (start_child)
+# what check_in_child and time_in_child need, imported by a child started ahead of its
+# job (start_child)
 CHILD_PRELOAD = ("torch", "raytune_kernels.cpu.measure", "raytune_kernels.frontend.reference")
 
 
