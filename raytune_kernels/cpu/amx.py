@@ -160,20 +160,24 @@ def _geometry(con: Conv2dContraction) -> tuple[int, int, int]:
     return r, -(-r // AMX_STEP) * AMX_STEP // 2, con.oh * con.ow
 
 
-def _rounded(con: Conv2dContraction, fields: str) -> tuple[int, int, int, tuple[int, ...]]:
+def _rounded(con: Conv2dContraction, fields: str
+             ) -> tuple[int, int, int, tuple[int, ...], int]:
     """Of the input rounded once (direct or folded fields): (values of a pixel's run, C
     or kw x C; slots per rounded pixel, the run padded to a step's 32; rounded pixels per
-    row; the taps, slot offsets of each (kh, kw), or of each kh where kw is folded)."""
+    row; the taps, slot offsets of each (kh, kw), or of each kh where kw is folded; input
+    columns a rounded pixel steps over). Folded, only the columns an output column starts
+    at are rounded, one in `stride`: a stem of stride 2 reads every other fold."""
     hp, wp = con.padded()
     (dh, dw) = con.dil
     if fields == "folded":
-        run, columns = con.kw * con.c, wp - con.kw + 1
+        step = con.stride[1]
+        run, columns = con.kw * con.c, con.ow
         taps = tuple(kh * dh * columns for kh in range(con.kh))
     else:
-        run, columns = con.c, wp
+        step, run, columns = 1, con.c, wp
         taps = tuple(kh * dh * wp + kw * dw for kh in range(con.kh) for kw in range(con.kw))
     pixel = -(-run // AMX_STEP) * AMX_STEP // 2
-    return run, pixel, columns, tuple(t * pixel for t in taps)
+    return run, pixel, columns, tuple(t * pixel for t in taps), step
 
 
 def pixel_tile(con: Conv2dContraction, fields: str = "im2col") -> tuple[int, int]:
@@ -218,7 +222,7 @@ def lower_amx(c: Compute, cfg) -> LoopNest:
     r, row, p = _geometry(con)
     direct = fields != "im2col"
     hp, wp = con.padded()
-    _, pixel, columns, taps = _rounded(con, fields) if direct else (0, 0, 0, ())
+    _, pixel, columns, taps, _ = _rounded(con, fields) if direct else (0, 0, 0, (), 1)
     kinds = operand_kinds(c)
     sizes = con.buffer_sizes(cfg)
     tiles: list[Tile] = []
@@ -275,14 +279,14 @@ def _round_input(con: Conv2dContraction, cfg, tiles: list) -> list:
     rounded pixel the run of values at its input pixel (C, or kw x C folded), in whole
     vectors (the last one's lanes past the run read as zeros), then zeros to a step's 32."""
     hp, wp = con.padded()
-    run, pixel, columns, _ = _rounded(con, cfg["fields"])
+    run, pixel, columns, _, step = _rounded(con, cfg["fields"])
     if cfg["cb"] != con.c:
         raise ValueError(f"amx: {cfg['fields']} fields read NHWC (cb = {con.c}), got "
                          f"cb={cfg['cb']}")
     vecs = -(-run // LANES)
     tile = Tile(f"c{len(tiles)}", (1, 1), vecs, run % LANES)
     tiles.append(tile)
-    at = Affine((("y", wp * con.c), ("x", con.c)))
+    at = Affine((("y", wp * con.c), ("x", step * con.c)))
     to = Affine((("y", columns * pixel), ("x", pixel)))
     stmts = (UpdateTile(tile.name, Access("a", at), (0, 0), None, SET),
              StoreTile(tile.name, Access("ws", to), (0, 0), bf16=True))
@@ -327,7 +331,8 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
     taps = (0,)
     if fields != "im2col":  # tiles in one output row, read at the stride from the input
         (sh, sw) = con.stride
-        _, pixel, columns, taps = _rounded(con, fields)
+        _, pixel, columns, taps, step = _rounded(con, fields)
+        sw //= step  # rounded pixels between two output columns' first
         steps = 2 * pixel // AMX_STEP
     o_ko, o_row, o_col = con.out_steps(cfg)  # the output's, bordered where the plan says
     rcfg = residual_cfg(cfg)

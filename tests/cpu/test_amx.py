@@ -40,8 +40,10 @@ CASES = [  # 1x1 over 7x7 (tiles of 2 rows, a ragged last one); 3x3 stride 2 wit
     conv((1, 48, 10, 10), 64, 3, 1, 1, epilogue=(bias(),)),
     conv((1, 16, 12, 12), 32, 3, 1, 2, dil=2),
     conv((1, 16, 5, 37), 32, 3, 1, 1, epilogue=(bias(), residual(), unary("relu"))),
-    # a stem: 3 channels, each kh's 7 x 3 values folded into one rounded pixel
+    # a stem: 3 channels, each kh's 7 x 3 values folded into one rounded pixel (only the
+    # folds at even columns, where stride 2 starts an output column); one at stride 1
     conv((1, 3, 21, 23), 32, 7, 2, 3, epilogue=(bias(), unary("relu"))),
+    conv((1, 3, 9, 10), 16, 3, 1, 1, epilogue=(bias(),)),
     # output channels 16 does not divide: a masked last block of 8 (a projection to 24
     # with its residual) and of 8 after two whole ones (3x3, stride 2, 40 outputs)
     conv((1, 48, 9, 11), 24, 1, 1, 0, epilogue=(bias(), residual())),
@@ -97,6 +99,9 @@ def test_the_space_offers_amx_in_bf16_on_a_cpu_with_it():
     assert not applicable(c, no_amx, "bf16")
     assert fields_of(Conv2dContraction.from_compute(conv((1, 3, 8, 8), 16, 7, 2, 3))) == \
         ("folded",)  # 3 channels: 7 x 3 values a kh, folded
+    stem = next(x for x in _configs(CASES[5], 1, 0))
+    ws = next(b.size for b in lower(CASES[5], stem).buffers if b.name == "ws")
+    assert ws == (21 + 6) * 12 * 16  # every padded row, the 12 folds an output column reads
     assert not applicable(conv((1, 24, 8, 8), 16, 3, 1, 1), AMX_CPU, "bf16")  # 3 x 24 > 64
     assert not applicable(conv((1, 3, 8, 8), 16, 3, 1, 2, dil=2), AMX_CPU, "bf16")
     assert applicable(conv((1, 32, 8, 8), 24, 1), AMX_CPU, "bf16")  # 24: 16 and 8 masked
@@ -154,7 +159,7 @@ def test_a_reduction_walked_in_chunks_adds_up_to_the_whole(native):
     block or ahead) or each fused block alone (parallel 2)."""
     if native and not HOST_AMX:
         pytest.skip("this CPU has no AMX bf16 tiles")
-    c = CASES[11]
+    c = CASES[12]
     assert chunks(view(c), "im2col") == (0, 4)
     assert chunks(view(c), "direct") == (0,)
     base = dict(_configs(c, 1, 0)[0].knobs)
