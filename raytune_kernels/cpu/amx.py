@@ -338,6 +338,13 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
     rcfg = residual_cfg(cfg)
     r_ko, r_row, r_col = con.out_steps(rcfg)
     b_tile = len(taps) * steps * 256  # B's slots per block of 16 channels
+    chunk = cfg.get("chunk", 0) or steps
+    # a block's C tiles go to scratch and its epilogue reads them back at once: blocks run
+    # one after another by one thread (the serial loop inside the parallel one, where the
+    # epilogue follows each block's products) share their slot, which stays in L1, rather
+    # than each taking its own, a workspace as large as the output
+    shared = cfg["parallel"] == 1 and steps // chunk == 1
+    serial = cfg["spatial_order"][1] if shared else None
     out, scratch = [], 0
     # the channel blocks in whole vectors, nt at a time, then a masked last one alone
     for first, kb, mask in ((0, (nb - bool(tail)) // nt, 0), (nb - 1, int(bool(tail)), tail)):
@@ -348,8 +355,13 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
             heights = [th] * (rows // th) + ([rows % th] if rows % th else [])
             for nc, w, col0 in tile_variants(con.ow, tw):
                 cap = len(heights) * nt * 256  # a block's C tiles, 16 rows each at most
-                cs = Affine((("pr", nc * kb * cap), ("pc", kb * cap), ("ko", cap)), scratch)
-                scratch += nr * nc * kb * cap
+                slots = {"pt": nr * nc, "ko": kb}
+                if serial:
+                    slots[serial] = 1
+                cs = Affine(tuple(t for t in (("pr", nc * slots["ko"] * cap),
+                                              ("pc", slots["ko"] * cap), ("ko", cap))
+                                  if slots["pt" if t[0] != "ko" else "ko"] > 1), scratch)
+                scratch += slots["pt"] * slots["ko"] * cap
                 if fields != "im2col":  # output (row, col) reads input (row*sh, col*sw) on
                     a = Affine((("pr", mt * sh * columns * pixel), ("pc", tw * sw * pixel)),
                                (row0 * sh * columns + col0 * sw) * pixel)
@@ -358,7 +370,6 @@ def _gemm_stage(c: Compute, con: Conv2dContraction, cfg, kinds, row: int, tiles:
                     a = Affine((("pr", mt * th * con.ow * row), ("pc", tw * row)),
                                (row0 * con.ow + col0) * row)
                     a_row, a_tile = row, th * con.ow * row
-                chunk = cfg.get("chunk", 0) or steps
                 b = Affine((("ko", nt * b_tile),), first * b_tile)
                 gemms = [AmxGemm(Access("ws", a), a_row, a_tile, tuple(m * w for m in heights),
                                  Access("b", b), b_tile, chunk, nt, Access("cs", cs), taps)]

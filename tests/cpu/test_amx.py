@@ -231,6 +231,23 @@ def test_bordered_outputs_and_residuals_read_and_write_the_interior(native):
         assert (got - want).abs().max() <= 1e-5 * want.abs().max(), cfg.to_json()
 
 
+def test_blocks_one_thread_runs_in_turn_share_their_scratch_slot():
+    """A block's C tiles go to scratch and its epilogue reads them back at once: the
+    serial loop's blocks, inside the parallel one, share one slot; both loops fused into
+    the parallel one (parallel 2) give each block its own."""
+    c = CASES[0]  # 32 outputs: two blocks of 16 at nt 1
+    base = dict(next(x for x in _configs(c, 20, 3) if x["nt"] == 1).knobs)
+
+    def scratch(order, parallel):
+        cfg = Config(tuple(sorted({**base, "spatial_order": order,
+                                   "parallel": parallel}.items())))
+        return next(b.size for b in lower(c, cfg).buffers if b.name == "cs")
+    whole = scratch(("pt", "ko"), 2)
+    assert scratch(("ko", "pt"), 2) == whole
+    assert scratch(("pt", "ko"), 1) * 2 == whole  # the two channel blocks share
+    assert scratch(("ko", "pt"), 1) < whole  # the pixel blocks share
+
+
 def test_direct_fields_take_each_tap_from_the_input_rounded_once():
     """Direct fields round the bordered input once (each pixel's channels padded to 32)
     and read every (kh, kw) from it at the stride: one tap per kernel position."""
