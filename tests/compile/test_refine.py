@@ -928,6 +928,15 @@ def slow_nhwc(blocks):
                                                cfg.to_json(), timed, 1)]
 
 
+def _twins_time_as_their_originals(monkeypatch):
+    """Each twin timed (_timed_twins) as fast as its original: the plans below rest on the
+    twin's price, not on how this host times it."""
+    from raytune_kernels.cpu import probe
+
+    monkeypatch.setattr(probe, "time_isolated",
+                        lambda items, opts, mcpu=None, child=None: [1e-3] * len(items))
+
+
 @pytest.mark.parametrize("speedup", [1.5, 0.9])
 def test_a_compile_weighs_a_conv_reading_nhwc_in_blocks_against_its_slower_record(
         slow_nhwc, monkeypatch, tmp_path, speedup):
@@ -935,6 +944,7 @@ def test_a_compile_weighs_a_conv_reading_nhwc_in_blocks_against_its_slower_recor
     blocks, no copy is left for nhwc_reads to drop: the layout plan, offered that record
     reading NHWC (nhwc_twins), is weighed against it end to end, and the faster runs."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    _twins_time_as_their_originals(monkeypatch)
     model, inputs, records = slow_nhwc
     monkeypatch.setattr(rf, "_confirm", lambda a, b, xs, budget_s: speedup)
     net = compile_network(model, inputs, records, refine=2)  # checked against the model
@@ -952,6 +962,7 @@ def test_a_compile_drops_the_copy_where_the_network_runs_faster_without_it(
     """compile_network weighs the plan whose conv reads NHWC against the plan with the
     copy, runs the faster (checked against the model), and recalls the choice."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    _twins_time_as_their_originals(monkeypatch)
     model, inputs, records = blocks
     monkeypatch.setattr(rf, "_confirm", lambda a, b, xs, budget_s: speedup)
     net = compile_network(model, inputs, records, refine=2)  # checked against the model
